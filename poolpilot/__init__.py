@@ -1,0 +1,3 @@
+"""poolpilot: a Kubernetes operator and autoscaler for disaggregated LLM inference pools."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,59 @@
+"""`poolpilot` command line: one subcommand per component, each loaded only when used.
+
+Each component module exposes `add_arguments(parser)` and `run(args) -> int`; the table below
+maps subcommand names to those modules so that `poolpilot crd` never imports kopf or vLLM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+COMMANDS: dict[str, tuple[str, str]] = {
+    "crd": ("poolpilot.commands.crd", "print the InferencePool CRD generated from the models"),
+    "validate": ("poolpilot.commands.validate", "check InferencePool manifests"),
+    "render": ("poolpilot.operator.render", "print every object the operator makes for a pool"),
+    "operator": ("poolpilot.operator.main", "run the Kopf operator"),
+    "autoscaler": ("poolpilot.autoscaler.main", "run the autoscaler loop"),
+    "router": ("poolpilot.router.main", "run the OpenAI-compatible prefill/decode router"),
+    "launch": ("poolpilot.launcher", "start vLLM for one role (the runtime image's entrypoint)"),
+    "engine-sim": ("poolpilot.engine_sim.server", "run the vLLM-compatible engine simulator"),
+    "sim": ("poolpilot.engine_sim.cli", "offline simulator experiments (e.g. `sim batching`)"),
+    "emulator": ("poolpilot.kube.emulator_main", "run the Kubernetes API emulator"),
+    "sandbox": ("poolpilot.sandbox.main", "run the whole system locally, replaying a trace"),
+    "bench": ("poolpilot.bench.main", "compare scaling policies on a trace"),
+}
+
+
+def build_parser(argv: list[str]) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="poolpilot",
+        description="Operator and autoscaler for disaggregated LLM inference pools.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    wanted = next((a for a in argv if not a.startswith("-")), None)
+    for name, (module, help_text) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        if name == wanted:
+            try:
+                mod = importlib.import_module(module)
+            except ModuleNotFoundError as exc:
+                if exc.name is None or not module.startswith(exc.name):
+                    raise
+                parser.exit(2, f"poolpilot {name}: not available in this build ({module})\n")
+            mod.add_arguments(p)
+            p.set_defaults(run=mod.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser(argv).parse_args(argv)
+    code: int = args.run(args)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

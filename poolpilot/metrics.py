@@ -1,0 +1,52 @@
+"""Metric names: vLLM's (as of vLLM 0.3x), the router's and the autoscaler's own.
+
+Every component and every query takes names from here. Prometheus relabels the pod labels
+`poolpilot.dev/pool` and `poolpilot.dev/role` to `pool` and `role` (and adds `namespace`), so
+queries aggregate `by (namespace, pool, role)`.
+"""
+
+from __future__ import annotations
+
+# vLLM engine metrics (exported by vLLM and by poolpilot's engine simulator).
+VLLM_TTFT = "vllm:time_to_first_token_seconds"  # histogram
+VLLM_ITL = "vllm:inter_token_latency_seconds"  # histogram
+VLLM_QUEUE_TIME = "vllm:request_queue_time_seconds"  # histogram
+VLLM_E2E = "vllm:e2e_request_latency_seconds"  # histogram
+VLLM_WAITING = "vllm:num_requests_waiting"  # gauge
+VLLM_RUNNING = "vllm:num_requests_running"  # gauge
+VLLM_KV_USAGE = "vllm:kv_cache_usage_perc"  # gauge, 0..1
+VLLM_PROMPT_TOKENS = "vllm:prompt_tokens_total"  # counter
+VLLM_GENERATION_TOKENS = "vllm:generation_tokens_total"  # counter
+VLLM_PREEMPTIONS = "vllm:num_preemptions_total"  # counter
+VLLM_NIXL_XFER_TIME = "vllm:nixl_xfer_time_seconds"  # histogram
+VLLM_NIXL_FAILED = "vllm:nixl_num_failed_transfers"  # counter
+
+# Names older vLLM releases used for the same signals (the autoscaler falls back to them).
+VLLM_RENAMED = {
+    VLLM_KV_USAGE: "vllm:gpu_cache_usage_perc",
+    VLLM_ITL: "vllm:time_per_output_token_seconds",
+}
+
+# Router metrics (labels: pool, plus those named).
+ROUTER_TTFT = "poolpilot_router_time_to_first_token_seconds"  # histogram
+ROUTER_ITL = "poolpilot_router_inter_token_latency_seconds"  # histogram
+ROUTER_E2E = "poolpilot_router_e2e_latency_seconds"  # histogram
+ROUTER_REQUESTS = "poolpilot_router_requests_total"  # counter {code}
+ROUTER_INFLIGHT = "poolpilot_router_inflight"  # gauge {role}
+ROUTER_KV_TRANSFER_FAILURES = "poolpilot_router_kv_transfer_failures_total"  # counter
+
+# Autoscaler metrics.
+AUTOSCALER_DESIRED = "poolpilot_autoscaler_desired_replicas"  # {namespace,pool,role}
+AUTOSCALER_DECISIONS = "poolpilot_autoscaler_decisions_total"  # {..,direction,reason}
+AUTOSCALER_SIGNAL = "poolpilot_autoscaler_signal"  # {namespace,pool,role,signal}
+AUTOSCALER_CYCLE = "poolpilot_autoscaler_cycle_seconds"  # histogram
+
+# Latency histogram buckets (vLLM's own buckets for TTFT and ITL, vLLM 0.3x).
+TTFT_BUCKETS = (
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
+    10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
+)
+ITL_BUCKETS = (
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+    20.0, 40.0, 80.0,
+)

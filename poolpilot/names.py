@@ -1,0 +1,41 @@
+"""Deterministic names and labels of everything poolpilot makes for a pool."""
+
+from __future__ import annotations
+
+MANAGED_BY = "app.kubernetes.io/managed-by"
+MANAGER = "poolpilot"
+POOL_LABEL = "poolpilot.dev/pool"
+ROLE_LABEL = "poolpilot.dev/role"
+FIELD_MANAGER = "poolpilot-operator"
+ROUTER_PORT = 8000
+ENGINE_PORT = 8000
+
+ENGINE_ROLES = ("prefill", "decode", "engine")
+ROLES = (*ENGINE_ROLES, "router")
+
+
+def child_name(pool: str, role: str) -> str:
+    """Name of a role's Deployment and Service, e.g. llama-8b-prefill."""
+    return f"{pool}-{role}"
+
+
+def labels(pool: str, role: str) -> dict[str, str]:
+    """Labels on every object and pod the operator makes; Prometheus relabels them to
+    namespace, pool and role."""
+    return {
+        MANAGED_BY: MANAGER,
+        POOL_LABEL: pool,
+        ROLE_LABEL: role,
+        "app.kubernetes.io/name": "poolpilot",
+        "app.kubernetes.io/instance": pool,
+        "app.kubernetes.io/component": role,
+    }
+
+
+def selector(pool: str, role: str) -> dict[str, str]:
+    """The stable subset of labels used in selectors (selectors are immutable)."""
+    return {POOL_LABEL: pool, ROLE_LABEL: role}
+
+
+def router_endpoint(pool: str, namespace: str) -> str:
+    return f"http://{child_name(pool, 'router')}.{namespace}.svc:{ROUTER_PORT}/v1"
