@@ -1,0 +1,178 @@
+"""Run a real Prometheus server on loopback (for the sandbox and the adapter tests).
+
+Targets are given through file_sd, so callers can add and remove scrape targets while it
+runs (Prometheus re-reads the file within `refresh` seconds). Each target carries labels,
+e.g. {"namespace": "sandbox", "pool": "demo", "role": "prefill"}, as the relabelling of a
+real cluster's pod labels would give them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class PrometheusNotInstalled(RuntimeError):
+    pass
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@dataclass(frozen=True)
+class Target:
+    address: str  # host:port
+    labels: dict[str, str] = field(default_factory=dict)
+    metrics_path: str = "/metrics"
+
+
+@dataclass
+class PrometheusProcess:
+    """A Prometheus child process with a scratch TSDB, stopped by `stop()` or `with`."""
+
+    scrape_interval: float = 1.0
+    evaluation_interval: float | None = None
+    rule_files: list[Path] = field(default_factory=list)
+    host: str = "127.0.0.1"
+    port: int = 0
+    binary: str = "prometheus"
+    workdir: Path | None = None
+    extra_args: list[str] = field(default_factory=list)
+    _proc: subprocess.Popen[bytes] | None = None
+    _own_workdir: bool = False
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def _paths(self) -> tuple[Path, Path, Path]:
+        assert self.workdir is not None
+        return self.workdir / "prometheus.yml", self.workdir / "targets", self.workdir / "tsdb"
+
+    def start(self, targets: Iterable[Target] = (), timeout: float = 60.0) -> PrometheusProcess:
+        if shutil.which(self.binary) is None:
+            raise PrometheusNotInstalled(
+                "prometheus is not installed; install it with "
+                "`apt-get install -y --no-install-recommends prometheus` (or run ./dev setup)"
+            )
+        if self.workdir is None:
+            self.workdir = Path(tempfile.mkdtemp(prefix="poolpilot-prom-"))
+            self._own_workdir = True
+        config, targets_dir, tsdb = self._paths()
+        targets_dir.mkdir(parents=True, exist_ok=True)
+        self.set_targets(targets)
+        interval = _duration(self.scrape_interval)
+        cfg: dict[str, Any] = {
+            "global": {
+                "scrape_interval": interval,
+                "scrape_timeout": interval,
+                "evaluation_interval": _duration(self.evaluation_interval or self.scrape_interval),
+            },
+            "rule_files": [str(p) for p in self.rule_files],
+            "scrape_configs": [
+                {
+                    "job_name": "poolpilot",
+                    "file_sd_configs": [
+                        {"files": [str(targets_dir / "*.json")], "refresh_interval": "1s"}
+                    ],
+                    "relabel_configs": [
+                        {"source_labels": ["__meta_metrics_path"], "regex": "(.+)",
+                         "target_label": "__metrics_path__"},
+                    ],
+                }
+            ],
+        }
+        config.write_text(yaml.safe_dump(cfg))
+        if not self.port:
+            self.port = free_port(self.host)
+        log = open(self.workdir / "prometheus.log", "wb")  # noqa: SIM115 - lives with the process
+        self._proc = subprocess.Popen(
+            [
+                self.binary,
+                f"--config.file={config}",
+                f"--storage.tsdb.path={tsdb}",
+                f"--web.listen-address={self.host}:{self.port}",
+                "--web.enable-lifecycle",
+                "--log.level=warn",
+                *self.extra_args,
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        self._wait_ready(timeout)
+        return self
+
+    def set_targets(self, targets: Iterable[Target]) -> None:
+        """Replace the scrape targets (atomically, so Prometheus never reads half a file)."""
+        _, targets_dir, _ = self._paths()
+        groups = [
+            {
+                "targets": [t.address],
+                "labels": {**t.labels, "__meta_metrics_path": t.metrics_path},
+            }
+            for t in targets
+        ]
+        tmp = targets_dir / ".targets.json.tmp"
+        tmp.write_text(json.dumps(groups))
+        os.replace(tmp, targets_dir / "targets.json")
+
+    def _wait_ready(self, timeout: float) -> None:
+        import urllib.request
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self._proc is not None and self._proc.poll() is not None:
+                raise RuntimeError(f"prometheus exited early: {self.log_tail()}")
+            try:
+                with urllib.request.urlopen(f"{self.url}/-/ready", timeout=1) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(0.1)
+        raise TimeoutError(f"prometheus not ready after {timeout}s: {self.log_tail()}")
+
+    def log_tail(self, lines: int = 20) -> str:
+        assert self.workdir is not None
+        path = self.workdir / "prometheus.log"
+        return "\n".join(path.read_text().splitlines()[-lines:]) if path.exists() else ""
+
+    def stop(self) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.terminate()
+            try:
+                self._proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+        self._proc = None
+        if self._own_workdir and self.workdir is not None:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def __enter__(self) -> PrometheusProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _duration(seconds: float) -> str:
+    """Prometheus duration string; sub-second intervals as milliseconds."""
+    ms = max(1, round(seconds * 1000))
+    return f"{ms // 1000}s" if ms % 1000 == 0 else f"{ms}ms"
