@@ -63,7 +63,8 @@ def _resolve(node: Any, defs: dict[str, Any]) -> Any:
                 out[key] = value
         else:
             out[key] = _resolve(value, defs)
-    if out.get("type") == "object" and "properties" not in out and "additionalProperties" not in out:
+    free_form = "properties" not in out and "additionalProperties" not in out
+    if out.get("type") == "object" and free_form:
         out["x-kubernetes-preserve-unknown-fields"] = True
     if "type" not in out and "properties" not in out and not out.get(
         "x-kubernetes-preserve-unknown-fields"
@@ -100,7 +101,8 @@ def _schema_of(model: type[api.ApiModel]) -> dict[str, Any]:
     raw = model.model_json_schema(
         by_alias=True, mode="validation", schema_generator=_WithFactoryDefaults
     )
-    return _resolve(raw, raw.get("$defs", {}))  # type: ignore[no-any-return]
+    schema: dict[str, Any] = _resolve(raw, raw.get("$defs", {}))
+    return schema
 
 
 def _strip_defaults_from_status(schema: dict[str, Any]) -> dict[str, Any]:
@@ -145,7 +147,10 @@ def build_crd() -> dict[str, Any]:
         "kind": "CustomResourceDefinition",
         "metadata": {
             "name": CRD_NAME,
-            "labels": {"app.kubernetes.io/name": "poolpilot", "app.kubernetes.io/part-of": "poolpilot"},
+            "labels": {
+                "app.kubernetes.io/name": "poolpilot",
+                "app.kubernetes.io/part-of": "poolpilot",
+            },
         },
         "spec": {
             "group": api.GROUP,

@@ -85,13 +85,29 @@ def _cel_errors(schema: dict[str, Any], value: Any, path: list[Any]) -> list[str
     return errors
 
 
+def _describe(error: jsonschema.ValidationError) -> str:
+    """Phrase schema errors as the API server does: the field's full path first."""
+    path = list(error.absolute_path)
+    instance: Any = error.instance
+    schema: Any = error.schema
+    if error.validator == "required":
+        required: Any = error.validator_value
+        missing = [r for r in required if r not in instance]
+        return "; ".join(f"{_path([*path, m])}: Required value" for m in missing)
+    if error.validator == "additionalProperties":
+        known = set(schema.get("properties", {}))
+        extra = sorted(k for k in instance if k not in known)
+        return "; ".join(f'{_path([*path, k])}: unknown field "{k}"' for k in extra)
+    return f"{_path(path) or '<root>'}: {error.message}"
+
+
 def validate(crd: dict[str, Any], obj: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     """Return (the object with defaults applied, errors as 'path: message' strings)."""
     schema = version_schema(crd)
     defaulted = apply_defaults(schema, copy.deepcopy(obj))
     validator = jsonschema.Draft4Validator(_strict(schema))
     errors = [
-        f"{_path(e.absolute_path) or '<root>'}: {e.message}"
+        _describe(e)
         for e in sorted(validator.iter_errors(defaulted), key=lambda e: list(e.absolute_path))
     ]
     if not errors:  # CEL only runs on objects that pass the schema, as in the API server

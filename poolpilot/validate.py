@@ -79,7 +79,8 @@ def parse_spec(spec: dict[str, Any]) -> api.InferencePoolSpec:
 
 
 def _without_server_fields(doc: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in doc.items() if k in ("apiVersion", "kind", "metadata", "spec", "status")}
+    keep = ("apiVersion", "kind", "metadata", "spec", "status")
+    return {k: v for k, v in doc.items() if k in keep}
 
 
 def load_documents(path: Path) -> list[dict[str, Any]]:
