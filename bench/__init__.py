@@ -1,0 +1,1 @@
+"""Trace-replay benchmark: scaling policies compared on a simulated disaggregated pool."""

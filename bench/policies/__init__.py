@@ -1,0 +1,1 @@
+"""Scaling policies the benchmark compares (each documented with its sources)."""
