@@ -408,6 +408,24 @@ class AutoscalingTargets(ApiModel):
         lt=1,
         description="Relative change below which the current size is kept (0.1 = 10%).",
     )
+    prefill_tokens_per_second_per_replica: float | None = Field(
+        default=None,
+        gt=0,
+        description="Prompt tokens/s one prefill replica sustains. Unset: measured from the "
+        "prompt-token rate while the prefill queue is at or above its target.",
+    )
+    decode_tokens_per_second_per_replica: float | None = Field(
+        default=None,
+        gt=0,
+        description="Generated tokens/s one decode replica sustains. Unset: measured from the "
+        "generation-token rate while decode runs at its sequence or KV-cache target.",
+    )
+    ratio_band: float = Field(
+        default=0.5,
+        ge=0,
+        description="Tolerance of the prefill:decode ratio around the ratio the measured "
+        "throughputs imply (0.5 = down to 1/1.5 of it); neither role may fall below it.",
+    )
 
 
 class AutoscalingSpec(ApiModel):
@@ -437,6 +455,12 @@ class AutoscalingSpec(ApiModel):
     scale_to_zero: bool = Field(
         default=False,
         description="Allow minReplicas 0; the pool wakes when requests queue at the router.",
+    )
+    metrics_max_age_seconds: int = Field(
+        default=60,
+        ge=1,
+        description="Samples older than this count as missing: the autoscaler holds the "
+        "current size and sets MetricsAvailable=False.",
     )
 
 
