@@ -1,0 +1,237 @@
+"""Request traces: parse public trace formats into one list of requests.
+
+Formats (see ../shared/traces/README.md):
+- ``azure``: the Azure LLM inference trace 2023 CSV, ``TIMESTAMP,ContextTokens,GeneratedTokens``
+  with wall-clock timestamps such as ``2023-11-16 18:17:03.9799600``.
+- ``mooncake``: Mooncake (FAST 2025) JSONL, one ``{"timestamp": <ms since start>,
+  "input_length": N, "output_length": M, ...}`` object a line.
+- ``csv``: a plain CSV ``arrival_s,input_tokens,output_tokens`` (header optional).
+
+Every loader returns requests sorted by arrival, arrivals relative to the first request, and
+raises `TraceError("FILE:LINE: problem")` on malformed input so the user can fix the line.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+FORMATS = ("azure", "mooncake", "csv")
+
+
+class TraceError(ValueError):
+    """A trace file that cannot be read; the message starts with FILE:LINE."""
+
+
+@dataclass(frozen=True, order=True)
+class TraceRequest:
+    arrival_s: float
+    input_tokens: int
+    output_tokens: int
+
+
+def load_trace(path: str | Path, format: str | None = None) -> list[TraceRequest]:
+    """Read a trace file; `format` is one of FORMATS or None to detect it from the content."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise TraceError(f"{path}: no such trace file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TraceError(f"{path}: cannot read: {exc}") from None
+    fmt = format or detect_format(path, text)
+    if fmt not in FORMATS:
+        raise TraceError(f"{path}: unknown trace format {fmt!r}; use one of {', '.join(FORMATS)}")
+    rows = _PARSERS[fmt](str(path), text)
+    return normalize(rows, where=str(path))
+
+
+def detect_format(path: Path, text: str) -> str:
+    first = next((line.strip() for line in text.splitlines() if line.strip()), "")
+    if first.startswith("{") or path.suffix in (".jsonl", ".json"):
+        return "mooncake"
+    header = [c.strip().lower() for c in first.split(",")]
+    if "timestamp" in header and "contexttokens" in header:
+        return "azure"
+    if path.suffix == ".csv" or len(header) == 3:
+        return "csv"
+    raise TraceError(
+        f"{path}:1: cannot tell the trace format from {first[:60]!r}; pass format= "
+        f"({', '.join(FORMATS)})"
+    )
+
+
+def normalize(rows: Iterable[tuple[int, float, int, int]], where: str) -> list[TraceRequest]:
+    """(line, arrival, input, output) rows -> sorted requests with arrivals from zero."""
+    items = list(rows)
+    if not items:
+        raise TraceError(f"{where}: the trace has no requests")
+    items.sort(key=lambda r: (r[1], r[0]))
+    t0 = items[0][1]
+    return [TraceRequest(round(t - t0, 6), i, o) for _, t, i, o in items]
+
+
+def _tokens(where: str, lineno: int, name: str, raw: str, minimum: int) -> int:
+    try:
+        value = int(raw.strip())
+    except (ValueError, AttributeError):
+        raise TraceError(f"{where}:{lineno}: {name} must be an integer, got {raw!r}") from None
+    if value < minimum:
+        raise TraceError(f"{where}:{lineno}: {name} must be >= {minimum}, got {value}")
+    return value
+
+
+def _seconds(where: str, lineno: int, name: str, raw: object) -> float:
+    try:
+        value = float(raw)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise TraceError(f"{where}:{lineno}: {name} must be a number, got {raw!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise TraceError(f"{where}:{lineno}: {name} must be a finite number >= 0, got {raw!r}")
+    return value
+
+
+def _parse_timestamp(where: str, lineno: int, raw: str) -> float:
+    # Azure's timestamps have 7 fractional digits; datetime takes at most 6.
+    text = raw.strip()
+    head, dot, frac = text.partition(".")
+    try:
+        stamp = datetime.fromisoformat(head)
+        fraction = float("0." + frac) if dot and frac else 0.0
+        if dot and not frac.isdigit():
+            raise ValueError
+    except ValueError:
+        raise TraceError(
+            f"{where}:{lineno}: TIMESTAMP must look like 2023-11-16 18:17:03.9799600, got {raw!r}"
+        ) from None
+    return stamp.replace(tzinfo=UTC).timestamp() + fraction
+
+
+def _csv_rows(text: str) -> Iterator[tuple[int, list[str]]]:
+    reader = csv.reader(text.splitlines())
+    for row in reader:
+        if row and any(c.strip() for c in row):
+            yield reader.line_num, row
+
+
+def _parse_azure(where: str, text: str) -> list[tuple[int, float, int, int]]:
+    rows = _csv_rows(text)
+    _, header = next(rows, (1, []))
+    names = [h.strip() for h in header]
+    need = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
+    missing = [n for n in need if n not in names]
+    if missing:
+        raise TraceError(f"{where}:1: Azure trace header lacks {', '.join(missing)}; got {names}")
+    ts, ctx, gen = (names.index(n) for n in need)
+    out = []
+    for lineno, row in rows:
+        if len(row) != len(names):
+            raise TraceError(f"{where}:{lineno}: expected {len(names)} columns, got {len(row)}")
+        out.append((
+            lineno,
+            _parse_timestamp(where, lineno, row[ts]),
+            _tokens(where, lineno, "ContextTokens", row[ctx], 1),
+            _tokens(where, lineno, "GeneratedTokens", row[gen], 1),
+        ))
+    return out
+
+
+def _parse_plain_csv(where: str, text: str) -> list[tuple[int, float, int, int]]:
+    out = []
+    for lineno, row in _csv_rows(text):
+        if lineno == 1 and row[0].strip().lower() == "arrival_s":
+            continue
+        if len(row) != 3:
+            raise TraceError(
+                f"{where}:{lineno}: expected 3 columns arrival_s,input_tokens,output_tokens, "
+                f"got {len(row)}"
+            )
+        out.append((
+            lineno,
+            _seconds(where, lineno, "arrival_s", row[0].strip()),
+            _tokens(where, lineno, "input_tokens", row[1], 1),
+            _tokens(where, lineno, "output_tokens", row[2], 1),
+        ))
+    return out
+
+
+def _parse_mooncake(where: str, text: str) -> list[tuple[int, float, int, int]]:
+    out = []
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise TraceError(f"{where}:{lineno}: not valid JSON: {exc.msg}") from None
+        if not isinstance(obj, dict):
+            raise TraceError(f"{where}:{lineno}: expected a JSON object, got {type(obj).__name__}")
+        for key in ("timestamp", "input_length", "output_length"):
+            if key not in obj:
+                raise TraceError(f"{where}:{lineno}: missing {key!r}")
+        out.append((
+            lineno,
+            _seconds(where, lineno, "timestamp", obj["timestamp"]) / 1000.0,
+            _tokens(where, lineno, "input_length", str(obj["input_length"]), 1),
+            _tokens(where, lineno, "output_length", str(obj["output_length"]), 1),
+        ))
+    return out
+
+
+_PARSERS = {"azure": _parse_azure, "mooncake": _parse_mooncake, "csv": _parse_plain_csv}
+
+
+# ---------------------------------------------------------------------------------------------
+# Shaping a trace for a run
+
+
+def window(trace: Sequence[TraceRequest], start_s: float, duration_s: float) -> list[TraceRequest]:
+    """The requests arriving in [start_s, start_s + duration_s), re-based to start at 0."""
+    return [
+        TraceRequest(round(r.arrival_s - start_s, 6), r.input_tokens, r.output_tokens)
+        for r in trace
+        if start_s <= r.arrival_s < start_s + duration_s
+    ]
+
+
+def scale_rate(trace: Sequence[TraceRequest], factor: float) -> list[TraceRequest]:
+    """The same requests arriving `factor` times as fast (factor 2 = twice the request rate)."""
+    if factor <= 0:
+        raise ValueError(f"rate scale must be > 0, got {factor}")
+    return [TraceRequest(round(r.arrival_s / factor, 6), r.input_tokens, r.output_tokens)
+            for r in trace]
+
+
+def clamp_tokens(
+    trace: Sequence[TraceRequest], max_input: int, max_output: int
+) -> list[TraceRequest]:
+    """Cap token counts so every request fits the engine's context (max-model-len)."""
+    return [
+        TraceRequest(r.arrival_s, max(1, min(r.input_tokens, max_input)),
+                     max(1, min(r.output_tokens, max_output)))
+        for r in trace
+    ]
+
+
+def rate_per_bin(trace: Sequence[TraceRequest], bin_s: float) -> list[int]:
+    """Request counts per `bin_s`-second bin, from 0 to the last arrival."""
+    if not trace:
+        return []
+    bins = [0] * (int(trace[-1].arrival_s // bin_s) + 1)
+    for r in trace:
+        bins[int(r.arrival_s // bin_s)] += 1
+    return bins
+
+
+def write_csv(trace: Iterable[TraceRequest], path: str | Path) -> None:
+    """Write the plain CSV format (readable back with load_trace)."""
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["arrival_s", "input_tokens", "output_tokens"])
+        for r in trace:
+            w.writerow([f"{r.arrival_s:.6f}", r.input_tokens, r.output_tokens])
