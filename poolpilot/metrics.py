@@ -40,6 +40,8 @@ AUTOSCALER_DESIRED = "poolpilot_autoscaler_desired_replicas"  # {namespace,pool,
 AUTOSCALER_DECISIONS = "poolpilot_autoscaler_decisions_total"  # {..,direction,reason}
 AUTOSCALER_SIGNAL = "poolpilot_autoscaler_signal"  # {namespace,pool,role,signal}
 AUTOSCALER_CYCLE = "poolpilot_autoscaler_cycle_seconds"  # histogram
+AUTOSCALER_LIMITED = "poolpilot_autoscaler_scaling_limited"  # gauge {..,reason}: 1 while limited
+AUTOSCALER_METRICS_AVAILABLE = "poolpilot_autoscaler_metrics_available"  # gauge {ns,pool,role}
 
 # Latency histogram buckets (vLLM's own buckets for TTFT and ITL, vLLM 0.3x).
 TTFT_BUCKETS = (
