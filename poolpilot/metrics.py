@@ -20,6 +20,12 @@ VLLM_GENERATION_TOKENS = "vllm:generation_tokens_total"  # counter
 VLLM_PREEMPTIONS = "vllm:num_preemptions_total"  # counter
 VLLM_NIXL_XFER_TIME = "vllm:nixl_xfer_time_seconds"  # histogram
 VLLM_NIXL_FAILED = "vllm:nixl_num_failed_transfers"  # counter
+VLLM_REQUEST_SUCCESS = "vllm:request_success_total"  # counter {finished_reason}
+VLLM_PREFILL_TIME = "vllm:request_prefill_time_seconds"  # histogram
+VLLM_DECODE_TIME = "vllm:request_decode_time_seconds"  # histogram
+VLLM_INFERENCE_TIME = "vllm:request_inference_time_seconds"  # histogram
+VLLM_NIXL_EXPIRED = "vllm:nixl_num_kv_expired_reqs"  # counter (prefill side)
+VLLM_LABELS = ("model_name", "engine")  # labels on every vLLM engine metric
 
 # Names older vLLM releases used for the same signals (the autoscaler falls back to them).
 VLLM_RENAMED = {
@@ -52,3 +58,10 @@ ITL_BUCKETS = (
     0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
     20.0, 40.0, 80.0,
 )
+# vLLM's buckets for e2e, queue, prefill, decode and inference times.
+REQUEST_LATENCY_BUCKETS = (
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
+    240.0, 480.0, 960.0, 1920.0, 7680.0,
+)
+# vLLM's NixlConnector buckets for vllm:nixl_xfer_time_seconds.
+NIXL_XFER_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 5.0)
