@@ -1,0 +1,95 @@
+"""`poolpilot render FILE`: every object the operator would create, like `helm template`.
+
+Uses the same pure builders as the operator; needs no cluster. Owner references are left out
+(the pool's uid exists only in a cluster).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from poolpilot import api
+from poolpilot.operator import builders
+from poolpilot.validate import InvalidPool, load_documents, parse_pool
+
+
+def pools_from_file(path: Path, default_namespace: str = "default") -> list[builders.Pool]:
+    """Parse every InferencePool in a manifest file; raises InvalidPool naming bad fields."""
+    docs = load_documents(path)
+    pools = []
+    for doc in docs:
+        if doc.get("kind") != api.KIND:
+            continue
+        parsed = parse_pool(doc)
+        pools.append(
+            builders.Pool(
+                name=parsed.metadata.name,
+                namespace=parsed.metadata.namespace or default_namespace,
+                spec=parsed.spec,
+            )
+        )
+    if not pools:
+        raise InvalidPool([f"{path}: no {api.KIND} document found"])
+    return pools
+
+
+class _Dumper(yaml.SafeDumper):
+    """Multi-line strings (the router's config) as literal blocks, readable like a manifest."""
+
+
+def _str(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
+    style = "|" if "\n" in value else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_Dumper.add_representer(str, _str)
+
+
+def to_yaml(objs: list[dict[str, Any]]) -> str:
+    return yaml.dump_all(objs, Dumper=_Dumper, sort_keys=False, default_flow_style=False)
+
+
+def render(pools: list[builders.Pool], caps: builders.Capabilities, output: str) -> str:
+    objs: list[dict[str, Any]] = [o for p in pools for o in builders.build_children(p, caps)]
+    if output == "json":
+        return json.dumps({"apiVersion": "v1", "kind": "List", "items": objs}, indent=2) + "\n"
+    return to_yaml(objs)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("file", type=Path, help="manifest with one or more InferencePools")
+    parser.add_argument("-o", "--output", choices=("yaml", "json"), default="yaml")
+    parser.add_argument(
+        "--prometheus-operator",
+        action="store_true",
+        help="render ServiceMonitor/PodMonitor (as when monitoring.coreos.com is installed) "
+        "instead of prometheus.io scrape annotations",
+    )
+    parser.add_argument(
+        "--no-rbac", action="store_true", help="leave out the router's Role and RoleBinding"
+    )
+    parser.add_argument(
+        "-n", "--namespace", default="default", help="namespace for pools that name none"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        pools = pools_from_file(args.file, args.namespace)
+    except OSError as exc:
+        print(f"poolpilot render: {exc}", file=sys.stderr)
+        return 2
+    except (InvalidPool, yaml.YAMLError) as exc:
+        errors = exc.errors if isinstance(exc, InvalidPool) else [str(exc)]
+        for err in errors:
+            print(f"{args.file}: {err}", file=sys.stderr)
+        return 1
+    caps = builders.Capabilities(monitoring=args.prometheus_operator, rbac=not args.no_rbac)
+    sys.stdout.write(render(pools, caps, args.output))
+    return 0

@@ -1,0 +1,288 @@
+"""Builders: golden YAML per example pool, Kubernetes schema validation, and the pod contract.
+
+Regenerate the golden files after an intended change with
+`POOLPILOT_UPDATE_GOLDEN=1 .venv/bin/pytest tests/unit/operator/test_operator_builders.py`
+and review the diff.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from poolpilot import api, names
+from poolpilot.operator import builders, render
+from poolpilot.validate import parse_spec
+
+ROOT = Path(__file__).resolve().parents[3]
+EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
+GOLDEN = Path(__file__).parent / "golden"
+K8S_VERSION = kubernetes_validate.latest_version()
+UID = "6a1c1d4e-0000-4000-8000-000000000001"
+
+
+def _pool(spec: dict[str, Any], name: str = "p", uid: str | None = UID) -> builders.Pool:
+    return builders.Pool(name=name, namespace="ns", spec=parse_spec(spec), uid=uid)
+
+
+def _by_kind_name(objs: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
+    return {(o["kind"], o["metadata"]["name"]): o for o in objs}
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=[p.stem for p in EXAMPLES])
+def test_render_matches_golden(example: Path) -> None:
+    pools = render.pools_from_file(example)
+    for monitoring in (False, True):
+        text = render.render(pools, builders.Capabilities(monitoring=monitoring), "yaml")
+        golden = GOLDEN / f"{example.stem}{'.monitoring' if monitoring else ''}.yaml"
+        if os.environ.get("POOLPILOT_UPDATE_GOLDEN"):
+            golden.write_text(text)
+        assert golden.exists(), f"missing {golden}; run with POOLPILOT_UPDATE_GOLDEN=1"
+        assert text == golden.read_text(), f"{example.name} renders differently from {golden}"
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=[p.stem for p in EXAMPLES])
+def test_rendered_objects_pass_kubernetes_schema(example: Path) -> None:
+    for pool in render.pools_from_file(example):
+        owned = builders.Pool(pool.name, pool.namespace, pool.spec, uid=UID)
+        for obj in builders.build_children(owned, builders.Capabilities(monitoring=True)):
+            if obj["apiVersion"].startswith("monitoring.coreos.com"):
+                continue  # not a core type; checked below
+            kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+
+
+def test_schema_check_can_fail() -> None:
+    dep = builders.build_engine_deployment(_pool({"model": {"name": "m"}}), "prefill")
+    dep["spec"]["template"]["spec"]["containers"][0]["imagePullPolcy"] = "Always"
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(dep, K8S_VERSION, strict=True)
+
+
+@dataclass(frozen=True)
+class ChildrenCase:
+    id: str
+    spec: dict[str, Any]
+    monitoring: bool
+    expected: set[tuple[str, str]]
+
+
+_BASE = {("ConfigMap", "p-router"), ("ServiceAccount", "p-router"), ("Role", "p-router"),
+         ("RoleBinding", "p-router"), ("Service", "p-router"), ("Deployment", "p-router"),
+         ("PodDisruptionBudget", "p-router")}  # fmt: skip
+_PD = {(k, f"p-{r}") for r in ("prefill", "decode") for k in
+       ("Service", "Deployment", "PodDisruptionBudget")}  # fmt: skip
+_AGG = {(k, "p-engine") for k in ("Service", "Deployment", "PodDisruptionBudget")}
+_MON = {("ServiceMonitor", "p-router"), ("PodMonitor", "p-engines")}
+
+CHILDREN_CASES = [
+    ChildrenCase("disaggregated", {"model": {"name": "m"}}, False, _BASE | _PD),
+    ChildrenCase("aggregated", {"model": {"name": "m"}, "mode": "Aggregated"}, False, _BASE | _AGG),
+    ChildrenCase("with-prometheus-operator", {"model": {"name": "m"}}, True, _BASE | _PD | _MON),
+    ChildrenCase(
+        "monitors-turned-off",
+        {"model": {"name": "m"}, "monitoring": {"serviceMonitor": False, "podMonitor": False}},
+        True,
+        _BASE | _PD,
+    ),
+]
+
+
+@pytest.mark.parametrize("case", CHILDREN_CASES, ids=[c.id for c in CHILDREN_CASES])
+def test_children_per_mode(case: ChildrenCase) -> None:
+    objs = builders.build_children(
+        _pool(case.spec), builders.Capabilities(monitoring=case.monitoring)
+    )
+    assert set(_by_kind_name(objs)) == case.expected
+    for obj in objs:
+        assert obj["metadata"]["labels"][names.MANAGED_BY] == "poolpilot"
+        assert obj["metadata"]["labels"][names.POOL_LABEL] == "p"
+        ref = obj["metadata"]["ownerReferences"][0]
+        assert (ref["kind"], ref["name"], ref["uid"], ref["controller"]) == (
+            api.KIND, "p", UID, True
+        )
+
+
+def test_scrape_annotations_only_without_prometheus_operator() -> None:
+    pool = _pool({"model": {"name": "m"}})
+    plain = builders.build_engine_deployment(pool, "decode", builders.Capabilities())
+    mon = builders.build_engine_deployment(pool, "decode", builders.Capabilities(monitoring=True))
+    assert plain["spec"]["template"]["metadata"]["annotations"]["prometheus.io/scrape"] == "true"
+    assert "annotations" not in mon["spec"]["template"]["metadata"]
+
+
+@dataclass(frozen=True)
+class ReplicasCase:
+    id: str
+    autoscaling: dict[str, Any]
+    expected_engine: int | None  # None: left out of what the operator applies
+
+
+REPLICAS_CASES = [
+    ReplicasCase("autoscaling-apply-leaves-replicas-out", {"enabled": True, "mode": "Apply"}, None),
+    ReplicasCase("advisory-enforces-spec", {"enabled": True, "mode": "Advisory"}, 3),
+    ReplicasCase("autoscaling-off-enforces-spec", {"enabled": False}, 3),
+]
+
+
+@pytest.mark.parametrize("case", REPLICAS_CASES, ids=[c.id for c in REPLICAS_CASES])
+def test_replicas_ownership(case: ReplicasCase) -> None:
+    pool = _pool({"model": {"name": "m"}, "decode": {"replicas": 3, "maxReplicas": 4},
+                  "router": {"replicas": 2}, "autoscaling": case.autoscaling})  # fmt: skip
+    dep = builders.build_engine_deployment(pool, "decode")
+    assert dep["spec"].get("replicas") == case.expected_engine
+    assert builders.build_router_deployment(pool)["spec"]["replicas"] == 2  # always enforced
+
+
+@dataclass(frozen=True)
+class CommandCase:
+    id: str
+    spec: dict[str, Any]
+    role: str
+    expected: list[str]
+
+
+COMMAND_CASES = [
+    CommandCase(
+        "prefill-nixl-engine-args",
+        {"model": {"name": "org/m", "servedName": "m"},
+         "runtime": {"engineArgs": {"maxModelLen": 8192, "enforceEager": True}},
+         "prefill": {"engineArgs": {"maxModelLen": 4096}}},
+        "prefill",
+        ["poolpilot", "launch", "--role", "prefill", "--model", "org/m", "--port", "8000",
+         "--served-name", "m", "--kv-connector", "NixlConnector", "--tensor-parallel", "1",
+         "--engine-arg", "enforceEager=true", "--engine-arg", "maxModelLen=4096"],
+    ),
+    CommandCase(
+        "aggregated-has-no-connector",
+        {"model": {"name": "org/m"}, "mode": "Aggregated", "kvTransfer": {"extraConfig": {"a": 1}}},
+        "engine",
+        ["poolpilot", "launch", "--role", "aggregated", "--model", "org/m", "--port", "8000",
+         "--served-name", "org/m", "--kv-connector", "none", "--tensor-parallel", "1"],
+    ),
+    CommandCase(
+        "decode-pvc-tp2-kv-config",
+        {"model": {"name": "org/m", "source": {"pvc": {"claimName": "w", "path": "/x/y"}}},
+         "kvTransfer": {"connector": "ExampleConnector", "extraConfig": {"shared_storage_path": "/s"}},
+         "decode": {"gpus": 2, "tensorParallelSize": 2}},
+        "decode",
+        ["poolpilot", "launch", "--role", "decode", "--model", "/models/x/y", "--port", "8000",
+         "--served-name", "org/m", "--kv-connector", "ExampleConnector",
+         "--kv-config", '{"shared_storage_path":"/s"}', "--tensor-parallel", "2"],
+    ),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", COMMAND_CASES, ids=[c.id for c in COMMAND_CASES])
+def test_launch_command(case: CommandCase) -> None:
+    dep = builders.build_engine_deployment(_pool(case.spec), case.role)
+    assert dep["spec"]["template"]["spec"]["containers"][0]["command"] == case.expected
+
+
+def _container(dep: dict[str, Any]) -> dict[str, Any]:
+    return dep["spec"]["template"]["spec"]["containers"][0]  # type: ignore[no-any-return]
+
+
+def test_engine_pod_contract() -> None:
+    pool = _pool({
+        "model": {"name": "m", "source": {"huggingFace": {"tokenSecret": {"name": "hf"}}}},
+        "prefill": {"gpus": 4, "tensorParallelSize": 4},
+    })  # fmt: skip
+    dep = builders.build_engine_deployment(pool, "prefill")
+    pod = dep["spec"]["template"]["spec"]
+    c = _container(dep)
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == "4"
+    assert c["readinessProbe"]["httpGet"]["path"] == "/health"
+    startup = c["startupProbe"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 20 * 60
+    assert c["lifecycle"]["preStop"]["exec"]["command"][0] == "sleep"
+    assert pod["terminationGracePeriodSeconds"] > builders.PRESTOP_SLEEP_SECONDS
+    assert {"name": "dshm", "emptyDir": {"medium": "Memory"}} in pod["volumes"]
+    assert {"name": "model-cache", "emptyDir": {}} in pod["volumes"]
+    hf = next(e for e in c["env"] if e["name"] == "HF_TOKEN")
+    assert hf["valueFrom"]["secretKeyRef"] == {"name": "hf", "key": "token"}
+    assert c["securityContext"]["allowPrivilegeEscalation"] is False
+    assert c["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert pod["topologySpreadConstraints"][0]["topologyKey"] == "kubernetes.io/hostname"
+    assert dep["spec"]["template"]["metadata"]["labels"] == names.labels("p", "prefill")
+
+
+def test_single_gpu_pod_has_no_shm_and_cpu_pod_no_gpu_limit() -> None:
+    pool = _pool({"model": {"name": "m"}, "decode": {"gpus": 0}})
+    prefill = builders.build_engine_deployment(pool, "prefill")
+    decode = builders.build_engine_deployment(pool, "decode")
+    assert all(v["name"] != "dshm" for v in prefill["spec"]["template"]["spec"]["volumes"])
+    assert "nvidia.com/gpu" not in _container(decode)["resources"].get("limits", {})
+
+
+def test_router_pod_contract() -> None:
+    pool = _pool({"model": {"name": "m"}})
+    dep = builders.build_router_deployment(pool)
+    c = _container(dep)
+    assert c["command"] == ["poolpilot", "router", "--port", "8000", "--discover", "kubernetes",
+                            "--namespace", "ns", "--pool", "p"]  # fmt: skip
+    config = json.loads(builders.build_router_configmap(pool)["data"]["router.json"])
+    assert config["services"] == {"prefill": "p-prefill", "decode": "p-decode"}
+    assert dep["spec"]["template"]["spec"]["volumes"][0]["configMap"]["name"] == "p-router"
+
+
+def test_router_config_change_rolls_the_router() -> None:
+    a = builders.build_router_deployment(_pool({"model": {"name": "m"}}))
+    b = builders.build_router_deployment(_pool({"model": {"name": "m", "servedName": "other"}}))
+    key = builders.CONFIG_HASH_ANNOTATION
+    assert (
+        a["spec"]["template"]["metadata"]["annotations"][key]
+        != b["spec"]["template"]["metadata"]["annotations"][key]
+    )
+
+
+def test_render_cli_reports_bad_field(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("apiVersion: poolpilot.dev/v1alpha1\nkind: InferencePool\n"
+                   "metadata: {name: x}\nspec: {model: {name: m}, decode: {maxReplicass: 3}}\n")  # fmt: skip
+    from poolpilot import cli
+
+    assert cli.main(["render", str(bad)]) == 1
+    assert "spec.decode.maxReplicass: unknown field; did you mean maxReplicas?" in (
+        capsys.readouterr().err
+    )
+
+
+_role = st.fixed_dictionaries(
+    {"replicas": st.integers(0, 3), "gpus": st.integers(1, 8)},
+    optional={"engineArgs": st.dictionaries(st.sampled_from(["maxModelLen", "seed", "dtype"]),
+                                            st.integers(1, 9000) | st.booleans(), max_size=3)},
+)  # fmt: skip
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    name=st.from_regex(r"[a-z]([a-z0-9-]{0,20}[a-z0-9])?", fullmatch=True),
+    mode=st.sampled_from(["Aggregated", "Disaggregated"]),
+    role=_role,
+    monitoring=st.booleans(),
+)
+def test_children_are_deterministic_valid_and_uniquely_named(
+    name: str, mode: str, role: dict[str, Any], monitoring: bool
+) -> None:
+    role = {**role, "minReplicas": 0 if role["replicas"] == 0 else 1, "maxReplicas": 4}
+    spec = {"model": {"name": "m"}, "mode": mode, "prefill": role, "decode": role,
+            "engine": role, "autoscaling": {"scaleToZero": True}}  # fmt: skip
+    pool = _pool(spec, name=name)
+    caps = builders.Capabilities(monitoring=monitoring)
+    objs = builders.build_children(pool, caps)
+    assert objs == builders.build_children(_pool(spec, name=name), caps)
+    keys = [builders.object_key(o) for o in objs]
+    assert len(keys) == len(set(keys))
+    for obj in objs:
+        assert obj["metadata"]["name"].startswith(f"{name}-")
+        if not obj["apiVersion"].startswith("monitoring.coreos.com"):
+            kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
