@@ -192,7 +192,8 @@ def _engine_env(pool: Pool, role: str) -> list[Obj]:
         {"name": "HOME", "value": "/tmp"},
         {"name": "HF_HOME", "value": MODEL_CACHE_DIR},
         # NIXL's side channel must advertise the pod's own address to the decode peers.
-        {"name": "VLLM_NIXL_SIDE_CHANNEL_HOST", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+        {"name": "VLLM_NIXL_SIDE_CHANNEL_HOST",
+         "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
     ]  # fmt: skip
     hf = spec.model.source.hugging_face
     if hf is not None and hf.token_secret is not None:
@@ -216,7 +217,10 @@ def _engine_volumes(spec: api.InferencePoolSpec, role: str) -> tuple[list[Obj], 
     pvc = spec.model.source.pvc
     if pvc is not None:
         volumes.append(
-            {"name": "model", "persistentVolumeClaim": {"claimName": pvc.claim_name, "readOnly": True}}
+            {
+                "name": "model",
+                "persistentVolumeClaim": {"claimName": pvc.claim_name, "readOnly": True},
+            }
         )
         mounts.append({"name": "model", "mountPath": MODEL_PVC_DIR, "readOnly": True})
     else:
@@ -272,7 +276,10 @@ def build_engine_deployment(pool: Pool, role: str, caps: Capabilities | None = N
     dep_spec: Obj = {
         "selector": {"matchLabels": names.selector(pool.name, role)},
         # Surge, never drop: a replaced engine keeps serving until its successor is ready.
-        "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
+        "strategy": {
+            "type": "RollingUpdate",
+            "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+        },
         "template": {"metadata": template_meta, "spec": pod_spec},
     }
     if _replicas_enforced(spec, role):
@@ -317,7 +324,9 @@ def router_config(pool: Pool) -> Obj:
         "model": spec.model.name,
         "port": names.ENGINE_PORT,
         "services": services,
-        "kvConnector": "none" if spec.mode == api.Mode.AGGREGATED else str(spec.kv_transfer.connector),
+        "kvConnector": (
+            "none" if spec.mode == api.Mode.AGGREGATED else str(spec.kv_transfer.connector)
+        ),
         "slo": spec.slo.to_wire(),
     }
 
@@ -353,7 +362,11 @@ def build_router_role(pool: Pool) -> Obj:
                 "resources": ["endpointslices"],
                 "verbs": ["get", "list", "watch"],
             },
-            {"apiGroups": [""], "resources": ["services", "pods"], "verbs": ["get", "list", "watch"]},
+            {
+                "apiGroups": [""],
+                "resources": ["services", "pods"],
+                "verbs": ["get", "list", "watch"],
+            },
         ],
     }
 
@@ -379,12 +392,9 @@ def build_router_deployment(pool: Pool, caps: Capabilities | None = None) -> Obj
         "image": spec.router.image or spec.runtime.image,
         "imagePullPolicy": spec.runtime.image_pull_policy,
         "command": [
-            "poolpilot", "router",
-            "--port", str(names.ROUTER_PORT),
-            "--discover", "kubernetes",
-            "--namespace", pool.namespace,
-            "--pool", pool.name,
-        ],  # fmt: skip
+            *("poolpilot", "router", "--port", str(names.ROUTER_PORT)),
+            *("--discover", "kubernetes", "--namespace", pool.namespace, "--pool", pool.name),
+        ],
         "env": [
             {"name": "POOLPILOT_ROUTER_CONFIG", "value": f"{ROUTER_CONFIG_DIR}/{ROUTER_CONFIG_KEY}"}
         ],
@@ -489,7 +499,12 @@ def build_service_monitor(pool: Pool) -> Obj:
         "spec": {
             "selector": {"matchLabels": names.selector(pool.name, "router")},
             "endpoints": [
-                {"port": "http", "path": "/metrics", "interval": "15s", "relabelings": _relabelings()}
+                {
+                    "port": "http",
+                    "path": "/metrics",
+                    "interval": "15s",
+                    "relabelings": _relabelings(),
+                }
             ],
         },
     }
@@ -510,7 +525,12 @@ def build_pod_monitor(pool: Pool) -> Obj:
                 ],
             },
             "podMetricsEndpoints": [
-                {"port": "http", "path": "/metrics", "interval": "15s", "relabelings": _relabelings()}
+                {
+                    "port": "http",
+                    "path": "/metrics",
+                    "interval": "15s",
+                    "relabelings": _relabelings(),
+                }
             ],
         },
     }

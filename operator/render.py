@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from poolpilot.operator import builders
 
 from poolpilot import api
-from poolpilot.operator import builders
 from poolpilot.validate import InvalidPool, load_documents, parse_pool
 
 

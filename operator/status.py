@@ -139,7 +139,9 @@ def _condition(
         "status": status,
         "reason": reason,
         "message": message,
-        "lastTransitionTime": now if changed else before.get("lastTransitionTime", now),
+        "lastTransitionTime": (
+            now if changed or before is None else before.get("lastTransitionTime", now)
+        ),
         "observedGeneration": generation,
     }
 
@@ -287,7 +289,7 @@ def merge_patch(live: Any, desired: Any) -> Any:
     """The smallest JSON merge patch turning `live` into `desired` for the keys in `desired`
     (keys only in `live` are left alone: they belong to someone else). None if equal."""
     if isinstance(live, dict) and isinstance(desired, dict):
-        patch = {}
+        patch: dict[str, Any] = {}
         for key, value in desired.items():
             if value is None:
                 if live.get(key) is not None:

@@ -17,9 +17,9 @@ import kubernetes_validate
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from poolpilot.operator import builders, render
 
 from poolpilot import api, names
-from poolpilot.operator import builders, render
 from poolpilot.validate import parse_spec
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -170,7 +170,8 @@ COMMAND_CASES = [
     CommandCase(
         "decode-pvc-tp2-kv-config",
         {"model": {"name": "org/m", "source": {"pvc": {"claimName": "w", "path": "/x/y"}}},
-         "kvTransfer": {"connector": "ExampleConnector", "extraConfig": {"shared_storage_path": "/s"}},
+         "kvTransfer": {"connector": "ExampleConnector",
+                        "extraConfig": {"shared_storage_path": "/s"}},
          "decode": {"gpus": 2, "tensorParallelSize": 2}},
         "decode",
         ["poolpilot", "launch", "--role", "decode", "--model", "/models/x/y", "--port", "8000",
@@ -187,7 +188,8 @@ def test_launch_command(case: CommandCase) -> None:
 
 
 def _container(dep: dict[str, Any]) -> dict[str, Any]:
-    return dep["spec"]["template"]["spec"]["containers"][0]  # type: ignore[no-any-return]
+    c: dict[str, Any] = dep["spec"]["template"]["spec"]["containers"][0]
+    return c
 
 
 def test_engine_pod_contract() -> None:
@@ -246,8 +248,10 @@ def test_router_config_change_rolls_the_router() -> None:
 
 def test_render_cli_reports_bad_field(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     bad = tmp_path / "bad.yaml"
-    bad.write_text("apiVersion: poolpilot.dev/v1alpha1\nkind: InferencePool\n"
-                   "metadata: {name: x}\nspec: {model: {name: m}, decode: {maxReplicass: 3}}\n")  # fmt: skip
+    bad.write_text(
+        "apiVersion: poolpilot.dev/v1alpha1\nkind: InferencePool\n"
+        "metadata: {name: x}\nspec: {model: {name: m}, decode: {maxReplicass: 3}}\n"
+    )
     from poolpilot import cli
 
     assert cli.main(["render", str(bad)]) == 1
