@@ -45,6 +45,7 @@ ROUTER_KV_TRANSFER_FAILURES = "poolpilot_router_kv_transfer_failures_total"  # c
 AUTOSCALER_DESIRED = "poolpilot_autoscaler_desired_replicas"  # {namespace,pool,role}
 AUTOSCALER_DECISIONS = "poolpilot_autoscaler_decisions_total"  # {..,direction,reason}
 AUTOSCALER_SIGNAL = "poolpilot_autoscaler_signal"  # {namespace,pool,role,signal}
+AUTOSCALER_SIGNAL_TARGET = "poolpilot_autoscaler_signal_target"  # same labels: its target
 AUTOSCALER_CYCLE = "poolpilot_autoscaler_cycle_seconds"  # histogram
 AUTOSCALER_LIMITED = "poolpilot_autoscaler_scaling_limited"  # gauge {..,reason}: 1 while limited
 AUTOSCALER_METRICS_AVAILABLE = "poolpilot_autoscaler_metrics_available"  # gauge {ns,pool,role}
