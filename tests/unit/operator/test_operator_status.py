@@ -63,7 +63,8 @@ CASES = [
          pods=[_pod("decode", "p-decode-b", phase="Pending", waiting="ErrImagePull")],
          degraded=("True", "ImagePullBackOff")),
     Case("crash-loop-beats-pending", [_role("decode", 2, 0)],
-         pods=[_pod("decode", "a", phase="Pending"), _pod("decode", "b", waiting="CrashLoopBackOff")],
+         pods=[_pod("decode", "a", phase="Pending"),
+               _pod("decode", "b", waiting="CrashLoopBackOff")],
          ready=("False", "CrashLoop"), degraded=("True", "CrashLoop")),
     Case("deployment-missing", [_role("prefill", 1, 0, exists=False), *ALL_READY[1:]],
          ready=("False", "ReplicasNotReady"), progressing=("True", "ReplicasUpdating")),
@@ -92,8 +93,9 @@ def test_conditions(case: Case) -> None:
 
 def test_invalid_spec_message_names_the_field_and_keeps_roles() -> None:
     previous = {"decode": {"replicas": 2, "readyReplicas": 2, "summary": "2/2"}}
+    errors = ["spec.decode.maxReplicas: must be >= 2"]
     result = s.compute_status(generation=4, roles=[], pods=[], previous=previous, endpoint="e",
-                              now=NOW, invalid=["spec.decode.maxReplicas: must be >= 2"])  # fmt: skip
+                              now=NOW, invalid=errors)  # fmt: skip
     degraded = next(c for c in result.status["conditions"] if c["type"] == s.DEGRADED)
     assert "spec.decode.maxReplicas" in degraded["message"]
     assert "decode" not in result.status  # role entries untouched (not in the patch)
