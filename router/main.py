@@ -1,0 +1,150 @@
+"""`poolpilot router`: the OpenAI-compatible prefill/decode router.
+
+    poolpilot router --port 8000 --prefill URL,... --decode URL,...      # disaggregated
+    poolpilot router --port 8000 --engine URL,...                        # aggregated
+    poolpilot router --port 8000 --discover kubernetes --namespace NS --pool NAME
+
+SIGTERM/SIGINT: stop taking requests (/health and /ready answer 503, so the Service drops the
+pod), let in-flight streams finish (up to --drain-timeout), then exit 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+
+from aiohttp import web
+from poolpilot.router.app import AGGREGATED, DISAGGREGATED, Router, RouterConfig
+from poolpilot.router.balancer import BalancerConfig
+from poolpilot.router.discovery import KubernetesDiscovery, parse_urls
+
+log = logging.getLogger("poolpilot.router")
+
+
+class UsageError(ValueError):
+    pass
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--host", default="0.0.0.0", help="bind address (default 0.0.0.0)")
+    parser.add_argument("--port", type=int, default=8000, help="port; 0 picks a free one")
+    src = parser.add_argument_group("engines (static lists or Kubernetes discovery)")
+    src.add_argument("--prefill", default="", help="prefill engine URLs, comma-separated")
+    src.add_argument("--decode", default="", help="decode engine URLs, comma-separated")
+    src.add_argument("--engine", default="", help="aggregated engine URLs, comma-separated")
+    src.add_argument("--discover", choices=("kubernetes",), help="watch EndpointSlices")
+    src.add_argument("--namespace", help="namespace of the pool (with --discover)")
+    src.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, then ~/.kube)")
+    src.add_argument(
+        "--mode", choices=(DISAGGREGATED, AGGREGATED),
+        help="with --discover: which Services to use (default disaggregated)",
+    )
+    parser.add_argument("--pool", help="pool name: the metrics label; required with --discover")
+    lim = parser.add_argument_group("limits")
+    lim.add_argument("--max-request-bytes", type=int, default=8 * 1024 * 1024)
+    lim.add_argument("--request-timeout", type=float, default=600.0, help="seconds, whole request")
+    lim.add_argument("--idle-timeout", type=float, default=120.0,
+                     help="seconds an engine may stay silent mid-response")
+    lim.add_argument("--connect-timeout", type=float, default=5.0)
+    lim.add_argument("--max-attempts", type=int, default=3,
+                     help="tries per phase (prefill, decode)")
+    lim.add_argument("--drain-timeout", type=float, default=30.0,
+                     help="seconds to let streams finish on SIGTERM")
+    bal = parser.add_argument_group("balancing and health")
+    bal.add_argument("--health-interval", type=float, default=2.0,
+                     help="seconds between health checks and queue scrapes (0: off)")
+    bal.add_argument("--eject-after", type=int, default=2, help="consecutive failures to eject")
+    bal.add_argument("--ramp-seconds", type=float, default=10.0,
+                     help="how long a new endpoint takes to reach full weight")
+    parser.add_argument("--log-level", default="INFO")
+
+
+def config_from_args(args: argparse.Namespace) -> RouterConfig:
+    static = {k: parse_urls(getattr(args, k)) for k in ("prefill", "decode", "engine")}
+    if args.discover:
+        if any(static.values()):
+            raise UsageError("--discover and --prefill/--decode/--engine: choose one source")
+        if not args.namespace:
+            raise UsageError("--discover kubernetes needs --namespace (the pool's namespace)")
+        if not args.pool:
+            raise UsageError("--discover kubernetes needs --pool (the InferencePool's name)")
+        mode = args.mode or DISAGGREGATED
+    else:
+        if args.mode:
+            raise UsageError("--mode is only for --discover; static lists imply it")
+        if static["engine"] and (static["prefill"] or static["decode"]):
+            raise UsageError("--engine (aggregated) cannot be combined with --prefill/--decode")
+        if static["engine"]:
+            mode = AGGREGATED
+        elif static["prefill"] and static["decode"]:
+            mode = DISAGGREGATED
+        elif static["prefill"] or static["decode"]:
+            missing = "--decode" if static["prefill"] else "--prefill"
+            raise UsageError(f"disaggregated mode needs both --prefill and --decode; add {missing}")
+        else:
+            raise UsageError(
+                "no engines: give --prefill and --decode, or --engine, or --discover kubernetes"
+            )
+    if not 0 <= args.port < 65536:
+        raise UsageError(f"--port {args.port}: must be 0..65535")
+    if args.max_attempts < 1:
+        raise UsageError("--max-attempts: must be >= 1")
+    return RouterConfig(
+        mode=mode,
+        pool=args.pool or "default",
+        max_request_bytes=args.max_request_bytes,
+        connect_timeout_s=args.connect_timeout,
+        request_timeout_s=args.request_timeout,
+        idle_timeout_s=args.idle_timeout,
+        max_attempts=args.max_attempts,
+        health_interval_s=args.health_interval,
+        drain_timeout_s=args.drain_timeout,
+        balancer=BalancerConfig(eject_after=args.eject_after, ramp_s=args.ramp_seconds),
+    )
+
+
+async def serve(args: argparse.Namespace, config: RouterConfig) -> int:
+    router = Router(config)
+    if not args.discover:
+        for role in config.roles():
+            router.set_endpoints(role, parse_urls(getattr(args, role)), initial=True)
+    runner = web.AppRunner(router.build_app(), handler_cancellation=True, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, args.host, args.port, shutdown_timeout=config.drain_timeout_s)
+    await site.start()
+    discovery_task = None
+    if args.discover:
+        discovery = KubernetesDiscovery(
+            args.namespace, args.pool, router.set_endpoints, kubeconfig=args.kubeconfig
+        )
+        discovery_task = asyncio.create_task(discovery.run())
+    port = runner.addresses[0][1]
+    # One machine-readable line: tests and the sandbox read the port from it.
+    print(f"poolpilot router listening on http://{args.host}:{port} mode={config.mode}",
+          flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    log.info("shutting down: draining %d in-flight requests", router.active)
+    drained = await router.drain()
+    if discovery_task is not None:
+        discovery_task.cancel()
+    await runner.cleanup()
+    return 0 if drained else 1
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
+    )
+    try:
+        config = config_from_args(args)
+    except UsageError as exc:
+        print(f"poolpilot router: error: {exc}", file=sys.stderr)
+        return 2
+    return asyncio.run(serve(args, config))
