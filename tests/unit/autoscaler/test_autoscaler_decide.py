@@ -1,0 +1,449 @@
+"""The autoscaler's decision core, as a table: every step and guard, for both roles."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from poolpilot.autoscaler.decide import (
+    Behavior,
+    Decision,
+    History,
+    Observation,
+    Policy,
+    Recommendation,
+    RoleObservation,
+    decide,
+)
+
+from poolpilot.validate import parse_spec
+
+NOW = 10_000.0
+NAN = math.nan
+
+
+def pre(replicas: int = 2, **kw: Any) -> RoleObservation:
+    """A healthy, moderately loaded prefill role (every signal near its target)."""
+    base: dict[str, Any] = dict(waiting=2.0 * replicas, running=1.0 * replicas,
+                                prompt_tokens_rate=500.0 * replicas, ttft=0.5)
+    base.update(kw)
+    return RoleObservation(replicas=replicas, **base)
+
+
+def dec(replicas: int = 2, **kw: Any) -> RoleObservation:
+    """A healthy decode role at its sequence target."""
+    base: dict[str, Any] = dict(waiting=0.0, running=64.0 * replicas, kv_usage=0.8,
+                                generation_tokens_rate=100.0 * replicas, itl=0.02)
+    base.update(kw)
+    return RoleObservation(replicas=replicas, **base)
+
+
+def idle(replicas: int, role: str = "prefill") -> RoleObservation:
+    kv = {"kv_usage": 0.0} if role != "prefill" else {}
+    return RoleObservation(replicas=replicas, waiting=0.0, running=0.0, ttft=NAN, itl=NAN,
+                           prompt_tokens_rate=0.0, generation_tokens_rate=0.0, **kv)
+
+
+def pool(prefill: RoleObservation | None = None, decode: RoleObservation | None = None,
+         **kw: Any) -> Observation:
+    return Observation(roles={"prefill": prefill or pre(), "decode": decode or dec()}, **kw)
+
+
+def policy(**kw: Any) -> Policy:
+    base: dict[str, Any] = dict(bounds={"prefill": (1, 8), "decode": (1, 16)})
+    base.update(kw)
+    return Policy(**base)
+
+
+WARM = History.warm()
+
+
+@dataclass
+class Case:
+    id: str
+    obs: Observation
+    want: dict[str, tuple[int, str]]  # role -> (replicas, reason)
+    policy: Policy = field(default_factory=policy)
+    history: History = WARM
+    now: float = NOW
+    metrics_available: bool = True
+    scaling_limited: str | None = None
+
+
+def hist(*recs: tuple[float, str, int], **kw: Any) -> History:
+    return History(recommendations=tuple(Recommendation(NOW - a, r, n) for a, r, n in recs), **kw)
+
+
+FAST_DOWN = Behavior(window=0, max_step=100, cooldown=0)
+CASES = [
+    # --- prefill proposals --------------------------------------------------------------
+    Case("prefill-ttft-at-router-above-target-scales-up",
+         pool(router_ttft=2.0),
+         {"prefill": (4, "TTFTAboveTarget"), "decode": (2, "WithinDeadBand")}),
+    Case("prefill-router-ttft-wins-over-engine-ttft",
+         pool(pre(ttft=5.0), router_ttft=1.0), {"prefill": (2, "WithinDeadBand")}),
+    Case("prefill-engine-ttft-used-without-router",
+         pool(pre(ttft=1.5)), {"prefill": (3, "TTFTAboveTarget")}),
+    Case("prefill-ttft-below-target-abstains",
+         pool(router_ttft=0.1), {"prefill": (2, "WithinDeadBand")}),
+    Case("prefill-queue-above-target-scales-up",
+         pool(pre(1, waiting=10.0)), {"prefill": (5, "QueueAboveTarget")}),
+    Case("prefill-queue-below-target-scales-down",
+         pool(pre(4, waiting=2.0)), {"prefill": (3, "ScaleDownRateLimited")}),
+    Case("prefill-queue-within-dead-band-holds",
+         pool(pre(2, waiting=3.8)), {"prefill": (2, "WithinDeadBand")}),
+    Case("prefill-prompt-throughput-above-capacity",
+         pool(pre(2, waiting=4.0, prompt_tokens_rate=2400.0)),
+         {"prefill": (3, "PromptThroughputAboveTarget")},
+         policy=policy(prefill_tokens_per_replica=1000.0)),
+    Case("prefill-prompt-throughput-below-capacity-scales-down",
+         pool(pre(4, waiting=0.0, prompt_tokens_rate=500.0)),
+         {"prefill": (1, "PromptThroughputBelowTarget")},
+         policy=policy(prefill_tokens_per_replica=1000.0, scale_down=FAST_DOWN)),
+    Case("prefill-ttft-scale-up-rate-limited",
+         pool(router_ttft=10.0), {"prefill": (6, "ScaleUpRateLimited")}),
+    # --- decode proposals ---------------------------------------------------------------
+    Case("decode-itl-above-target-scales-up",
+         pool(decode=dec(itl=0.1)),
+         {"decode": (4, "ITLAboveTarget"), "prefill": (2, "WithinDeadBand")}),
+    Case("decode-itl-below-target-abstains",
+         pool(decode=dec(itl=0.001)), {"decode": (2, "WithinDeadBand")}),
+    Case("decode-sequences-above-target-scales-up",
+         pool(decode=dec(2, running=250.0, waiting=6.0)), {"decode": (4, "SequencesAboveTarget")}),
+    Case("decode-sequences-below-target-scales-down",
+         pool(decode=dec(4, running=64.0, kv_usage=0.1)), {"decode": (1, "SequencesBelowTarget")},
+         policy=policy(scale_down=FAST_DOWN)),
+    Case("decode-kv-cache-above-target-scales-up",
+         pool(decode=dec(4, kv_usage=0.95)), {"decode": (5, "KVCacheAboveTarget")}),
+    Case("decode-max-of-proposals-wins",
+         pool(decode=dec(2, itl=0.075, running=320.0)), {"decode": (5, "SequencesAboveTarget")}),
+    Case("decode-sequences-within-dead-band-holds",
+         pool(decode=dec(2, running=135.0)), {"decode": (2, "WithinDeadBand")}),
+    Case("decode-scale-down-rate-limited",
+         pool(decode=dec(6, running=64.0, kv_usage=0.1)), {"decode": (5, "ScaleDownRateLimited")}),
+    # --- zero traffic -----------------------------------------------------------------------
+    Case("zero-traffic-scales-both-roles-down-despite-nan-latency",
+         pool(idle(3), idle(3, "decode"), router_ttft=NAN),
+         {"prefill": (2, "ScaleDownRateLimited"), "decode": (2, "ScaleDownRateLimited")}),
+    Case("zero-traffic-stops-at-min",
+         pool(idle(3), idle(3, "decode")),
+         {"prefill": (1, "ClampedToMin"), "decode": (1, "ClampedToMin")},
+         policy=policy(scale_down=FAST_DOWN)),
+    Case("zero-traffic-scales-to-zero-when-enabled",
+         pool(idle(1), idle(1, "decode")),
+         {"prefill": (0, "NoTraffic"), "decode": (0, "NoTraffic")},
+         policy=policy(bounds={"prefill": (0, 8), "decode": (0, 8)}, scale_to_zero=True)),
+    # --- scale to zero and wake-up ------------------------------------------------------
+    Case("scaled-to-zero-stays-without-requests",
+         pool(RoleObservation(0), RoleObservation(0), router_inflight=0.0, router_request_rate=0.0),
+         {"prefill": (0, "ScaledToZero"), "decode": (0, "ScaledToZero")},
+         policy=policy(bounds={"prefill": (0, 8), "decode": (0, 8)}, scale_to_zero=True)),
+    Case("wake-up-when-requests-queue-at-router-even-in-cooldown",
+         pool(RoleObservation(0), RoleObservation(0), router_inflight=3.0),
+         {"prefill": (1, "WakeUp"), "decode": (1, "WakeUp")},
+         policy=policy(bounds={"prefill": (0, 8), "decode": (0, 8)}, scale_to_zero=True),
+         history=History(last_scale={"prefill": NOW - 1, "decode": NOW - 1})),
+    # --- stabilization ----------------------------------------------------------------------
+    Case("scale-down-held-by-higher-recommendation-in-window",
+         pool(decode=dec(4, running=64.0, kv_usage=0.1)), {"decode": (4, "ScaleDownStabilized")},
+         history=hist((100, "decode", 4))),
+    Case("scale-down-to-window-maximum",
+         pool(decode=dec(4, running=64.0, kv_usage=0.1)), {"decode": (3, "ScaleDownStabilized")},
+         policy=policy(scale_down=Behavior(300, 100, 0)),
+         history=hist((100, "decode", 3), (50, "decode", 2))),
+    Case("scale-down-ignores-recommendations-older-than-window",
+         pool(decode=dec(4, running=64.0, kv_usage=0.1)), {"decode": (3, "ScaleDownRateLimited")},
+         history=hist((400, "decode", 4))),
+    Case("scale-up-stabilized-by-window-minimum",
+         pool(decode=dec(2, running=320.0)), {"decode": (3, "ScaleUpStabilized")},
+         policy=policy(scale_up=Behavior(window=60, max_step=4, cooldown=0)),
+         history=hist((30, "decode", 3))),
+    Case("restart-no-scale-down-until-window-filled",
+         pool(decode=dec(4, running=64.0, kv_usage=0.1)),
+         {"decode": (4, "StabilizationWindowFilling")},
+         history=History.fresh(NOW - 10)),
+    Case("restart-scale-down-after-window-filled",
+         pool(decode=dec(4, running=64.0, kv_usage=0.1)), {"decode": (3, "ScaleDownRateLimited")},
+         history=History.fresh(NOW - 301)),
+    Case("restart-scale-up-immediately",
+         pool(decode=dec(2, running=256.0)), {"decode": (4, "SequencesAboveTarget")},
+         history=History.fresh(NOW - 1)),
+    # --- cooldown -----------------------------------------------------------------------
+    Case("scale-up-cooldown-holds",
+         pool(router_ttft=2.0), {"prefill": (2, "ScaleUpCooldown")},
+         history=History(last_scale={"prefill": NOW - 10})),
+    Case("scale-down-cooldown-holds",
+         pool(decode=dec(4, running=64.0, kv_usage=0.1)), {"decode": (4, "ScaleDownCooldown")},
+         history=History(last_scale={"decode": NOW - 30})),
+    Case("cooldown-over-scales",
+         pool(decode=dec(4, running=64.0, kv_usage=0.1)), {"decode": (3, "ScaleDownRateLimited")},
+         history=History(last_scale={"decode": NOW - 61})),
+    Case("cooldown-is-per-role",
+         pool(router_ttft=2.0), {"prefill": (4, "TTFTAboveTarget")},
+         history=History(last_scale={"decode": NOW - 1})),
+    # --- capacity guards ----------------------------------------------------------------
+    Case("starting-replicas-count-as-capacity-no-stacking",
+         pool(pre(4, ready=2, starting=2, waiting=4.0), router_ttft=2.0),
+         {"prefill": (4, "AtRecommendedSize")}),
+    Case("starting-replicas-block-further-scale-up",
+         pool(decode=dec(4, ready=2, starting=2, running=600.0)),
+         {"decode": (4, "WaitingForStartingReplicas")}),
+    Case("starting-replicas-do-not-block-scale-down",
+         pool(decode=dec(4, ready=3, starting=1, running=64.0, kv_usage=0.1)),
+         {"decode": (3, "ScaleDownRateLimited")}),
+    Case("unschedulable-pods-stop-scale-up-and-limit",
+         pool(pre(3, ready=2, unschedulable=1, waiting=20.0,
+                  unschedulable_message="0/3 nodes have nvidia.com/gpu")),
+         {"prefill": (3, "Unschedulable")}, scaling_limited="Unschedulable"),
+    Case("unschedulable-decode-pods-stop-scale-up",
+         pool(decode=dec(2, ready=1, unschedulable=1, kv_usage=1.0, running=200.0)),
+         {"decode": (2, "Unschedulable")}, scaling_limited="Unschedulable"),
+    Case("no-ready-replicas-holds",
+         pool(pre(2, ready=0, starting=2, waiting=NAN, running=NAN)),
+         {"prefill": (2, "NoReadyReplicas")}),
+    # --- missing, NaN and stale metrics ---------------------------------------------------
+    Case("prefill-missing-queue-holds",
+         pool(pre(3, waiting=None), router_ttft=5.0), {"prefill": (3, "MetricsUnavailable")},
+         metrics_available=False),
+    Case("decode-nan-kv-usage-holds-even-with-zero-load",
+         pool(decode=dec(4, kv_usage=NAN, running=0.0)), {"decode": (4, "MetricsUnavailable")},
+         metrics_available=False),
+    Case("stale-samples-hold",
+         pool(decode=dec(4, sample_age=120.0, running=0.0)), {"decode": (4, "MetricsStale")},
+         metrics_available=False),
+    Case("prometheus-down-holds-both-roles-never-zero",
+         pool(idle(3), idle(3, "decode"), prometheus_error="connection refused"),
+         {"prefill": (3, "MetricsUnavailable"), "decode": (3, "MetricsUnavailable")},
+         policy=policy(bounds={"prefill": (0, 8), "decode": (0, 8)}, scale_to_zero=True),
+         metrics_available=False),
+    # --- clamp --------------------------------------------------------------------------
+    Case("clamp-to-max-sets-scaling-limited",
+         pool(decode=dec(4, running=2000.0)), {"decode": (6, "ClampedToMax")},
+         policy=policy(bounds={"prefill": (1, 8), "decode": (1, 6)}),
+         scaling_limited="MaxReplicasReached"),
+    Case("clamp-to-min",
+         pool(pre(3, waiting=0.0)), {"prefill": (2, "ClampedToMin")},
+         policy=policy(bounds={"prefill": (2, 8), "decode": (1, 16)}, scale_down=FAST_DOWN)),
+    Case("lowered-max-is-enforced-even-when-holding",
+         pool(pre(10, waiting=None)), {"prefill": (8, "ClampedToMax")},
+         metrics_available=False),
+    # --- the prefill:decode ratio -------------------------------------------------------
+    Case("ratio-floor-pulls-prefill-up-with-decode",
+         pool(pre(2, waiting=0.0, prompt_tokens_rate=2000.0),
+              dec(4, running=512.0, generation_tokens_rate=400.0)),
+         {"prefill": (3, "RatioFloor"), "decode": (8, "SequencesAboveTarget")},
+         policy=policy(prefill_tokens_per_replica=2000.0, decode_tokens_per_replica=200.0)),
+    Case("ratio-floor-keeps-decode-from-shrinking-under-prefill-burst",
+         pool(pre(4, waiting=12.0, prompt_tokens_rate=8000.0),
+              dec(4, running=64.0, kv_usage=0.1, generation_tokens_rate=800.0)),
+         {"prefill": (6, "QueueAboveTarget"), "decode": (4, "RatioFloor")},
+         policy=policy(prefill_tokens_per_replica=2000.0, decode_tokens_per_replica=200.0)),
+    Case("ratio-skipped-while-throughput-unknown",
+         pool(pre(4, waiting=40.0), dec(4, running=64.0, kv_usage=0.1)),
+         {"prefill": (8, "ScaleUpRateLimited"), "decode": (3, "ScaleDownRateLimited")}),
+    # --- aggregated mode ----------------------------------------------------------------
+    Case("aggregated-engine-uses-ttft-and-sequences",
+         Observation(roles={"engine": dec(2, waiting=4.0)}, router_ttft=3.0),
+         {"engine": (6, "TTFTAboveTarget")},
+         policy=policy(bounds={"engine": (1, 8)})),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_decide(case: Case) -> None:
+    d = decide(case.obs, case.policy, case.history, case.now)
+    got = {r: (d.roles[r].replicas, d.roles[r].reason) for r in case.want}
+    assert got == case.want, {r: d.roles[r].message for r in case.want}
+    assert d.metrics_available.status is case.metrics_available, d.metrics_available
+    if case.scaling_limited:
+        assert d.scaling_limited.status and d.scaling_limited.reason == case.scaling_limited
+    else:
+        assert not d.scaling_limited.status, d.scaling_limited
+
+
+def test_case_table_is_large_and_unique() -> None:
+    assert len(CASES) >= 30 and len({c.id for c in CASES}) == len(CASES)
+
+
+def test_message_names_every_step_and_input() -> None:
+    d = decide(pool(router_ttft=10.0), policy(), WARM, NOW).roles["prefill"]
+    assert [s.name for s in d.steps] == ["proposal", "rate"]
+    assert "TTFT 10 vs 1" in d.message and "ScaleUpRateLimited" in d.message
+    assert d.message.startswith("prefill 2 -> 6:")
+
+
+def test_capacity_is_learned_from_saturated_prefill_and_feeds_the_capacity_signal() -> None:
+    saturated = pool(pre(2, waiting=10.0, prompt_tokens_rate=3000.0))
+    d1 = decide(saturated, policy(), WARM, NOW)
+    assert d1.history.capacity["prefill"] == pytest.approx(1500.0)
+    # Later the queue is empty, but the prompt rate is above what 2 replicas sustain with
+    # 20% headroom: the learned capacity signal scales prefill up before a queue builds.
+    calm = pool(pre(2, waiting=4.0, prompt_tokens_rate=3000.0))
+    d2 = decide(calm, policy(), d1.history, NOW + 100)
+    assert (d2.roles["prefill"].replicas, d2.roles["prefill"].reason) == (
+        3, "PromptThroughputAboveTarget")
+
+
+def test_history_remembers_recommendations_and_scale_times_then_prunes() -> None:
+    d = decide(pool(decode=dec(4, running=64.0, kv_usage=0.1)), policy(), WARM, NOW)
+    assert d.history.last_scale == {"decode": NOW}
+    assert [(r.role, r.replicas) for r in d.history.recommendations] == [
+        ("prefill", 2), ("decode", 1)]
+    later = decide(pool(decode=dec(3)), policy(), d.history, NOW + 301)
+    assert all(r.time == NOW + 301 for r in later.history.recommendations)
+
+
+def test_policy_from_spec_reads_every_field() -> None:
+    spec = parse_spec({
+        "model": {"name": "m"},
+        "prefill": {"minReplicas": 2, "maxReplicas": 5, "replicas": 2},
+        "decode": {"minReplicas": 1, "maxReplicas": 9},
+        "slo": {"ttft": {"quantile": 0.9, "seconds": 0.5}, "itl": {"quantile": 0.5,
+                                                                   "seconds": 0.02}},
+        "autoscaling": {
+            "scaleUp": {"stabilizationWindowSeconds": 5, "maxStep": 2, "cooldownSeconds": 7},
+            "scaleDown": {"stabilizationWindowSeconds": 100, "maxStep": 3, "cooldownSeconds": 9},
+            "targets": {"prefillQueuePerReplica": 3, "decodeSequencesPerReplica": 32,
+                        "kvCacheUsage": 0.7, "headroom": 0.3, "deadBand": 0.05,
+                        "prefillTokensPerSecondPerReplica": 9000, "ratioBand": 0.25},
+            "metricsMaxAgeSeconds": 45,
+        },
+    })
+    p = Policy.from_spec(spec)
+    assert p.bounds == {"prefill": (2, 5), "decode": (1, 9)}
+    assert (p.ttft_target, p.itl_target) == (0.5, 0.02)
+    assert p.scale_up == Behavior(5, 2, 7) and p.scale_down == Behavior(100, 3, 9)
+    assert (p.prefill_queue_per_replica, p.decode_sequences_per_replica, p.kv_cache_usage,
+            p.headroom, p.dead_band) == (3, 32, 0.7, 0.3, 0.05)
+    assert (p.prefill_tokens_per_replica, p.decode_tokens_per_replica, p.ratio_band,
+            p.max_metric_age) == (9000, None, 0.25, 45)
+    agg = Policy.from_spec(parse_spec({"model": {"name": "m"}, "mode": "Aggregated"}))
+    assert list(agg.bounds) == ["engine"]
+
+
+# --- invariants ---------------------------------------------------------------------------
+
+maybe = st.one_of(st.none(), st.just(NAN), st.floats(0, 1e4, allow_nan=False))
+values = st.floats(0, 1e4, allow_nan=False)
+
+
+@st.composite
+def scenario(draw: st.DrawFn) -> tuple[Observation, Policy, History]:
+    bounds = {}
+    roles = {}
+    for role in ("prefill", "decode"):
+        lo = draw(st.integers(0, 4))
+        hi = draw(st.integers(max(lo, 1), 20))
+        cur = draw(st.integers(lo, hi))
+        ready = draw(st.integers(0, cur))
+        bounds[role] = (lo, hi)
+        roles[role] = RoleObservation(
+            replicas=cur, ready=ready,
+            starting=draw(st.integers(0, cur - ready)),
+            unschedulable=draw(st.integers(0, 2)),
+            waiting=draw(maybe), running=draw(maybe), kv_usage=draw(maybe),
+            ttft=draw(maybe), itl=draw(maybe), prompt_tokens_rate=draw(maybe),
+            generation_tokens_rate=draw(maybe),
+            sample_age=draw(st.one_of(st.none(), st.floats(0, 200))),
+        )
+    pol = policy(
+        bounds=bounds,
+        scale_to_zero=True,
+        dead_band=draw(st.floats(0, 0.5)),
+        scale_up=Behavior(draw(st.sampled_from([0, 60])), draw(st.integers(1, 5)),
+                          draw(st.sampled_from([0, 30]))),
+        scale_down=Behavior(draw(st.sampled_from([0, 300])), draw(st.integers(1, 5)),
+                            draw(st.sampled_from([0, 60]))),
+        prefill_tokens_per_replica=draw(st.one_of(st.none(), st.floats(1, 1e4))),
+        decode_tokens_per_replica=draw(st.one_of(st.none(), st.floats(1, 1e4))),
+    )
+    obs = Observation(roles=roles, router_ttft=draw(maybe), router_inflight=draw(maybe))
+    recs = tuple(
+        Recommendation(NOW - draw(st.floats(1, 400)), draw(st.sampled_from(["prefill", "decode"])),
+                       draw(st.integers(0, 20)))
+        for _ in range(draw(st.integers(0, 4)))
+    )
+    h = History(recommendations=recs,
+                started_at=draw(st.one_of(st.none(), st.floats(NOW - 600, NOW))))
+    return obs, pol, h
+
+
+@settings(max_examples=120, deadline=None)
+@given(scenario())
+def test_replicas_always_within_bounds(s: tuple[Observation, Policy, History]) -> None:
+    obs, pol, h = s
+    d = decide(obs, pol, h, NOW)
+    for role, rd in d.roles.items():
+        lo, hi = pol.bounds[role]
+        assert lo <= rd.replicas <= hi, rd.message
+        assert rd.reason and rd.reason[0].isupper() and " " not in rd.reason
+
+
+@settings(max_examples=120, deadline=None)
+@given(scenario())
+def test_scale_down_never_exceeds_rate_limit(s: tuple[Observation, Policy, History]) -> None:
+    obs, pol, h = s
+    d = decide(obs, pol, h, NOW)
+    for rd in d.roles.values():
+        assert rd.current - rd.replicas <= pol.scale_down.max_step, rd.message
+
+
+@settings(max_examples=120, deadline=None)
+@given(scenario(), st.sampled_from(["waiting", "running", "kv_usage", "sample_age", "prom"]),
+       st.sampled_from([None, NAN, 1e9]))
+def test_missing_data_never_changes_replicas(
+    s: tuple[Observation, Policy, History], what: str, bad: float | None
+) -> None:
+    obs, pol, h = s
+    if what == "prom":
+        obs = replace(obs, prometheus_error="timeout")
+    else:
+        value = 1e9 if what == "sample_age" else (NAN if bad == 1e9 else bad)
+        obs = replace(obs, roles={r: replace(o, **{what: value}) for r, o in obs.roles.items()})
+    d = decide(obs, pol, h, NOW)
+    for rd in d.roles.values():
+        if rd.current > 0:  # a role at zero only wakes on the router's requests
+            assert rd.replicas == rd.current, rd.message
+            if rd.reason != "NoReadyReplicas":
+                assert d.metrics_available.status is False
+
+
+@settings(max_examples=120, deadline=None)
+@given(st.integers(1, 12), st.floats(0.02, 0.5), st.data())
+def test_within_dead_band_nothing_changes(cur: int, band: float,
+                                          data: st.DataObject) -> None:
+    pol = policy(bounds={"prefill": (1, 30), "decode": (1, 30)}, dead_band=band)
+    u = st.floats(1 - band * 0.99, 1 + band * 0.99)
+    ready = cur
+    obs = pool(
+        pre(cur, waiting=pol.prefill_queue_per_replica * ready * data.draw(u),
+            ttft=pol.ttft_target * data.draw(st.floats(0, 1 + band * 0.99))),
+        dec(cur, running=pol.decode_sequences_per_replica * ready * data.draw(u), waiting=0.0,
+            kv_usage=pol.kv_cache_usage * data.draw(u),
+            itl=pol.itl_target * data.draw(st.floats(0, 1 + band * 0.99))),
+    )
+    d: Decision = decide(obs, pol, WARM, NOW)
+    for rd in d.roles.values():
+        assert (rd.replicas, rd.reason) == (cur, "WithinDeadBand"), rd.message
+
+
+def test_core_imports_no_io_library() -> None:
+    # import-linter cannot see folders mapped into the package (autoscaler/ ->
+    # poolpilot.autoscaler), so the no-I/O contract of the core is checked here.
+    import ast
+    from pathlib import Path
+
+    import poolpilot.autoscaler.decide as core
+
+    tree = ast.parse(Path(core.__file__).read_text())
+    imported = {
+        (n.module or "") if isinstance(n, ast.ImportFrom) else a.name
+        for n in ast.walk(tree) if isinstance(n, ast.Import | ast.ImportFrom)
+        for a in n.names
+    }
+    allowed = {"__future__", "math", "collections.abc", "dataclasses", "typing", "poolpilot.api"}
+    assert imported <= allowed, imported - allowed
