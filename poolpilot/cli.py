@@ -23,6 +23,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "emulator": ("poolpilot.kube.emulator_main", "run the Kubernetes API emulator"),
     "sandbox": ("poolpilot.sandbox.main", "run the whole system locally, replaying a trace"),
     "bench": ("poolpilot.bench.main", "compare scaling policies on a trace"),
+    "dashboards": ("poolpilot.dashboards.generate", "write the chart's dashboards and alert rules"),
 }
 
 
