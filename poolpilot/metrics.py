@@ -27,6 +27,9 @@ VLLM_INFERENCE_TIME = "vllm:request_inference_time_seconds"  # histogram
 VLLM_NIXL_EXPIRED = "vllm:nixl_num_kv_expired_reqs"  # counter (prefill side)
 VLLM_LABELS = ("model_name", "engine")  # labels on every vLLM engine metric
 
+# NVIDIA DCGM exporter: GPU utilization (percent of the sample period a kernel ran), per GPU.
+DCGM_GPU_UTIL = "DCGM_FI_DEV_GPU_UTIL"  # gauge, 0..100
+
 # Names older vLLM releases used for the same signals (the autoscaler falls back to them).
 VLLM_RENAMED = {
     VLLM_KV_USAGE: "vllm:gpu_cache_usage_perc",
