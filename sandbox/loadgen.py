@@ -1,0 +1,174 @@
+"""Replay a trace through the official `openai` async client against the pool's routers.
+
+Each request is a prompt of exactly the trace's input tokens (sent as token ids, so the count
+does not depend on a tokenizer) and a forced output of the trace's output tokens
+(`max_tokens` with `ignore_eos`). Arrivals follow the trace, divided by --speed; latencies
+are measured on the client and reported in simulated seconds (real seconds x speed).
+Every request ends in exactly one result: a completion, or the error its client saw.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import openai
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from poolpilot.traces import TraceRequest
+
+# Token ids used for prompts: above the few special ids every tokenizer keeps at the bottom,
+# below the tiny model's vocabulary size (512), so the same prompts work on every engine.
+TOKEN_LOW, TOKEN_HIGH = 10, 500
+
+
+@dataclass
+class RequestResult:
+    index: int
+    arrival_s: float  # trace time (simulated seconds from the start of the replay)
+    input_tokens: int
+    max_tokens: int
+    sent_at: float = 0.0  # time.monotonic()
+    first_token_at: float | None = None
+    finished_at: float | None = None
+    token_times: list[float] = field(default_factory=list)
+    output_tokens: int = 0
+    ok: bool = False
+    error: str | None = None
+
+    def ttft(self, speed: float) -> float | None:
+        if self.first_token_at is None:
+            return None
+        return (self.first_token_at - self.sent_at) * speed
+
+    def itls(self, speed: float) -> list[float]:
+        t = self.token_times
+        return [(b - a) * speed for a, b in itertools.pairwise(t)]
+
+    def mean_itl(self, speed: float) -> float | None:
+        gaps = self.itls(speed)
+        return sum(gaps) / len(gaps) if gaps else None
+
+
+def prompt_tokens(n: int, seed: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(TOKEN_LOW, TOKEN_HIGH) for _ in range(n)]
+
+
+class Replayer:
+    """Sends a trace to whichever router endpoints are ready when each request starts."""
+
+    def __init__(self, endpoints: Callable[[], list[str]], served_name: str, speed: float,
+                 timeout_s: float = 600.0) -> None:
+        self.endpoints = endpoints
+        self.served_name = served_name
+        self.speed = speed
+        self.timeout_s = timeout_s
+        self._clients: dict[str, openai.AsyncOpenAI] = {}
+        self._rr = 0
+        self.results: list[RequestResult] = []
+        self.in_flight = 0
+
+    def _client(self) -> openai.AsyncOpenAI | None:
+        urls = self.endpoints()
+        if not urls:
+            return None
+        self._rr += 1
+        url = urls[self._rr % len(urls)]
+        if url not in self._clients:
+            # No retries: a failure is reported as the client saw it, never hidden.
+            self._clients[url] = openai.AsyncOpenAI(
+                base_url=url, api_key="sandbox", max_retries=0, timeout=self.timeout_s
+            )
+        return self._clients[url]
+
+    async def close(self) -> None:
+        for c in self._clients.values():
+            await c.close()
+        self._clients.clear()
+
+    async def send(self, r: RequestResult) -> None:
+        self.in_flight += 1
+        r.sent_at = time.monotonic()
+        try:
+            client = self._client()
+            if client is None:
+                raise RuntimeError("no ready router endpoint")
+            stream = await client.completions.create(
+                model=self.served_name,
+                prompt=prompt_tokens(r.input_tokens, r.index),
+                max_tokens=r.max_tokens,
+                stream=True,
+                stream_options={"include_usage": True},
+                temperature=0.0,
+                extra_body={"ignore_eos": True},
+            )
+            usage_tokens = None
+            async for chunk in stream:
+                now = time.monotonic()
+                if chunk.usage is not None:
+                    usage_tokens = chunk.usage.completion_tokens
+                if chunk.choices and chunk.choices[0].text is not None and (
+                    chunk.choices[0].text or chunk.choices[0].finish_reason is None
+                ):
+                    if r.first_token_at is None:
+                        r.first_token_at = now
+                    r.token_times.append(now)
+            r.finished_at = time.monotonic()
+            r.output_tokens = usage_tokens if usage_tokens is not None else len(r.token_times)
+            r.ok = r.first_token_at is not None
+            if not r.ok:
+                r.error = "the stream ended without a token"
+        except Exception as exc:  # every request ends in a result its client saw
+            r.finished_at = time.monotonic()
+            r.error = f"{type(exc).__name__}: {str(exc)[:200]}"
+        finally:
+            self.in_flight -= 1
+
+    async def replay(self, trace: Sequence[TraceRequest], progress: bool = True,
+                     on_start: Callable[[float], None] | None = None) -> list[RequestResult]:
+        """Send every request at its arrival time (divided by speed); wait for all to end."""
+        self.results = [
+            RequestResult(i, r.arrival_s, r.input_tokens, r.output_tokens)
+            for i, r in enumerate(trace)
+        ]
+        tasks: list[asyncio.Task[None]] = []
+        t0 = time.monotonic()
+        if on_start:
+            on_start(t0)
+        bar = Progress(
+            TextColumn("[bold]replay"),
+            BarColumn(),
+            TextColumn("{task.completed}/{task.total} sent"),
+            TextColumn("{task.fields[ok]} ok, {task.fields[failed]} failed, "
+                       "{task.fields[inflight]} in flight, trace t={task.fields[t]:.0f}s"),
+            TimeElapsedColumn(),
+            disable=not progress,
+            transient=False,
+        )
+        with bar:
+            task_id = bar.add_task("replay", total=len(self.results), ok=0, failed=0,
+                                   inflight=0, t=0.0)
+
+            def refresh() -> None:
+                done = [r for r in self.results if r.finished_at is not None]
+                bar.update(task_id, completed=len(tasks), ok=sum(r.ok for r in done),
+                           failed=sum(not r.ok for r in done), inflight=self.in_flight,
+                           t=(time.monotonic() - t0) * self.speed)
+
+            for r in self.results:
+                due = t0 + r.arrival_s / self.speed
+                delay = due - time.monotonic()
+                if delay > 0:
+                    refresh()
+                await asyncio.sleep(max(0.0, delay))  # also lets due requests start
+                tasks.append(asyncio.create_task(self.send(r)))
+            while any(not t.done() for t in tasks):
+                refresh()
+                await asyncio.wait(tasks, timeout=0.5)
+            refresh()
+        return self.results

@@ -1,0 +1,221 @@
+"""`poolpilot sandbox`: the whole system on this machine, replaying a real trace.
+
+    poolpilot sandbox [--pool FILE] [--trace FILE] [--engine sim|vllm-cpu] [--speed X]
+                      [--rate-scale X] [--duration SECONDS] [--report DIR]
+
+The bare command applies the shipped sandbox pool and replays a 90-second burst of the Azure
+code trace, then idles so the scale-down shows: a few minutes in all. Every time-like setting
+is in simulated seconds; the whole world runs --speed times faster (one clock).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import math
+import sys
+import time
+from pathlib import Path
+
+from rich.console import Console
+
+from poolpilot.traces import TraceError, TraceRequest, clamp_tokens, load_trace, scale_rate, window
+
+from . import report as R
+from .data import DEFAULT_POOL, DEFAULT_TRACE
+from .supervisor import AppliedPool, Sandbox, SandboxConfig, SandboxError, load_pool
+
+console = Console(stderr=True)
+
+DEFAULT_SPEED = 4.0
+DEFAULT_TAIL_S = 240.0  # idle after the last request: the stabilization window and scale-down
+VLLM_MAX_INPUT, VLLM_MAX_OUTPUT = 300, 48  # the tiny model runs with max-model-len 512
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--pool", type=Path, default=DEFAULT_POOL,
+                   help="InferencePool manifest (default: the shipped sandbox pool, "
+                   "examples/sandbox-pool.yaml)")
+    p.add_argument("--trace", type=Path, default=DEFAULT_TRACE,
+                   help="trace file: Azure CSV, Mooncake JSONL or arrival_s,input_tokens,"
+                   "output_tokens CSV (default: a burst from the Azure code trace)")
+    p.add_argument("--trace-format", choices=("azure", "mooncake", "csv"), default=None,
+                   help="trace format (default: detected)")
+    p.add_argument("--engine", choices=("sim", "vllm-cpu"), default="sim",
+                   help="engines: the simulator (default) or real vLLM on CPU with a tiny model")
+    p.add_argument("--speed", type=float, default=None,
+                   help=f"time compression: the world runs X times faster (default "
+                   f"{DEFAULT_SPEED:g} with sim, 1 with vllm-cpu)")
+    p.add_argument("--rate-scale", type=float, default=1.0,
+                   help="multiply the trace's request rate (2 = arrivals twice as dense)")
+    p.add_argument("--start", type=float, default=0.0,
+                   help="skip this many seconds of the trace")
+    p.add_argument("--duration", type=float, default=None,
+                   help="simulated seconds to run: requests arriving later are not sent "
+                   f"(default: the last arrival + {DEFAULT_TAIL_S:g}s so scale-down shows)")
+    p.add_argument("--report", type=Path, default=Path("sandbox-report"),
+                   help="folder for report.json, plots and logs (default ./sandbox-report)")
+    p.add_argument("--namespace", default=None, help="namespace (default: the pool's)")
+    p.add_argument("--cold-start", type=float, default=30.0,
+                   help="simulated seconds a new simulator pod takes to load weights")
+    p.add_argument("--scrape-interval", type=float, default=5.0,
+                   help="Prometheus scrape interval in simulated seconds")
+    p.add_argument("--gpu", default="h200", help="GPU the simulator models (h100, h200, ...)")
+    p.add_argument("--api-port", type=int, default=0,
+                   help="port of the Kubernetes API emulator (default: a free one)")
+    p.add_argument("--prometheus-port", type=int, default=0,
+                   help="port of Prometheus (default: a free one)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("-v", "--verbose", action="store_true", help="log the controller's actions")
+
+
+def prepare_trace(args: argparse.Namespace, max_model_len: int) -> list[TraceRequest]:
+    trace = load_trace(args.trace, args.trace_format)
+    if args.rate_scale <= 0:
+        raise SandboxError(f"--rate-scale {args.rate_scale}: must be > 0")
+    trace = window(trace, args.start, math.inf)
+    trace = scale_rate(trace, args.rate_scale)
+    if args.duration is not None:
+        trace = [r for r in trace if r.arrival_s < args.duration]
+    if args.engine == "vllm-cpu":
+        trace = clamp_tokens(trace, VLLM_MAX_INPUT, VLLM_MAX_OUTPUT)
+    else:
+        trace = [
+            TraceRequest(r.arrival_s, min(r.input_tokens, max_model_len - r.output_tokens - 1),
+                         r.output_tokens) if r.input_tokens + r.output_tokens >= max_model_len
+            else r
+            for r in trace
+        ]
+    if not trace:
+        raise SandboxError(f"no requests in {args.trace} after --start {args.start:g} within "
+                           "--duration; widen the window")
+    return trace
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    speed = args.speed if args.speed is not None else (
+        DEFAULT_SPEED if args.engine == "sim" else 1.0)
+    if speed <= 0:
+        console.print(f"[red]poolpilot sandbox: --speed {speed}: must be > 0")
+        return 2
+    try:
+        _, spec = load_pool(args.pool)
+        max_len = int(spec.runtime.engine_args.get("maxModelLen", 8192))
+        trace = prepare_trace(args, max_len)
+    except (SandboxError, TraceError) as exc:
+        console.print(f"[red]poolpilot sandbox: {exc}")
+        return 2
+    cfg = SandboxConfig(
+        out_dir=args.report, engine=args.engine, speed=speed, api_port=args.api_port,
+        prometheus_port=args.prometheus_port, scrape_interval_s=args.scrape_interval,
+        cold_start_s=args.cold_start, sim_gpu=args.gpu,
+    )
+    duration = args.duration if args.duration is not None else (
+        trace[-1].arrival_s + DEFAULT_TAIL_S)
+    sandbox = Sandbox(cfg)
+    try:
+        return asyncio.run(_main(sandbox, args, trace, duration))
+    except KeyboardInterrupt:
+        console.print("[yellow]interrupted: stopping every process the sandbox started")
+        sandbox.stop_sync()
+        return 130
+    except SandboxError as exc:
+        console.print(f"[red]poolpilot sandbox: {exc}")
+        sandbox.stop_sync()
+        return 1
+
+
+async def _main(sandbox: Sandbox, args: argparse.Namespace, trace: list[TraceRequest],
+                duration: float) -> int:
+    from .loadgen import Replayer
+
+    cfg = sandbox.cfg
+    try:
+        console.print(f"[bold]poolpilot sandbox[/]: {len(trace)} requests over "
+                      f"{trace[-1].arrival_s:.0f}s of trace, run {duration:.0f}s at speed "
+                      f"{cfg.speed:g} (~{duration / cfg.speed:.0f}s real), engine {cfg.engine}; "
+                      f"logs in {sandbox.logs}")
+        with console.status("starting the emulated cluster, Prometheus, operator, autoscaler"):
+            await sandbox.start()
+        prom = sandbox.prometheus.url if sandbox.prometheus else "-"
+        console.print(f"  Kubernetes API {sandbox.api_url} (kubectl --kubeconfig "
+                      f"{sandbox.kubeconfig}), Prometheus {prom}")
+        with console.status(f"kubectl apply -f {args.pool}; waiting for the pool to be ready"):
+            pool = await sandbox.apply(args.pool, args.namespace)
+            await sandbox.wait_ready(pool, timeout=300 if cfg.engine == "vllm-cpu" else 120)
+        console.print(f"  pool {pool.namespace}/{pool.name} ready; replaying the trace")
+        replayer = Replayer(lambda: sandbox.router_urls(pool), pool.spec.served_name(),
+                            cfg.speed)
+        t0 = time.monotonic()
+        wall0 = time.time()
+        try:
+            results = await replayer.replay(trace, progress=not args.no_progress)
+        finally:
+            await replayer.close()
+        remaining = t0 + duration / cfg.speed - time.monotonic()
+        if remaining > 0:
+            with console.status(f"load done; idling {remaining:.0f}s for the scale-down"):
+                await asyncio.sleep(remaining)
+        t_end = time.monotonic()
+        wall_end = time.time()
+        out = await write_outputs(sandbox, pool, results, t0, t_end, wall0, wall_end, args)
+        for table in R.summary_tables(out):
+            console.print(table)
+        console.print(f"report: {cfg.out_dir / 'report.json'} and plots in {cfg.out_dir}")
+        failed = out["requests"]["failed"]
+        return 0 if failed == 0 else 3
+    finally:
+        await sandbox.stop()
+
+
+async def queue_series(sandbox: Sandbox, pool: AppliedPool, wall0: float, wall_end: float,
+                       speed: float) -> dict[str, list[tuple[float, float]]]:
+    from poolpilot import metrics
+
+    step = sandbox.cfg.scrape_interval_s / speed
+    sel = f'namespace="{pool.namespace}",pool="{pool.name}"'
+    try:
+        result = await sandbox.query_range(
+            f"sum by (role) ({metrics.VLLM_WAITING}{{{sel}}})", wall0, wall_end, step)
+    except Exception as exc:  # the report still gets written without this plot
+        console.print(f"[yellow]queue depth query failed: {exc}")
+        return {}
+    return {
+        s["metric"].get("role", "?"): [((float(t) - wall0) * speed, float(v))
+                                      for t, v in s["values"]]
+        for s in result
+    }
+
+
+async def write_outputs(sandbox: Sandbox, pool: AppliedPool, results: list, t0: float,
+                        t_end: float, wall0: float, wall_end: float,
+                        args: argparse.Namespace) -> dict:
+    cfg = sandbox.cfg
+    assert sandbox.controller is not None
+    ctl = sandbox.controller
+    slo = R.Slo(pool.spec.slo.ttft.seconds, pool.spec.slo.ttft.quantile,
+                pool.spec.slo.itl.seconds, pool.spec.slo.itl.quantile)
+    samples = [s for s in ctl.samples if s.namespace == pool.namespace and s.pool == pool.name]
+    changes = [c for c in ctl.scale_changes
+               if c.namespace == pool.namespace and c.pool == pool.name and c.t >= t0]
+    out = R.build_report(
+        results=results, slo=slo, speed=cfg.speed, samples=samples, changes=changes, t0=t0,
+        t_end=t_end,
+        meta={"pool": f"{pool.namespace}/{pool.name}", "trace": str(args.trace),
+              "engine": cfg.engine, "speed": cfg.speed, "rate_scale": args.rate_scale},
+    )
+    R.write_report(out, cfg.out_dir)
+    queue = await queue_series(sandbox, pool, wall0, wall_end, cfg.speed)
+    R.write_plots(out_dir=cfg.out_dir, results=results, slo=slo, speed=cfg.speed,
+                  samples=samples, t0=t0, t_end=t_end, queue=queue,
+                  scale_events_=out["scale_events"])
+    return out
+
+
+if __name__ == "__main__":  # pragma: no cover
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    sys.exit(run(parser.parse_args()))
