@@ -1,0 +1,386 @@
+"""Discrete-event simulation of a whole pool: engines, a least-loaded router, KV handoffs.
+
+No sleeping, no HTTP: the same scheduler and step-time model as the HTTP engine simulator,
+driven by an event queue in simulated seconds.
+
+    sim = PoolSim(model="llama-3.1-8b", gpu="h200", mode="disaggregated",
+                  prefill_replicas=1, decode_replicas=2)
+    sim.submit(SimRequest(id=0, arrival=0.0, prompt_tokens=1000, output_tokens=100))
+    sim.run_until(60.0)
+    sim.records()                        # one RequestRecord per finished or failed request
+    sim.metrics()["decode"].histograms   # vLLM-named, cumulative, per role
+
+Flow (disaggregated): arrival -> router -> least-loaded ready prefill replica (prompt, one
+token) -> least-loaded ready decode replica: its blocks are allocated, the prompt's KV moves
+over the link (bytes / link bandwidth + latency), then decode runs; the user sees the first
+token when the decode engine samples it. Aggregated: one engine does both.
+
+Replicas: `add_replica(role, ready_at)` serves from `ready_at` (a cold start);
+`remove_replica(role)` removes a starting replica at once if there is one, else drains the
+least-loaded ready one: it admits nothing new and leaves when its last request finishes.
+With no ready replica of a role, requests wait at the router.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from .engine import EngineConfig, EngineCore, canonical_role, itl_p90
+from .hardware import StepModel, make_step_model
+from .scheduler import Seq
+from .stats import MetricsSnapshot, sum_snapshots
+
+
+@dataclass(frozen=True)
+class SimRequest:
+    id: Any
+    arrival: float  # seconds
+    prompt_tokens: int
+    output_tokens: int
+
+
+@dataclass
+class RequestRecord:
+    """What the user saw for one request (simulated seconds)."""
+
+    id: Any
+    arrival: float
+    prompt_tokens: int
+    output_tokens: int  # generated
+    first_token_at: float | None
+    finished_at: float | None
+    itl_p90: float | None
+    ok: bool
+    error: str | None = None
+    prefill_replica: int | None = None
+    decode_replica: int | None = None
+    kv_transfer_time: float | None = None
+    preemptions: int = 0
+
+    @property
+    def ttft(self) -> float | None:
+        return None if self.first_token_at is None else self.first_token_at - self.arrival
+
+    @property
+    def e2e(self) -> float | None:
+        return None if self.finished_at is None else self.finished_at - self.arrival
+
+
+class ReplicaCounts(NamedTuple):
+    ready: int
+    starting: int
+    draining: int
+
+
+@dataclass
+class Replica:
+    id: int
+    role: str
+    engine: EngineCore
+    ready_at: float
+    draining: bool = False
+    removed_at: float | None = None
+    version: int = 0  # invalidates stale step-done events
+
+    def is_ready(self, now: float) -> bool:
+        return self.ready_at <= now and not self.draining and self.removed_at is None
+
+
+@dataclass
+class _Job:
+    """A request's journey through the pool."""
+
+    req: SimRequest
+    prefill_replica: int | None = None
+    decode_replica: int | None = None
+    xfer: float | None = None
+    preemptions: int = 0
+
+
+_ARRIVAL, _READY, _STEP, _LOAD, _HANDOFF = range(5)
+
+
+class PoolSim:
+    """A pool of simulated vLLM engines behind a least-loaded router."""
+
+    def __init__(
+        self,
+        model: str = "llama-3.1-8b",
+        gpu: str = "h200",
+        tensor_parallel: int = 1,
+        mode: str = "disaggregated",
+        prefill_replicas: int = 1,
+        decode_replicas: int = 1,
+        engine_replicas: int = 1,
+        *,
+        config: EngineConfig | None = None,
+        prefill_config: EngineConfig | None = None,
+        decode_config: EngineConfig | None = None,
+        router_overhead: float = 0.0,
+    ) -> None:
+        mode_l = mode.lower()
+        if mode_l not in ("disaggregated", "aggregated"):
+            raise ValueError(f"mode must be 'disaggregated' or 'aggregated', got {mode!r}")
+        self.mode = mode_l
+        self.step_model: StepModel = make_step_model(model, gpu, tensor_parallel)
+        base = config or EngineConfig()
+        self.configs = {
+            "prefill": prefill_config or base,
+            "decode": decode_config or base,
+            "engine": base,
+        }
+        self.roles = ("prefill", "decode") if mode_l == "disaggregated" else ("engine",)
+        self.router_overhead = router_overhead
+        self.now = 0.0
+        self._events: list[tuple[float, int, int, Any]] = []
+        self._seq = itertools.count()
+        self._ids = itertools.count()
+        self.replicas: dict[int, Replica] = {}
+        self._pending: dict[str, deque[tuple[_Job, Seq | None]]] = {r: deque() for r in self.roles}
+        self._records: list[RequestRecord] = []
+        self._retired_stats: dict[str, list[MetricsSnapshot]] = {r: [] for r in self.roles}
+        self.max_model_len: int | None = None
+        self.events_processed = 0
+        if mode_l == "disaggregated":
+            for _ in range(prefill_replicas):
+                self.add_replica("prefill", ready_at=0.0)
+            for _ in range(decode_replicas):
+                self.add_replica("decode", ready_at=0.0)
+        else:
+            for _ in range(engine_replicas):
+                self.add_replica("engine", ready_at=0.0)
+
+    # ---- public API ----
+    def submit(self, req: SimRequest) -> None:
+        if req.arrival < self.now:
+            raise ValueError(f"request {req.id}: arrival {req.arrival} is before now {self.now}")
+        self._push(req.arrival, _ARRIVAL, _Job(req))
+
+    def submit_many(self, reqs: list[SimRequest]) -> None:
+        for r in reqs:
+            self.submit(r)
+
+    def add_replica(self, role: str, ready_at: float | None = None) -> int:
+        role = self._role(role)
+        ready = self.now if ready_at is None else max(ready_at, self.now)
+        engine = EngineCore(self.step_model, role, self.configs[role])
+        if self.max_model_len is None:
+            self.max_model_len = engine.max_model_len
+        rid = next(self._ids)
+        self.replicas[rid] = Replica(rid, role, engine, ready)
+        self._push(ready, _READY, rid)
+        return rid
+
+    def remove_replica(self, role: str, replica_id: int | None = None) -> int | None:
+        """Remove one replica of `role` (a starting one first; else drain the least loaded).
+
+        Returns the replica id, or None if the role has none left to remove."""
+        role = self._role(role)
+        live = [r for r in self.replicas.values()
+                if r.role == role and r.removed_at is None and not r.draining]
+        if replica_id is not None:
+            live = [r for r in live if r.id == replica_id]
+        if not live:
+            return None
+        starting = [r for r in live if r.ready_at > self.now]
+        if starting:
+            victim = max(starting, key=lambda r: (r.ready_at, r.id))
+            victim.removed_at = self.now
+            return victim.id
+        victim = min(live, key=lambda r: (r.engine.load(), -r.id))
+        victim.draining = True
+        self._maybe_leave(victim)
+        return victim.id
+
+    def replica_counts(self, role: str) -> ReplicaCounts:
+        role = self._role(role)
+        ready = starting = draining = 0
+        for r in self.replicas.values():
+            if r.role != role or r.removed_at is not None:
+                continue
+            if r.draining:
+                draining += 1
+            elif r.ready_at > self.now:
+                starting += 1
+            else:
+                ready += 1
+        return ReplicaCounts(ready, starting, draining)
+
+    def run_until(self, t: float) -> None:
+        """Process every event up to simulated time t; engine state is brought up to t."""
+        ev = self._events
+        while ev and ev[0][0] <= t:
+            time, _, kind, data = heapq.heappop(ev)
+            self.now = max(self.now, time)
+            self.events_processed += 1
+            if kind == _ARRIVAL:
+                self._route(data, "prefill" if self.mode == "disaggregated" else "engine", None)
+            elif kind == _HANDOFF:
+                job, seq = data
+                self._route(job, "decode", seq)
+            elif kind == _READY:
+                rep = self.replicas[data]
+                if rep.removed_at is None:
+                    self._dispatch_pending(rep.role)
+            elif kind == _STEP:
+                rid, version = data
+                rep = self.replicas[rid]
+                if version == rep.version:
+                    self._step_done(rep)
+            elif kind == _LOAD:
+                rep = self.replicas[data]
+                if rep.engine.chunk is None:
+                    self._kick(rep)
+                else:
+                    self._truncate(rep, self.now)
+        self.now = max(self.now, t)
+        for rep in self.replicas.values():  # partial decode runs up to t (for metrics)
+            if rep.engine.chunk is not None and rep.engine.chunk.decode_run:
+                self._absorb(rep, rep.engine.commit(upto=t))
+
+    def run(self) -> None:
+        """Run until every submitted request has finished."""
+        while self._events:
+            self.run_until(self._events[0][0])
+
+    def records(self) -> list[RequestRecord]:
+        return list(self._records)
+
+    def metrics(self, per_replica: bool = False) -> dict[str, Any]:
+        """Per role: the sum over the role's engines (counters and histograms cumulative since
+        the start, including removed replicas; running/waiting summed over live replicas;
+        KV usage averaged over them). per_replica=True: {str(replica_id): MetricsSnapshot} of the
+        live replicas instead."""
+        if per_replica:
+            return {str(r.id): r.engine.snapshot() for r in self.replicas.values()
+                    if r.removed_at is None}
+        out: dict[str, Any] = {}
+        for role in self.roles:
+            live = [r.engine.snapshot() for r in self.replicas.values()
+                    if r.role == role and r.removed_at is None and r.ready_at <= self.now]
+            total = sum_snapshots([*live, *self._retired_stats[role]])
+            if self._retired_stats[role]:
+                # retired engines add counts, not gauges: recompute gauges from live ones only
+                total.gauges = sum_snapshots(live).gauges
+            out[role] = total
+        return out
+
+    def pending(self, role: str) -> int:
+        """Requests waiting at the router for a ready replica of `role`."""
+        return len(self._pending[self._role(role)])
+
+    def in_flight(self) -> int:
+        return sum(r.engine.load() for r in self.replicas.values()) + sum(
+            len(q) for q in self._pending.values())
+
+    # ---- internals ----
+    def _role(self, role: str) -> str:
+        r = canonical_role(role)
+        if r not in self.roles:
+            raise ValueError(f"role {role!r} is not in this {self.mode} pool; roles: "
+                             f"{', '.join(self.roles)}")
+        return r
+
+    def _push(self, t: float, kind: int, data: Any) -> None:
+        heapq.heappush(self._events, (t, next(self._seq), kind, data))
+
+    def _pick(self, role: str) -> Replica | None:
+        best: Replica | None = None
+        best_load = 0
+        for r in self.replicas.values():
+            if r.role == role and r.is_ready(self.now):
+                load = r.engine.load()
+                if best is None or load < best_load:
+                    best, best_load = r, load
+        return best
+
+    def _route(self, job: _Job, role: str, seq: Seq | None) -> None:
+        rep = self._pick(role)
+        if rep is None:
+            self._pending[role].append((job, seq))
+            return
+        self._assign(rep, job, seq)
+
+    def _dispatch_pending(self, role: str) -> None:
+        q = self._pending[role]
+        while q:
+            rep = self._pick(role)
+            if rep is None:
+                return
+            job, seq = q.popleft()
+            self._assign(rep, job, seq)
+
+    def _assign(self, rep: Replica, job: _Job, _prev: Seq | None) -> None:
+        eng = rep.engine
+        req = job.req
+        err = eng.validate(req.prompt_tokens, req.output_tokens)
+        if err is not None:
+            self._records.append(RequestRecord(req.id, req.arrival, req.prompt_tokens, 0, None,
+                                               None, None, False, err))
+            return
+        if rep.role == "prefill":
+            job.prefill_replica = rep.id
+            seq = Seq(req.id, req.prompt_tokens, 1, self.now, payload=job)
+        elif rep.role == "decode":
+            job.decode_replica = rep.id
+            seq = Seq(req.id, req.prompt_tokens, req.output_tokens, self.now,
+                      remote_prefill=True, payload=job)
+        else:
+            job.decode_replica = rep.id
+            seq = Seq(req.id, req.prompt_tokens, req.output_tokens, self.now, payload=job)
+        eng.add(seq)
+        if eng.chunk is None:
+            self._kick(rep)
+        else:
+            self._truncate(rep, self.now)
+
+    def _truncate(self, rep: Replica, t: float) -> None:
+        new_end = rep.engine.truncate(t)
+        if new_end is not None:
+            rep.version += 1
+            self._push(new_end, _STEP, (rep.id, rep.version))
+
+    def _kick(self, rep: Replica) -> None:
+        """Plan the idle engine's next chunk and schedule its end."""
+        eng = rep.engine
+        ch = eng.plan(self.now)
+        for s in eng.started_loads:
+            self._push(s.ready_at, _LOAD, rep.id)
+            s.payload.xfer = s.xfer_time
+        eng.started_loads.clear()
+        if ch is not None:
+            rep.version += 1
+            self._push(ch.end, _STEP, (rep.id, rep.version))
+        else:
+            self._maybe_leave(rep)
+
+    def _step_done(self, rep: Replica) -> None:
+        out = rep.engine.commit()
+        self._absorb(rep, out)
+        self._kick(rep)
+
+    def _absorb(self, rep: Replica, out: Any) -> None:
+        eng = rep.engine
+        for s in out.finished:
+            job: _Job = s.payload
+            job.preemptions += s.preemptions
+            if rep.role == "prefill":
+                self._push(out.end + self.router_overhead, _HANDOFF, (job, s))
+                continue
+            times = eng.token_times(s)
+            req = job.req
+            self._records.append(RequestRecord(
+                req.id, req.arrival, req.prompt_tokens, s.generated, s.first_token_at,
+                s.finished_at, itl_p90(times), True, None, job.prefill_replica,
+                job.decode_replica, job.xfer, job.preemptions))
+            s.token_steps = []
+
+    def _maybe_leave(self, rep: Replica) -> None:
+        if rep.draining and rep.removed_at is None and rep.engine.load() == 0 \
+                and rep.engine.chunk is None and not rep.engine.sched.held:
+            rep.removed_at = self.now
+            self._retired_stats[rep.role].append(rep.engine.snapshot())

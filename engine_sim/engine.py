@@ -1,0 +1,385 @@
+"""Engine core: the scheduler plus the step-time model plus vLLM's metrics; pure, no clock.
+
+The caller owns time. `plan(now)` picks the next piece of work starting at `now` (or when the
+previous step ends) and prices it; `commit(chunk)` applies it. A chunk is one step, or - when
+the batch is pure decode and nothing can join it - up to `max_chunk_steps` identical decode
+steps priced at once (their durations grow with the KV they read). Nothing can join such a
+run until a sequence finishes (the chunk ends there) or something arrives from outside
+(arrival, a remote KV load completing): then the caller `truncate`s the chunk at the step in
+flight. This is what makes hour-long traces cheap: work is per event, not per token.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from poolpilot import metrics as m
+
+from .hardware import StepModel
+from .scheduler import Scheduler, Seq, SeqState
+from .stats import GAUGES, EngineStats, MetricsSnapshot
+
+ROLES = ("prefill", "decode", "engine")
+ROLE_ALIASES = {"aggregated": "engine", "both": "engine"}
+
+
+def canonical_role(role: str) -> str:
+    r = ROLE_ALIASES.get(role, role)
+    if r not in ROLES:
+        raise ValueError(f"unknown role {role!r}; use one of prefill, decode, aggregated")
+    return r
+
+
+@dataclass
+class EngineConfig:
+    max_num_batched_tokens: int = 8192
+    max_num_seqs: int = 256
+    block_size: int = 16
+    gpu_memory_utilization: float = 0.9
+    max_model_len: int | None = None  # default: the model's, capped by the KV cache
+    max_chunk_steps: int = 4096
+    track_token_steps: bool = True  # keep token step indices (for per-request ITL)
+
+
+@dataclass
+class Chunk:
+    """Planned work: `ends[i]` is the end time of step i; steps [done:len(ends)) are pending."""
+
+    start: float
+    ends: np.ndarray
+    items: list[tuple[Seq, int]]
+    decode_run: bool  # True: every item is a decode sequence, repeated for len(ends) steps
+    preempted: list[Seq] = field(default_factory=list)
+    done: int = 0
+
+    @property
+    def end(self) -> float:
+        return float(self.ends[-1])
+
+    @property
+    def steps(self) -> int:
+        return len(self.ends)
+
+
+@dataclass
+class Outcome:
+    """What committing (part of) a chunk produced."""
+
+    end: float
+    sampled: list[Seq]  # sequences that sampled at least one token
+    first_tokens: list[Seq]
+    finished: list[Seq]
+    preempted: list[Seq]
+
+
+class EngineCore:
+    def __init__(self, step_model: StepModel, role: str = "engine",
+                 config: EngineConfig | None = None) -> None:
+        self.model = step_model
+        self.role = canonical_role(role)
+        self.config = config or EngineConfig()
+        c = self.config
+        plan = step_model.memory_plan(c.gpu_memory_utilization, c.block_size)
+        self.memory = plan
+        self.sched = Scheduler(plan.num_blocks, c.block_size, c.max_num_batched_tokens,
+                               c.max_num_seqs)
+        limit = min(step_model.model.max_position, plan.kv_tokens)
+        if c.max_model_len is not None and c.max_model_len > limit:
+            raise ValueError(
+                f"max_model_len {c.max_model_len} exceeds what {step_model.model.name} on "
+                f"{step_model.tp} x {step_model.gpu.name} can hold ({limit} tokens: the model's "
+                f"context or the KV cache); lower --max-model-len"
+            )
+        self.max_model_len = c.max_model_len or limit
+        self.stats = EngineStats()
+        self.busy_until = 0.0
+        self._ends = np.zeros(1024)  # step end times (a growing log; see token_times)
+        self._n_ends = 0
+        self.chunk: Chunk | None = None
+        self.steps_run = 0
+        self.started_loads: list[Seq] = []  # remote KV loads begun; the caller drains it
+
+    # ---- requests ----
+    def validate(self, prompt: int, max_output: int) -> str | None:
+        """None if acceptable; else vLLM's 400 message."""
+        n = self.max_model_len
+        if prompt >= n or prompt <= 0:
+            return (f"This model's maximum context length is {n} tokens. However, your request "
+                    f"has {prompt} input tokens. Please reduce the length of the input messages.")
+        if prompt + max_output > n:
+            return (f"'max_tokens' or 'max_completion_tokens' is too large: {max_output}. This "
+                    f"model's maximum context length is {n} tokens and your request has "
+                    f"{prompt} input tokens ({max_output} > {n} - {prompt}).")
+        return None
+
+    def add(self, seq: Seq) -> None:
+        self.sched.add(seq)
+
+    def has_work(self) -> bool:
+        return self.sched.has_work()
+
+    def next_load_at(self) -> float | None:
+        return min((s.ready_at for s in self.sched.loading), default=None)
+
+    def complete_loads(self, now: float) -> list[Seq]:
+        done = [s for s in self.sched.loading if s.ready_at <= now]
+        for s in done:
+            self.sched.load_done(s)
+            self.stats.histograms[m.VLLM_NIXL_XFER_TIME].observe(s.xfer_time or 0.0)
+        return done
+
+    def fail_load(self, seq: Seq) -> None:
+        self.sched.load_failed(seq)
+        self.stats.counters[m.VLLM_NIXL_FAILED] += 1
+
+    def release_held(self, rid: Any) -> Seq | None:
+        return self.sched.release_held(rid)
+
+    def expire_held(self, now: float, timeout: float) -> int:
+        old = [rid for rid, s in self.sched.held.items()
+               if s.finished_at is not None and now - s.finished_at >= timeout]
+        for rid in old:
+            self.sched.release_held(rid)
+        self.stats.counters[m.VLLM_NIXL_EXPIRED] += len(old)
+        return len(old)
+
+    # ---- planning ----
+    def plan(self, now: float) -> Chunk | None:
+        """Plan the next chunk starting at max(now, end of the previous step)."""
+        assert self.chunk is None, "commit the current chunk first"
+        start = max(now, self.busy_until)
+        self.complete_loads(start)
+        if not self.sched.has_work():
+            return None
+        sp = self.sched.schedule(start)
+        for s in sp.loading:
+            if s.xfer_time is None:
+                s.xfer_time = self.model.kv_transfer_time(s.prompt)
+            s.ready_at = start + s.xfer_time
+        self.started_loads.extend(sp.loading)
+        if sp.preempted:
+            self.stats.counters[m.VLLM_PREEMPTIONS] += len(sp.preempted)
+        if not sp.items:
+            return None  # only remote loads started, or nothing fits until a load completes
+        # resumed (remote KV arrived) sequences compute one token like decode: they may join
+        decode_run = (self.config.max_chunk_steps > 1 and sp.all_decode and not sp.admitted
+                      and not sp.loading and not sp.preempted)
+        if decode_run:
+            seqs = [s for s, _ in sp.items]
+            k = self._run_length(seqs)
+            ctx = sum(s.computed for s in seqs)
+            durs = self.model.decode_run_times(len(seqs), ctx, k)
+        else:
+            k = 1
+            durs = np.array([self.model.step_time([(n, s.computed) for s, n in sp.items],
+                                                  sampled=sum(1 for s, n in sp.items
+                                                              if s.computed + n == s.context))])
+        ends = start + np.cumsum(durs)
+        ch = Chunk(start, ends, sp.items, decode_run, sp.preempted)
+        self.chunk = ch
+        return ch
+
+    def _run_length(self, seqs: list[Seq]) -> int:
+        """Most identical decode steps before a finish, within free KV blocks."""
+        k = min(self.config.max_chunk_steps, min(s.remaining_output for s in seqs))
+        if k <= 1:
+            return 1
+        # blocks for step 1 are allocated; extend while the extra fits
+        free = self.sched.free_blocks
+        if self.sched.extra_blocks_for_steps(seqs, k) > free:
+            lo, hi = 1, k  # lo fits, hi does not
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                if self.sched.extra_blocks_for_steps(seqs, mid) <= free:
+                    lo = mid
+                else:
+                    hi = mid
+            k = lo
+        self.sched.reserve_steps(seqs, k)
+        return k
+
+    def truncate(self, t: float) -> float | None:
+        """Something arrives at time t: the chunk stops after the step in flight at t.
+
+        Returns the chunk's new end if it changed, else None."""
+        ch = self.chunk
+        if ch is None or ch.steps <= 1 or t >= ch.end:
+            return None
+        j = int(np.searchsorted(ch.ends, t, side="left"))  # first step ending at or after t
+        j = max(j, ch.done)
+        if j + 1 >= ch.steps:
+            return None
+        ch.ends = ch.ends[: j + 1]
+        return ch.end
+
+    # ---- committing ----
+    def commit(self, upto: float | None = None) -> Outcome:
+        """Apply the chunk's steps that end by `upto` (all of them if None)."""
+        ch = self.chunk
+        assert ch is not None
+        n_end = ch.steps if upto is None else int(np.searchsorted(ch.ends, upto, side="right"))
+        n_end = max(n_end, ch.done)
+        j = n_end - ch.done
+        out = Outcome(end=float(ch.ends[n_end - 1]) if n_end else ch.start, sampled=[],
+                      first_tokens=[], finished=[],
+                      preempted=ch.preempted if ch.done == 0 else [])
+        if j > 0:
+            if ch.decode_run:
+                self._commit_decode_run(ch, ch.done, n_end, out)
+            else:
+                self._commit_step(ch, out)
+            ch.done = n_end
+            self.busy_until = out.end
+        if ch.done >= ch.steps:
+            self.chunk = None
+        return out
+
+    def _log_steps(self, ends: np.ndarray) -> int:
+        first = self._n_ends
+        n = len(ends)
+        if first + n > len(self._ends):
+            grown = np.zeros(max(2 * len(self._ends), first + n))
+            grown[:first] = self._ends[:first]
+            self._ends = grown
+        self._ends[first : first + n] = ends
+        self._n_ends = first + n
+        self.steps_run += n
+        return first
+
+    @property
+    def step_ends(self) -> np.ndarray:
+        return self._ends[: self._n_ends]
+
+    def _mark_tokens(self, seq: Seq, first_idx: int, last_idx: int) -> None:
+        if not self.config.track_token_steps:
+            return
+        ts = seq.token_steps
+        if ts and ts[-1][1] == first_idx - 1:
+            ts[-1][1] = last_idx
+        else:
+            ts.append([first_idx, last_idx])
+
+    def _commit_decode_run(self, ch: Chunk, a: int, b: int, out: Outcome) -> None:
+        ends = ch.ends[a:b]
+        prev = ch.start if a == 0 else float(ch.ends[a - 1])
+        durs = np.diff(ends, prepend=prev)
+        j = b - a
+        first_idx = self._log_steps(ends)
+        seqs = [s for s, _ in ch.items]
+        n = len(seqs)
+        itl = self.stats.histograms[m.VLLM_ITL]
+        if j > 1:
+            itl.observe_many(durs[1:], times=n)
+        self.stats.counters[m.VLLM_GENERATION_TOKENS] += n * j
+        end = float(ends[-1])
+        end0 = float(ends[0])
+        last_idx = first_idx + j - 1
+        track = self.config.track_token_steps
+        for s in seqs:
+            if s.last_token_at is not None:
+                itl.observe(end0 - s.last_token_at)
+            elif s.first_token_at is None:  # a resumed remote-prefill sequence
+                s.first_token_at = end0
+                out.first_tokens.append(s)
+                self.stats.histograms[m.VLLM_TTFT].observe(end0 - s.arrival)
+                self.stats.counters[m.VLLM_PROMPT_TOKENS] += s.prompt
+            s.computed += j
+            s.generated += j
+            s.last_token_at = end
+            if track:
+                ts = s.token_steps
+                if ts and ts[-1][1] == first_idx - 1:
+                    ts[-1][1] = last_idx
+                else:
+                    ts.append([first_idx, last_idx])
+            if s.generated >= s.max_output:
+                self._finish(s, end, out)
+        out.sampled.extend(seqs)
+
+    def _commit_step(self, ch: Chunk, out: Outcome) -> None:
+        end = float(ch.ends[0])
+        idx = self._log_steps(ch.ends[:1])
+        itl = self.stats.histograms[m.VLLM_ITL]
+        for s, n in ch.items:
+            if s.state is not SeqState.RUNNING:
+                continue
+            s.computed += n
+            if s.computed < s.context:
+                continue  # a prefill chunk that does not reach the end of the prompt
+            s.generated += 1
+            self.stats.counters[m.VLLM_GENERATION_TOKENS] += 1
+            self._mark_tokens(s, idx, idx)
+            out.sampled.append(s)
+            if s.first_token_at is None:
+                s.first_token_at = end
+                out.first_tokens.append(s)
+                self.stats.histograms[m.VLLM_TTFT].observe(end - s.arrival)
+                self.stats.counters[m.VLLM_PROMPT_TOKENS] += s.prompt
+            elif s.last_token_at is not None:
+                itl.observe(end - s.last_token_at)
+            s.last_token_at = end
+            if s.generated >= s.max_output:
+                self._finish(s, end, out)
+
+    def _finish(self, s: Seq, end: float, out: Outcome) -> None:
+        s.finished_at = end
+        self.sched.finish(s)
+        out.finished.append(s)
+        h = self.stats.histograms
+        sched = s.first_scheduled_at if s.first_scheduled_at is not None else s.arrival
+        first = s.first_token_at if s.first_token_at is not None else end
+        h[m.VLLM_E2E].observe(end - s.arrival)
+        h[m.VLLM_QUEUE_TIME].observe(sched - s.arrival)
+        h[m.VLLM_PREFILL_TIME].observe(first - sched)
+        h[m.VLLM_DECODE_TIME].observe(end - first)
+        h[m.VLLM_INFERENCE_TIME].observe(end - sched)
+        self.stats.success[s.finish_reason] = self.stats.success.get(s.finish_reason, 0.0) + 1
+
+    # ---- observation ----
+    def token_times(self, seq: Seq) -> np.ndarray:
+        """End times of the steps in which `seq` sampled its tokens."""
+        ts = seq.token_steps
+        if not ts:
+            return np.zeros(0)
+        if len(ts) == 1:
+            return self._ends[ts[0][0] : ts[0][1] + 1]
+        return np.concatenate([self._ends[a : b + 1] for a, b in ts])
+
+    def load(self) -> int:
+        """Requests this engine holds (the router's least-loaded measure)."""
+        return self.sched.num_unfinished()
+
+    def kv_usage(self) -> float:
+        return self.sched.used_blocks / self.sched.num_blocks
+
+    def gauges(self) -> dict[str, float]:
+        g = dict.fromkeys(GAUGES, 0.0)
+        g[m.VLLM_RUNNING] = float(self.sched.num_running)
+        g[m.VLLM_WAITING] = float(self.sched.num_waiting)
+        g[m.VLLM_KV_USAGE] = self.kv_usage()
+        return g
+
+    def snapshot(self) -> MetricsSnapshot:
+        return MetricsSnapshot(dict(self.stats.counters), dict(self.stats.success),
+                               self.gauges(), self.stats.histograms)
+
+
+def itl_p90(times: np.ndarray) -> float | None:
+    """90th percentile of the gaps between token times (numpy's linear interpolation)."""
+    n = len(times) - 1
+    if n < 1:
+        return None
+    d = times[1:] - times[:-1]
+    pos = 0.9 * (n - 1)
+    lo = int(pos)
+    hi = min(lo + 1, n - 1)
+    part = np.partition(d, (lo, hi)) if n > 1 else d
+    return float(part[lo] + (part[hi] - part[lo]) * (pos - lo))
+
+
+def nan_to_none(x: float) -> float | None:
+    return None if math.isnan(x) else x

@@ -1,0 +1,266 @@
+"""Continuous-batching scheduler, after vLLM v1's (FCFS policy, chunked prefill always on).
+
+Each step:
+1. Running sequences first, in admission order: each asks for its remaining tokens (the rest
+   of its prompt, chunked to the token budget, or 1 for decode). If the KV blocks for them are
+   not free, the newest running sequence is preempted (recompute: its blocks are freed and it
+   goes back to the head of the waiting queue, keeping the tokens it generated) until they
+   are, or until the sequence itself is the one preempted.
+2. If nobody was preempted, waiting sequences are admitted in FIFO order while the token
+   budget (max_num_batched_tokens), the sequence cap (max_num_seqs) and free KV blocks allow;
+   the head of the queue blocks the rest (no overtaking). A sequence whose KV comes from a
+   remote prefill engine (do_remote_prefill) only needs blocks: it moves to LOADING and
+   becomes runnable once its transfer is done, with all prompt tokens but the last computed.
+
+A sequence samples a token in every step that computes its last known token; it finishes
+when it has generated `max_output` tokens, and its blocks are freed at once (or held for a
+remote decode engine to pull, on a prefill engine).
+
+The scheduler is pure: no clock, no I/O. The engine core (engine.py) prices steps and keeps
+time.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+
+class SeqState(Enum):
+    WAITING = "waiting"
+    LOADING = "loading"  # blocks allocated, KV arriving from a remote prefill engine
+    READY = "ready"  # KV arrived; runs at the next step
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+def blocks_for(tokens: int, block_size: int) -> int:
+    return -(-tokens // block_size)
+
+
+@dataclass(eq=False)
+class Seq:
+    """One request inside an engine."""
+
+    rid: Any
+    prompt: int
+    max_output: int
+    arrival: float
+    remote_prefill: bool = False  # decode side of P/D: KV for the prompt comes from elsewhere
+    hold_kv: bool = False  # prefill side of P/D: keep blocks until the decode side pulls them
+    finish_reason: str = "length"  # "length" when max_output is max_tokens, else "stop"
+    xfer_time: float | None = None  # remote KV transfer time (set by the engine if None)
+    payload: Any = None  # the caller's own data (HTTP stream, DES bookkeeping)
+
+    state: SeqState = SeqState.WAITING
+    computed: int = 0  # tokens whose KV is in the cache
+    generated: int = 0
+    blocks: int = 0
+    preemptions: int = 0
+    ready_at: float = 0.0
+    first_scheduled_at: float | None = None
+    first_token_at: float | None = None
+    last_token_at: float | None = None
+    finished_at: float | None = None
+    # Global step indices (into the engine's step log) of the steps that sampled a token.
+    token_steps: list[list[int]] = field(default_factory=list)
+
+    @property
+    def context(self) -> int:
+        """Tokens known: prompt plus generated (the last one's KV is not computed yet)."""
+        return self.prompt + self.generated
+
+    @property
+    def remaining_output(self) -> int:
+        return self.max_output - self.generated
+
+    @property
+    def is_decode(self) -> bool:
+        return self.computed + 1 == self.context
+
+
+@dataclass
+class StepPlan:
+    items: list[tuple[Seq, int]]  # (sequence, tokens to compute this step)
+    preempted: list[Seq] = field(default_factory=list)
+    admitted: list[Seq] = field(default_factory=list)  # from the waiting queue
+    resumed: list[Seq] = field(default_factory=list)  # remote KV arrived, runs from now
+    loading: list[Seq] = field(default_factory=list)  # started a remote KV load this step
+    all_decode: bool = True  # every item computes exactly its last token
+
+
+class Scheduler:
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int = 16,
+        max_num_batched_tokens: int = 8192,
+        max_num_seqs: int = 256,
+    ) -> None:
+        if num_blocks <= 0 or block_size <= 0:
+            raise ValueError("num_blocks and block_size must be positive")
+        if max_num_batched_tokens <= 0 or max_num_seqs <= 0:
+            raise ValueError("max_num_batched_tokens and max_num_seqs must be positive")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_num_seqs = max_num_seqs
+        self.free_blocks = num_blocks
+        self.waiting: deque[Seq] = deque()
+        self.ready: deque[Seq] = deque()
+        self.loading: list[Seq] = []
+        self.running: list[Seq] = []
+        self.held: dict[Any, Seq] = {}  # finished prefill-side sequences holding their KV
+        self.num_preemptions = 0
+
+    # ---- queue ----
+    def add(self, seq: Seq) -> None:
+        seq.state = SeqState.WAITING
+        self.waiting.append(seq)
+
+    def fits_ever(self, seq: Seq) -> bool:
+        return blocks_for(seq.prompt + seq.max_output, self.block_size) <= self.num_blocks
+
+    @property
+    def num_waiting(self) -> int:
+        """vLLM counts requests waiting for remote KV as waiting."""
+        return len(self.waiting) + len(self.loading) + len(self.ready)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    @property
+    def used_blocks(self) -> int:
+        return self.num_blocks - self.free_blocks
+
+    def has_work(self) -> bool:
+        return bool(self.running or self.ready or self.waiting)
+
+    def num_unfinished(self) -> int:
+        return len(self.running) + self.num_waiting
+
+    # ---- blocks ----
+    def _grow(self, seq: Seq, tokens: int) -> bool:
+        if tokens <= seq.blocks * self.block_size:
+            return True
+        need = blocks_for(tokens, self.block_size) - seq.blocks
+        if need <= 0:
+            return True
+        if need > self.free_blocks:
+            return False
+        self.free_blocks -= need
+        seq.blocks += need
+        return True
+
+    def free(self, seq: Seq) -> None:
+        self.free_blocks += seq.blocks
+        seq.blocks = 0
+
+    def release_held(self, rid: Any) -> Seq | None:
+        seq = self.held.pop(rid, None)
+        if seq is not None:
+            self.free(seq)
+        return seq
+
+    def _preempt(self, seq: Seq) -> None:
+        self.free(seq)
+        seq.computed = 0
+        seq.state = SeqState.WAITING
+        seq.preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(seq)
+
+    # ---- one step ----
+    def schedule(self, now: float = 0.0) -> StepPlan:
+        """Choose this step's work. Moves sequences between queues and allocates blocks."""
+        budget = self.max_num_batched_tokens
+        plan = StepPlan(items=[])
+        # Sequences whose remote KV arrived are already allocated: they join the running set.
+        while self.ready and len(self.running) < self.max_num_seqs:
+            seq = self.ready.popleft()
+            seq.state = SeqState.RUNNING
+            self.running.append(seq)
+            plan.resumed.append(seq)
+        i = 0
+        running = self.running
+        items = plan.items
+        while i < len(running) and budget > 0:
+            seq = running[i]
+            n = seq.prompt + seq.generated - seq.computed
+            if n > budget:
+                n = budget
+            if n != 1 or seq.prompt + seq.generated - seq.computed != 1:
+                plan.all_decode = False
+            while not self._grow(seq, seq.computed + n):
+                victim = self.running.pop()
+                self._preempt(victim)
+                plan.preempted.append(victim)
+                if victim is seq:
+                    break
+            else:
+                items.append((seq, n))
+                budget -= n
+                i += 1
+        if plan.preempted:
+            return plan
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]
+            if seq.remote_prefill and seq.generated == 0 and seq.preemptions == 0:
+                if not self._grow(seq, seq.prompt):
+                    break
+                self.waiting.popleft()
+                seq.state = SeqState.LOADING
+                if seq.first_scheduled_at is None:
+                    seq.first_scheduled_at = now
+                self.loading.append(seq)
+                plan.loading.append(seq)
+                continue
+            n = min(seq.context - seq.computed, budget)
+            if not self._grow(seq, seq.computed + n):
+                break
+            self.waiting.popleft()
+            seq.state = SeqState.RUNNING
+            if seq.first_scheduled_at is None:
+                seq.first_scheduled_at = now
+            self.running.append(seq)
+            plan.admitted.append(seq)
+            plan.items.append((seq, n))
+            budget -= n
+        return plan
+
+    def load_done(self, seq: Seq) -> None:
+        """The remote KV of a LOADING sequence arrived: all prompt tokens but the last are in."""
+        self.loading.remove(seq)
+        seq.computed = seq.prompt - 1
+        seq.state = SeqState.READY
+        self.ready.append(seq)
+
+    def load_failed(self, seq: Seq) -> None:
+        """The remote KV could not be read: recompute the prompt locally (vLLM's recompute
+        policy); the sequence keeps its blocks and runs as an ordinary prefill."""
+        self.loading.remove(seq)
+        seq.remote_prefill = False
+        seq.computed = 0
+        seq.state = SeqState.READY
+        self.ready.append(seq)
+
+    def extra_blocks_for_steps(self, seqs: list[Seq], steps: int) -> int:
+        """Blocks the decode sequences need to run `steps` more steps (beyond what they hold)."""
+        bs = self.block_size
+        return sum(max(0, blocks_for(s.computed + steps, bs) - s.blocks) for s in seqs)
+
+    def reserve_steps(self, seqs: list[Seq], steps: int) -> None:
+        for s in seqs:
+            ok = self._grow(s, s.computed + steps)
+            assert ok, "reserve_steps called beyond free blocks"
+
+    def finish(self, seq: Seq) -> None:
+        self.running.remove(seq)
+        seq.state = SeqState.FINISHED
+        if seq.hold_kv:
+            self.held[seq.rid] = seq
+        else:
+            self.free(seq)

@@ -1,0 +1,174 @@
+"""PoolSim: the discrete-event pool simulator's behaviour as the benchmark relies on it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+from poolpilot.engine_sim.des import PoolSim, SimRequest
+from poolpilot.engine_sim.engine import EngineConfig
+
+from poolpilot import metrics as m
+
+
+def poisson(rate: float, seconds: float, seed: int = 0, prompt=(100, 3000), out=(20, 400)):
+    rng = np.random.default_rng(seed)
+    t, i, reqs = 0.0, 0, []
+    while True:
+        t += rng.exponential(1 / rate)
+        if t >= seconds:
+            return reqs
+        reqs.append(SimRequest(i, t, int(rng.integers(*prompt)), int(rng.integers(*out))))
+        i += 1
+
+
+@dataclass(frozen=True)
+class ModeCase:
+    mode: str
+    kwargs: dict
+    roles: tuple[str, ...]
+
+
+MODES = [
+    ModeCase("disaggregated", {"prefill_replicas": 1, "decode_replicas": 2}, ("prefill", "decode")),
+    ModeCase("aggregated", {"engine_replicas": 2}, ("engine",)),
+]
+
+
+@pytest.mark.parametrize("case", MODES, ids=lambda c: c.mode)
+def test_every_request_finishes_once_with_its_tokens(case: ModeCase) -> None:
+    reqs = poisson(8, 60)
+    sim = PoolSim("llama-3.1-8b", "h200", mode=case.mode, **case.kwargs)
+    sim.submit_many(reqs)
+    sim.run()
+    recs = sim.records()
+    assert sorted(r.id for r in recs) == [r.id for r in reqs]
+    by_id = {r.id: r for r in recs}
+    for q in reqs:
+        r = by_id[q.id]
+        assert r.ok and r.output_tokens == q.output_tokens
+        assert q.arrival < r.first_token_at <= r.finished_at
+        if q.output_tokens > 1:
+            assert r.itl_p90 is not None and r.itl_p90 > 0
+    snap = sim.metrics()[case.roles[-1]]
+    assert snap.counters[m.VLLM_GENERATION_TOKENS] == sum(q.output_tokens for q in reqs)
+    assert snap.histograms[m.VLLM_TTFT].count == len(reqs)
+    assert snap.success["length"] == len(reqs)
+    assert sim.in_flight() == 0
+
+
+def test_disaggregated_spreads_over_replicas_and_pays_the_kv_handoff() -> None:
+    sim = PoolSim("llama-3.1-8b", "h200", prefill_replicas=2, decode_replicas=3)
+    sim.submit_many(poisson(10, 30))
+    sim.run()
+    recs = sim.records()
+    assert {r.prefill_replica for r in recs} == {0, 1}
+    assert {r.decode_replica for r in recs} == {2, 3, 4}
+    for r in recs:
+        assert r.kv_transfer_time == pytest.approx(sim.step_model.kv_transfer_time(r.prompt_tokens))
+    xfer = sim.metrics()["decode"].histograms[m.VLLM_NIXL_XFER_TIME]
+    assert xfer.count == len(recs)
+
+
+def test_ttft_grows_with_prompt_length_and_with_queueing() -> None:
+    lengths = [128, 1024, 4096, 16384]
+    ttfts = []
+    for i, n in enumerate(lengths):  # one request at a time: prompt length alone
+        sim = PoolSim("llama-3.1-8b", "h100", prefill_replicas=1, decode_replicas=1)
+        sim.submit(SimRequest(i, 0.0, n, 10))
+        sim.run()
+        ttfts.append(sim.records()[0].ttft)
+    assert ttfts == sorted(ttfts) and ttfts[-1] > 10 * ttfts[0]
+    # the same 2k-token prompt, 1 vs 40 at once: the last in line waits for the others
+    alone = PoolSim("llama-3.1-8b", "h100", mode="aggregated")
+    alone.submit(SimRequest(0, 0.0, 2048, 10))
+    alone.run()
+    burst = PoolSim("llama-3.1-8b", "h100", mode="aggregated")
+    burst.submit_many([SimRequest(i, 0.0, 2048, 10) for i in range(40)])
+    burst.run()
+    worst = max(r.ttft for r in burst.records())
+    assert worst > 10 * alone.records()[0].ttft
+
+
+def test_cold_start_replica_serves_only_once_ready() -> None:
+    sim = PoolSim("llama-3.1-8b", "h200", prefill_replicas=0, decode_replicas=1)
+    rid = sim.add_replica("prefill", ready_at=30.0)
+    assert sim.replica_counts("prefill") == (0, 1, 0)
+    sim.submit_many([SimRequest(i, float(i), 500, 20) for i in range(5)])
+    sim.run_until(29.0)
+    assert sim.pending("prefill") == 5 and sim.records() == []
+    sim.run()
+    assert sim.replica_counts("prefill").ready == 1
+    assert all(r.first_token_at > 30.0 and r.prefill_replica == rid for r in sim.records())
+
+
+def test_remove_replica_drains_then_leaves_and_cancels_starting_ones_first() -> None:
+    sim = PoolSim("llama-3.1-8b", "h200", mode="aggregated", engine_replicas=2)
+    sim.submit_many([SimRequest(i, 0.0, 1000, 2000) for i in range(8)])
+    sim.run_until(0.5)
+    late = sim.add_replica("engine", ready_at=100.0)
+    assert sim.remove_replica("engine") == late  # a starting replica goes at once
+    assert sim.replica_counts("engine") == (2, 0, 0)
+    drained = sim.remove_replica("aggregated")
+    assert sim.replica_counts("engine") == (1, 0, 1)
+    sim.submit(SimRequest(99, 1.0, 100, 10))
+    sim.run()
+    assert sim.replica_counts("engine") == (1, 0, 0)
+    recs = {r.id: r for r in sim.records()}
+    assert len(recs) == 9 and all(r.ok for r in recs.values())
+    assert recs[99].decode_replica != drained  # no new work on a draining replica
+    # the drained engine's counts stay in the role's cumulative metrics
+    total = sim.metrics()["engine"].counters[m.VLLM_GENERATION_TOKENS]
+    assert total == 8 * 2000 + 10
+
+
+def test_over_long_prompt_fails_with_vllms_message() -> None:
+    sim = PoolSim("llama-3.1-8b", "h200", config=EngineConfig(max_model_len=4096))
+    sim.submit(SimRequest("big", 0.0, 5000, 10))
+    sim.submit(SimRequest("ok", 0.0, 100, 10))
+    sim.run()
+    recs = {r.id: r for r in sim.records()}
+    assert not recs["big"].ok and recs["big"].first_token_at is None
+    assert "maximum context length is 4096 tokens" in recs["big"].error
+    assert recs["ok"].ok
+
+
+@pytest.mark.parametrize("mode", ["disaggregated", "aggregated"])
+def test_batched_decode_runs_match_step_by_step_simulation(mode: str) -> None:
+    """The fast path (many decode steps priced at once) changes nothing a user sees."""
+    reqs = poisson(6, 40, seed=5)
+    out = []
+    for steps in (4096, 1):
+        sim = PoolSim("llama-3.1-8b", "h100", mode=mode, prefill_replicas=1,
+                      decode_replicas=2, engine_replicas=2,
+                      config=EngineConfig(max_chunk_steps=steps))
+        sim.submit_many(reqs)
+        for t in range(0, 60, 5):
+            sim.run_until(float(t))
+        sim.run()
+        out.append(sorted(sim.records(), key=lambda r: r.id))
+    fast, slow = out
+    for a, b in zip(fast, slow, strict=True):
+        assert a.first_token_at == pytest.approx(b.first_token_at, rel=1e-9)
+        assert a.finished_at == pytest.approx(b.finished_at, rel=1e-9)
+        assert a.itl_p90 == pytest.approx(b.itl_p90, rel=1e-6)
+
+
+def test_metrics_between_events_reflect_work_done_so_far() -> None:
+    sim = PoolSim("llama-3.1-8b", "h200", mode="aggregated")
+    sim.submit(SimRequest(0, 0.0, 500, 3000))
+    sim.run_until(1.0)
+    mid = sim.metrics()["engine"]
+    assert 0 < mid.counters[m.VLLM_GENERATION_TOKENS] < 3000
+    assert mid.gauges[m.VLLM_RUNNING] == 1 and mid.gauges[m.VLLM_KV_USAGE] > 0
+    sim.run()
+    assert sim.metrics()["engine"].gauges[m.VLLM_RUNNING] == 0
+
+
+def test_unknown_role_and_mode_are_rejected() -> None:
+    with pytest.raises(ValueError, match="disaggregated"):
+        PoolSim(mode="split")
+    sim = PoolSim(mode="aggregated")
+    with pytest.raises(ValueError, match="roles: engine"):
+        sim.add_replica("decode")
