@@ -111,7 +111,7 @@ def pod_problem(pod: dict[str, Any]) -> PodProblem | None:
         if reason == "CrashLoopBackOff":
             restarts = cs.get("restartCount", 0)
             return PodProblem(role, name, CRASH_LOOP, f"container {cs.get('name')} keeps "
-                              f"crashing ({restarts} restarts): {detail}")  # fmt: skip
+                              f"crashing ({restarts} restarts): {detail}")
         if reason in _IMAGE_WAITING:
             return PodProblem(role, name, IMAGE_PULL, f"cannot pull image: {detail}")
     if st.get("phase") == "Pending":
@@ -122,7 +122,7 @@ def pod_problem(pod: dict[str, Any]) -> PodProblem | None:
                 and cond.get("reason") == "Unschedulable"
             ):
                 return PodProblem(role, name, UNSCHEDULABLE, cond.get("message", "") or
-                                  "no node fits the pod")  # fmt: skip
+                                  "no node fits the pod")
         return PodProblem(role, name, POD_PENDING, "pod is pending")
     return None
 
@@ -130,7 +130,7 @@ def pod_problem(pod: dict[str, Any]) -> PodProblem | None:
 def _condition(
     ctype: str, ok: bool, reason: str, message: str, generation: int, now: str,
     previous: dict[str, dict[str, Any]],
-) -> dict[str, Any]:  # fmt: skip
+) -> dict[str, Any]:
     status = "True" if ok else "False"
     before = previous.get(ctype)
     changed = before is None or before.get("status") != status
@@ -189,7 +189,7 @@ def compute_status(
         conditions[PROGRESSING] = _condition(
             PROGRESSING, False, INVALID_SPEC, "fix the spec: " + message, generation, now,
             prev_conditions,
-        )  # fmt: skip
+        )
         if READY in prev_conditions:
             conditions[READY] = prev_conditions[READY]
     else:
@@ -206,7 +206,7 @@ def compute_status(
                 READY, True, ALL_READY,
                 ", ".join(f"{r.role} {r.summary}" for r in roles), generation, now,
                 prev_conditions,
-            )  # fmt: skip
+            )
         else:
             reason = worst.reason if worst else NOT_READY
             detail = (
@@ -221,7 +221,7 @@ def compute_status(
             conditions[PROGRESSING] = _condition(
                 PROGRESSING, False, COMPLETE, "every role is rolled out", generation, now,
                 prev_conditions,
-            )  # fmt: skip
+            )
         else:
             reason = worst.reason if worst else UPDATING
             moving = [r for r in roles if not r.settled]
@@ -235,12 +235,12 @@ def compute_status(
             conditions[DEGRADED] = _condition(
                 DEGRADED, True, worst_degrading.reason,
                 _describe(worst_degrading, len(degrading)), generation, now, prev_conditions,
-            )  # fmt: skip
+            )
         else:
             conditions[DEGRADED] = _condition(
                 DEGRADED, False, AS_EXPECTED, "no pod is failing", generation, now,
                 prev_conditions,
-            )  # fmt: skip
+            )
         for r in roles:
             entry = dict(previous.get(r.role) or {})
             entry.update(replicas=r.replicas, readyReplicas=r.ready, summary=r.summary)

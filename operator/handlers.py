@@ -1,0 +1,211 @@
+"""Thin Kopf handlers: one reconcile for create/update/resume and a timer for drift.
+
+Both parse the spec with pydantic, call the reconcile service, patch the operator's part of the
+status and post Events for transitions. Dependencies (the API client, discovery) live in Kopf's
+memo; a per-pool lock keeps the timer and the change handler from overlapping.
+
+    registry = kopf.OperatorRegistry()
+    register(registry, OperatorConfig(kubeconfig=..., drift_interval=30))
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import logging
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import kopf
+from poolpilot.operator import builders, reconcile, status
+from poolpilot.operator.kubeapi import ApiError, KubeApi
+
+from poolpilot import api, names
+from poolpilot.validate import InvalidPool, parse_spec
+
+LIVE = "kopf.dev/operator-live"
+
+
+@dataclass(frozen=True)
+class OperatorConfig:
+    """How the operator runs; tests shorten the intervals."""
+
+    kubeconfig: str | None = None
+    drift_interval: float = 30.0  # seconds between drift checks per pool
+    cutover_poll: float = 5.0  # how often a mode switch re-checks the new engines
+    request_timeout: float = 10.0  # per API request
+    watch_timeout: float = 300.0  # server-side watch timeout; Kopf reconnects after it
+    peering_lifetime: int = 60  # seconds a silent peer is considered alive (HA failover time)
+    peering_name: str = "poolpilot"  # KopfPeering/ClusterKopfPeering object shared by replicas
+    peering_mandatory: bool = False  # False: peer when the kopf.dev CRDs exist, else standalone
+
+
+def configure(settings: kopf.OperatorSettings, config: OperatorConfig) -> None:
+    settings.networking.request_timeout = config.request_timeout
+    settings.networking.connect_timeout = config.request_timeout
+    settings.watching.server_timeout = config.watch_timeout
+    settings.watching.client_timeout = config.watch_timeout + 10
+    settings.watching.connect_timeout = config.request_timeout
+    settings.peering.lifetime = config.peering_lifetime
+    settings.peering.name = config.peering_name
+    settings.peering.mandatory = config.peering_mandatory
+    # Only explicit kopf.event() calls become Events (transitions), never log lines.
+    settings.posting.loggers = False
+    # Exponential-ish backoff for transient API failures (409, 5xx, timeouts).
+    settings.posting.default_backoffs = (1, 1, 2, 3, 5, 8, 13)
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _rv(body: Any) -> int:
+    try:
+        return int((body or {}).get("metadata", {}).get("resourceVersion", 0))
+    except (TypeError, ValueError):
+        return 0
+
+
+def _previous_status(body: kopf.Body, memo: kopf.Memo) -> dict[str, Any]:
+    """The freshest status we know: the watched body, or our own last write if newer (the
+    watch event of that write may not have arrived yet; re-writing it would not be a no-op)."""
+    seen = memo.get("last_written")
+    if seen is not None and _rv(seen) > _rv(body):
+        return dict(seen.get("status") or {})
+    return dict(body.get("status") or {})
+
+
+async def _write_status(
+    kube: KubeApi, body: kopf.Body, memo: kopf.Memo, new: dict[str, Any], previous: dict[str, Any]
+) -> None:
+    patch = status.merge_patch(previous, new)
+    if patch is None:
+        return
+    written = await kube.patch_status(body["metadata"]["namespace"], body["metadata"]["name"],
+                                      {"status": patch})
+    memo["last_written"] = written
+
+
+def _post(body: kopf.Body, events: list[status.EventSpec]) -> None:
+    for ev in events:
+        kopf.event(body, type=ev.type, reason=ev.reason, message=ev.message)
+
+
+def _outcome_events(outcome: reconcile.Outcome) -> list[status.EventSpec]:
+    out = []
+    if outcome.created:
+        out.append(status.EventSpec("Normal", "Created", "created " + ", ".join(outcome.created)))
+    if outcome.updated:
+        out.append(status.EventSpec("Normal", "Updated", "applied the new spec to "
+                                    + ", ".join(outcome.updated)))
+    if outcome.repaired:
+        out.append(status.EventSpec("Warning", "DriftRepaired", "restored "
+                                    + ", ".join(outcome.repaired)
+                                    + " to the pool's spec (it was changed or deleted)"))
+    if outcome.deleted:
+        out.append(status.EventSpec("Normal", "Removed", "removed " + ", ".join(outcome.deleted)))
+    return out
+
+
+async def handle(body: kopf.Body, memo: kopf.Memo, logger: logging.Logger | Any, *,
+                 from_timer: bool, config: OperatorConfig) -> None:
+    """Reconcile one pool: children, then status. Shared by the change handler and the timer."""
+    lock: asyncio.Lock = memo.setdefault("lock", asyncio.Lock())
+    async with lock:
+        await _handle_locked(body, memo, logger, from_timer=from_timer, config=config)
+
+
+async def _handle_locked(body: kopf.Body, memo: kopf.Memo, logger: logging.Logger | Any, *,
+                         from_timer: bool, config: OperatorConfig) -> None:
+    kube: KubeApi = memo["kube"]
+    meta = body["metadata"]
+    name, namespace = meta["name"], meta["namespace"]
+    generation = int(meta.get("generation", 0))
+    previous = _previous_status(body, memo)
+    endpoint = names.router_endpoint(name, namespace)
+    try:
+        spec = parse_spec(dict(body.get("spec") or {}))
+    except InvalidPool as exc:
+        result = status.compute_status(generation=generation, roles=[], pods=[],
+                                       previous=previous, endpoint=endpoint, now=_now(),
+                                       invalid=exc.errors)
+        await _write_status(kube, body, memo, result.status, previous)
+        _post(body, result.events)
+        logger.warning("invalid spec, children left as they are: %s", "; ".join(exc.errors))
+        if not from_timer:
+            raise kopf.PermanentError("; ".join(exc.errors)) from None
+        return
+    pool = builders.Pool(name=name, namespace=namespace, spec=spec, uid=meta.get("uid"))
+    try:
+        outcome = await reconcile.reconcile(kube, pool, reconcile.capabilities(memo["discovered"]))
+        pods = await kube.list("v1", "Pod", namespace, {names.POOL_LABEL: name})
+    except ApiError as exc:
+        # Transient (409, 5xx, timeouts) or not, Kopf retries with backoff; every write is an
+        # idempotent apply, so a retry finishes whatever a failed attempt left half done.
+        raise kopf.TemporaryError(f"API error while reconciling: {exc}", delay=2) from None
+    _post(body, _outcome_events(outcome))
+    if outcome.writes:
+        logger.info("reconciled with %d writes: created=%s updated=%s repaired=%s deleted=%s",
+                    outcome.writes, outcome.created, outcome.updated, outcome.repaired,
+                    outcome.deleted)
+    roles = [*spec.engine_roles(), "router"]
+    observations = [status.RoleObservation.from_deployment(r, outcome.deployments.get(r))
+                    for r in roles]
+    stale = tuple(r for r in names.ENGINE_ROLES if r not in roles)
+    result = status.compute_status(generation=generation, roles=observations, pods=pods,
+                                   previous=previous, endpoint=endpoint, now=_now(),
+                                   stale_roles=stale)
+    try:
+        await _write_status(kube, body, memo, result.status, previous)
+    except ApiError as exc:
+        raise kopf.TemporaryError(f"could not write status: {exc}", delay=2) from None
+    _post(body, result.events)
+    if outcome.waiting and not from_timer:
+        raise kopf.TemporaryError(f"mode switch: {outcome.waiting}", delay=config.cutover_poll)
+
+
+def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
+    """Register the operator's handlers into `registry` (no module-level state)."""
+    group, version, plural = api.GROUP, api.VERSION, api.PLURAL
+
+    @kopf.on.login(registry=registry)
+    def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+        if config.kubeconfig:
+            os.environ["KUBECONFIG"] = config.kubeconfig  # what Kopf's kubeconfig login reads
+        else:
+            info = kopf.login_with_service_account(**kwargs)
+            if info is not None:
+                return info
+        return kopf.login_with_kubeconfig(**kwargs)
+
+    @kopf.on.startup(registry=registry)
+    async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+        configure(settings, config)
+        kube = await KubeApi.from_kubeconfig(config.kubeconfig, timeout=config.request_timeout)
+        memo["kube"] = kube
+        memo["discovered"] = await kube.discover()
+
+    @kopf.on.cleanup(registry=registry)
+    async def cleanup(memo: kopf.Memo, **_: Any) -> None:
+        kube = memo.get("kube")
+        if kube is not None:
+            await kube.close()
+
+    @kopf.on.probe(id="api", registry=registry)
+    async def probe(memo: kopf.Memo, **_: Any) -> int:
+        """Liveness: the API is reachable (a wedged operator fails this and is restarted)."""
+        kube: KubeApi = memo["kube"]
+        await kube.discover()
+        return kube.writes
+
+    @kopf.on.resume(group, version, plural, registry=registry)
+    @kopf.on.create(group, version, plural, registry=registry)
+    @kopf.on.update(group, version, plural, field="spec", registry=registry)
+    async def reconcile_pool(body: kopf.Body, memo: kopf.Memo, logger: Any, **_: Any) -> None:
+        await handle(body, memo, logger, from_timer=False, config=config)
+
+    @kopf.timer(group, version, plural, interval=config.drift_interval,
+                initial_delay=config.drift_interval, registry=registry)
+    async def repair_drift(body: kopf.Body, memo: kopf.Memo, logger: Any, **_: Any) -> None:
+        await handle(body, memo, logger, from_timer=True, config=config)

@@ -1,0 +1,73 @@
+"""`poolpilot operator`: run the Kopf operator for InferencePools.
+
+HA: run two replicas. They peer through a KopfPeering object (the kopf.dev CRDs from the
+chart); each process picks a random priority unless given one, the highest acts and the other
+waits, taking over once the active one's heartbeat is older than --peering-lifetime.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import random
+
+import kopf
+from poolpilot.operator import peering
+from poolpilot.operator.handlers import OperatorConfig, register
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    scope = parser.add_mutually_exclusive_group()
+    scope.add_argument("-n", "--namespace", action="append", default=[], metavar="NS",
+                       help="watch this namespace (repeatable; globs like 'team-*' work)")
+    scope.add_argument("-A", "--all-namespaces", action="store_true",
+                       help="watch every namespace (the default when no --namespace is given)")
+    parser.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, then "
+                        "KUBECONFIG, then ~/.kube/config)")
+    parser.add_argument("--liveness", default="http://0.0.0.0:8080/healthz",
+                        help="liveness endpoint URL (empty to disable)")
+    parser.add_argument("--peering", default=peering.DEFAULT_NAME,
+                        help="peering object name shared by the operator's replicas")
+    parser.add_argument("--require-peering", action="store_true",
+                        help="fail instead of running standalone when peering CRDs are absent")
+    parser.add_argument("--standalone", action="store_true", help="do not peer (one replica)")
+    parser.add_argument("--priority", type=int, default=None,
+                        help="peering priority (highest acts; default: random per process)")
+    parser.add_argument("--peering-lifetime", type=int, default=60,
+                        help="seconds before a silent active replica is replaced")
+    parser.add_argument("--drift-interval", type=float, default=30.0,
+                        help="seconds between drift checks of each pool")
+    parser.add_argument("--request-timeout", type=float, default=10.0)
+    parser.add_argument("-v", "--verbose", action="store_true")
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+    )
+    if args.kubeconfig:
+        # Kopf's own login reads KUBECONFIG; our API client gets the path explicitly.
+        os.environ["KUBECONFIG"] = args.kubeconfig
+    config = OperatorConfig(
+        kubeconfig=args.kubeconfig,
+        drift_interval=args.drift_interval,
+        request_timeout=args.request_timeout,
+        peering_lifetime=args.peering_lifetime,
+        peering_name=args.peering,
+        peering_mandatory=args.require_peering,
+    )
+    registry = kopf.OperatorRegistry()
+    register(registry, config)
+    priority = args.priority if args.priority is not None else random.randint(1, 1_000_000)
+    kopf.run(
+        registry=registry,
+        clusterwide=args.all_namespaces or not args.namespace,
+        namespaces=args.namespace,
+        standalone=args.standalone or None,
+        priority=priority,
+        liveness_endpoint=args.liveness or None,
+        memo=kopf.Memo(),
+    )
+    return 0

@@ -1,0 +1,234 @@
+"""The reconcile service: desired children vs live ones -> the fewest writes that converge.
+
+- Each child is server-side applied as `poolpilot-operator` only when it is missing, when what
+  we would apply changed (a digest of it is kept in an annotation, so fields we stop setting
+  are released), or when the live object no longer contains what we applied (drift: an edited
+  image, command or label). A no-op reconcile therefore makes zero writes.
+- With autoscaling applying, `replicas` is left out of the Deployment; the starting size is
+  set once through the scale subresource, which makes it a field the autoscaler can own.
+- A mode switch applies the new workloads first and deletes the old ones only once every new
+  engine role has a ready pod, so the pool keeps serving through the switch.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from decimal import Decimal, InvalidOperation
+from typing import Any, Protocol
+
+from poolpilot.operator import builders
+from poolpilot.operator.kubeapi import Discovered
+
+from poolpilot import names
+
+Obj = dict[str, Any]
+DIGEST_ANNOTATION = "poolpilot.dev/applied-digest"
+
+# Kinds the operator makes, in apply order; (apiVersion, kind, needs-group).
+MANAGED_KINDS: tuple[tuple[str, str, str | None], ...] = (
+    ("v1", "ConfigMap", None),
+    ("v1", "ServiceAccount", None),
+    ("rbac.authorization.k8s.io/v1", "Role", "rbac.authorization.k8s.io"),
+    ("rbac.authorization.k8s.io/v1", "RoleBinding", "rbac.authorization.k8s.io"),
+    ("v1", "Service", None),
+    ("apps/v1", "Deployment", None),
+    ("policy/v1", "PodDisruptionBudget", None),
+    ("monitoring.coreos.com/v1", "PodMonitor", "monitoring.coreos.com"),
+    ("monitoring.coreos.com/v1", "ServiceMonitor", "monitoring.coreos.com"),
+)
+_DELETE_ORDER = ("Deployment", "PodDisruptionBudget", "Service", "PodMonitor", "ServiceMonitor",
+                 "RoleBinding", "Role", "ServiceAccount", "ConfigMap")
+
+
+class Cluster(Protocol):
+    """What the service needs from the API (KubeApi implements it)."""
+
+    async def list(
+        self, api_version: str, kind: str, namespace: str, selector: dict[str, str]
+    ) -> list[Obj]: ...
+    async def apply(self, obj: Obj) -> Obj: ...
+    async def delete(self, obj: Obj) -> None: ...
+    async def scale(self, namespace: str, name: str, replicas: int) -> None: ...
+
+
+@dataclass
+class Outcome:
+    created: list[str] = field(default_factory=list)
+    updated: list[str] = field(default_factory=list)  # the spec asked for something new
+    repaired: list[str] = field(default_factory=list)  # someone changed it (drift)
+    deleted: list[str] = field(default_factory=list)
+    waiting: str | None = None  # why stale children were kept
+    deployments: dict[str, Obj] = field(default_factory=dict)  # role -> live Deployment
+    writes: int = 0
+
+
+def capabilities(discovered: Discovered) -> builders.Capabilities:
+    return builders.Capabilities(monitoring=discovered.monitoring, rbac=discovered.rbac)
+
+
+def label(obj: Obj) -> str:
+    return f"{obj['kind']}/{obj['metadata']['name']}"
+
+
+def stamped(obj: Obj) -> Obj:
+    """The object with the digest of itself in an annotation."""
+    meta = dict(obj["metadata"])
+    meta["annotations"] = {**meta.get("annotations", {}), DIGEST_ANNOTATION: builders.digest(obj)}
+    return {**obj, "metadata": meta}
+
+
+# --- comparison -------------------------------------------------------------------------------
+
+_QUANTITY = re.compile(r"^([+-]?[0-9.]+(?:[eE][+-]?[0-9]+)?)([KMGTPE]i|[numkMGTPE])?$")
+_SUFFIX: dict[str | None, Decimal | int] = {
+           None: 1, "n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3"),
+           "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18,
+           "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
+
+
+def _quantity(value: str) -> Decimal | None:
+    m = _QUANTITY.match(value)
+    if not m:
+        return None
+    try:
+        return Decimal(m.group(1)) * Decimal(_SUFFIX[m.group(2)])
+    except InvalidOperation:
+        return None
+
+
+def _same_scalar(want: Any, have: Any) -> bool:
+    if want == have:
+        return True
+    if isinstance(want, str) and isinstance(have, str):
+        # The API server canonicalizes quantities ("0.5" -> "500m", "1000Mi" stays).
+        a, b = _quantity(want), _quantity(have)
+        return a is not None and a == b
+    return False
+
+
+def contained(want: Any, have: Any) -> bool:
+    """Whether every field we set is present, with the same value, in the live object.
+
+    Fields the server or others added (defaults, status, annotations) are ignored; lists must
+    match item for item (the API server keeps their order and length).
+    """
+    if isinstance(want, dict):
+        return isinstance(have, dict) and all(contained(v, have.get(k)) for k, v in want.items())
+    if isinstance(want, list):
+        return (
+            isinstance(have, list)
+            and len(want) == len(have)
+            and all(contained(w, h) for w, h in zip(want, have, strict=True))
+        )
+    return _same_scalar(want, have)
+
+
+def _owns_replicas_by_apply(dep: Obj) -> bool:
+    """Our apply owns spec.replicas (autoscaling was off): releasing it would reset it to 1."""
+    for entry in dep.get("metadata", {}).get("managedFields") or []:
+        if entry.get("manager") == names.FIELD_MANAGER and entry.get("operation") == "Apply":
+            spec = (entry.get("fieldsV1") or {}).get("f:spec") or {}
+            if "f:replicas" in spec:
+                return True
+    return False
+
+
+def _owned_by(obj: Obj, uid: str | None) -> bool:
+    refs = obj.get("metadata", {}).get("ownerReferences") or []
+    return uid is not None and any(r.get("uid") == uid for r in refs)
+
+
+# --- the service ------------------------------------------------------------------------------
+
+
+async def live_children(
+    cluster: Cluster, pool: builders.Pool, caps: builders.Capabilities
+) -> dict[tuple[str, str, str], Obj]:
+    """Every object labelled as this pool's, by (apiVersion, kind, name)."""
+    selector = {names.POOL_LABEL: pool.name, names.MANAGED_BY: names.MANAGER}
+    out: dict[tuple[str, str, str], Obj] = {}
+    for api_version, kind, group in MANAGED_KINDS:
+        if group == "rbac.authorization.k8s.io" and not caps.rbac:
+            continue
+        if group == "monitoring.coreos.com" and not caps.monitoring:
+            continue
+        for obj in await cluster.list(api_version, kind, pool.namespace, selector):
+            out[(api_version, kind, obj["metadata"]["name"])] = obj
+    return out
+
+
+def _role_of(obj: Obj) -> str:
+    return str(obj.get("metadata", {}).get("labels", {}).get(names.ROLE_LABEL, ""))
+
+
+def _ready_for_cutover(deployments: dict[str, Obj], roles: list[str]) -> str | None:
+    """None when every new engine role serves; else what we are waiting for."""
+    for role in roles:
+        dep = deployments.get(role)
+        ready = int(((dep or {}).get("status") or {}).get("readyReplicas", 0))
+        want = int(((dep or {}).get("spec") or {}).get("replicas", 1))
+        if ready < min(1, want):
+            return f"waiting for {names.child_name(_pool_of(dep), role)} to have a ready pod"
+    return None
+
+
+def _pool_of(dep: Obj | None) -> str:
+    return str(((dep or {}).get("metadata") or {}).get("labels", {}).get(names.POOL_LABEL, "?"))
+
+
+async def reconcile(cluster: Cluster, pool: builders.Pool, caps: builders.Capabilities) -> Outcome:
+    """Converge the pool's children; see the module docstring for the rules."""
+    out = Outcome()
+    desired = [stamped(o) for o in builders.build_children(pool, caps)]
+    live = await live_children(cluster, pool, caps)
+    for obj in desired:
+        key = builders.object_key(obj)
+        cur = live.get(key)
+        is_dep = obj["kind"] == "Deployment"
+        if cur is not None and contained(obj, cur):
+            if is_dep:
+                out.deployments[_role_of(obj)] = cur
+            continue
+        starting_size: int | None = None
+        if is_dep and "replicas" not in obj["spec"]:
+            role = _role_of(obj)
+            if cur is None:
+                starting_size = pool.spec.role(role).replicas
+            elif _owns_replicas_by_apply(cur):
+                # Hand the size over to the scale subresource before our apply stops
+                # setting it, so the Deployment keeps its size.
+                await cluster.scale(pool.namespace, obj["metadata"]["name"],
+                                    int(cur["spec"].get("replicas", 1)))
+                out.writes += 1
+        result = await cluster.apply(obj)
+        out.writes += 1
+        if starting_size is not None and starting_size != result["spec"].get("replicas"):
+            await cluster.scale(pool.namespace, obj["metadata"]["name"], starting_size)
+            out.writes += 1
+            result["spec"]["replicas"] = starting_size
+        if cur is None:
+            out.created.append(label(obj))
+        elif _digest_of(cur) != _digest_of(obj):
+            out.updated.append(label(obj))
+        else:
+            out.repaired.append(label(obj))
+        if is_dep:
+            out.deployments[_role_of(obj)] = result
+
+    wanted = {builders.object_key(o) for o in desired}
+    stale = [o for k, o in live.items() if k not in wanted and _owned_by(o, pool.uid)]
+    if stale:
+        out.waiting = _ready_for_cutover(out.deployments, pool.spec.engine_roles())
+        if out.waiting is None:
+            for obj in sorted(stale, key=lambda o: _DELETE_ORDER.index(o["kind"])):
+                await cluster.delete(obj)
+                out.writes += 1
+                out.deleted.append(label(obj))
+    return out
+
+
+def _digest_of(obj: Obj) -> str | None:
+    annotations = obj.get("metadata", {}).get("annotations") or {}
+    value = annotations.get(DIGEST_ANNOTATION)
+    return None if value is None else str(value)
