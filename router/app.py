@@ -378,10 +378,15 @@ class Router:
             now = self.clock()
             events = complete.count(b"data: ") - complete.count(b"data: [DONE]")
             if events > 0:
+                # Events that arrive together reach the client together: gaps of 0.
                 if last_event is None:
                     self.metrics.ttft.labels(pool).observe(now - start)
+                    events -= 1
                 else:
                     self.metrics.itl.labels(pool).observe(now - last_event)
+                    events -= 1
+                for _ in range(events):
+                    self.metrics.itl.labels(pool).observe(0.0)
                 last_event = now
             try:
                 await response.write(complete)

@@ -1,0 +1,165 @@
+"""Processes for the router's adapter tests: fake engines, real vLLM engines, the router.
+
+Every process starts in its own session (so its children die with it), binds 127.0.0.1 on a
+port it picks itself, and is stopped by PID in a `finally`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[2]
+PYTHON = sys.executable
+# The console script, not `python -m`: that would put the working directory (the repository,
+# whose operator/ folder shadows the stdlib module) first on sys.path.
+POOLPILOT = str(Path(sys.executable).parent / "poolpilot")
+FAKE_ENGINE = Path(__file__).parent / "router_fakes" / "fake_engine.py"
+
+
+@dataclass
+class Proc:
+    popen: subprocess.Popen[str]
+    port: int
+    name: str = ""
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def kill(self) -> None:
+        """SIGKILL the whole process group: a crash, no clean-up."""
+        if self.popen.poll() is None:
+            os.killpg(self.popen.pid, signal.SIGKILL)
+            self.popen.wait(10)
+
+    def stop(self, timeout: float = 20.0) -> int | None:
+        if self.popen.poll() is None:
+            try:
+                os.killpg(self.popen.pid, signal.SIGTERM)
+                self.popen.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.popen.pid, signal.SIGKILL)
+                self.popen.wait(10)
+            except ProcessLookupError:
+                pass
+        return self.popen.returncode
+
+
+class Output:
+    """Reads a child's stdout in a thread (so its pipe never fills up and blocks it)."""
+
+    def __init__(self, popen: subprocess.Popen[str]) -> None:
+        self.lines: list[str] = []
+        assert popen.stdout is not None
+        self._thread = threading.Thread(target=self._pump, args=(popen.stdout,), daemon=True)
+        self._thread.start()
+
+    def _pump(self, stream: IO[str]) -> None:
+        for line in stream:
+            self.lines.append(line)
+
+    def text(self) -> str:
+        return "".join(self.lines)
+
+
+def wait_for_line(popen: subprocess.Popen[str], pattern: str, timeout: float) -> re.Match[str]:
+    """Wait until a line of the process's stdout matches, with a deadline."""
+    output = Output(popen)
+    deadline = time.monotonic() + timeout
+    checked = 0
+    while time.monotonic() < deadline:
+        for line in output.lines[checked:]:
+            checked += 1
+            m = re.search(pattern, line)
+            if m:
+                return m
+        if popen.poll() is not None:
+            time.sleep(0.2)
+            raise RuntimeError(f"process exited ({popen.returncode}):\n{output.text()}")
+        time.sleep(0.05)
+    raise TimeoutError(f"no line matching {pattern!r} within {timeout}s:\n{output.text()}")
+
+
+def spawn(cmd: list[str], env: Mapping[str, str] | None = None, cwd: Path | None = None,
+          stdout: int | None = subprocess.PIPE, log: Path | None = None) -> subprocess.Popen[str]:
+    out = open(log, "w") if log is not None else None  # noqa: SIM115 - handed to the child
+    return subprocess.Popen(
+        cmd, stdout=out or stdout, stderr=subprocess.STDOUT if out is None else out, text=True,
+        env={**os.environ, **(env or {})}, cwd=cwd, start_new_session=True,
+    )
+
+
+def start_fake_engine(name: str, token_delay: float = 0.0, port: int = 0) -> Proc:
+    popen = spawn([PYTHON, str(FAKE_ENGINE), "--name", name, "--port", str(port),
+                   "--token-delay", str(token_delay)])
+    m = wait_for_line(popen, r"listening on (\d+)", 20)
+    return Proc(popen, int(m.group(1)), name)
+
+
+def start_router(*args: str) -> Proc:
+    popen = spawn([POOLPILOT, "router", "--host", "127.0.0.1", "--port", "0", *args])
+    m = wait_for_line(popen, r"listening on http://[\d.]+:(\d+)", 30)
+    return Proc(popen, int(m.group(1)), "router")
+
+
+@contextmanager
+def running(*procs: Proc) -> Iterator[tuple[Proc, ...]]:
+    try:
+        yield procs
+    finally:
+        for p in procs:
+            p.stop()
+
+
+def wait_until(check: Callable[[], bool], timeout: float, what: str,
+               interval: float = 0.1) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if check():
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(interval)
+    raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
+
+
+def metric_value(text: str, name: str, labels: Mapping[str, str] | None = None) -> float:
+    """Sum of a metric's samples in a /metrics page whose labels include `labels`."""
+    total = 0.0
+    for line in text.splitlines():
+        if not line.startswith(name) or line[len(name): len(name) + 1] not in ("{", " "):
+            continue
+        head, value = line.rsplit(" ", 1)
+        found = dict(re.findall(r'(\w+)="([^"]*)"', head))
+        if all(found.get(k) == v for k, v in (labels or {}).items()):
+            total += float(value)
+    return total
+
+
+def sse_events(text: str) -> list[dict | str]:
+    """Parse an SSE body into JSON payloads ("[DONE]" kept as a string)."""
+    events: list[dict | str] = []
+    for line in text.splitlines():
+        if line.startswith("data: "):
+            data = line[len("data: "):]
+            events.append(data if data == "[DONE]" else json.loads(data))
+    return events
