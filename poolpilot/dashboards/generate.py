@@ -36,7 +36,7 @@ def generated(root: Path = CHART_FILES) -> dict[Path, str]:
 
 def drift(root: Path = CHART_FILES) -> str:
     """A unified diff of every stale or missing file; empty when all are current."""
-    diffs = []
+    diffs: list[str] = []
     for path, want in generated(root).items():
         have = path.read_text() if path.exists() else ""
         diffs += difflib.unified_diff(have.splitlines(True), want.splitlines(True),

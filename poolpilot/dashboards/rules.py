@@ -59,7 +59,8 @@ VALUE_PATHS: dict[str, str] = {
 
 def placeholders() -> RuleParams:
     """Params whose every value is its `@@valuesPath@@` placeholder (for the chart file)."""
-    return RuleParams(**{f.name: f"@@{VALUE_PATHS[f.name]}@@" for f in dataclasses.fields(RuleParams)})
+    fields = dataclasses.fields(RuleParams)
+    return RuleParams(**{f.name: f"@@{VALUE_PATHS[f.name]}@@" for f in fields})
 
 
 def substitute(text: str, params: RuleParams) -> str:

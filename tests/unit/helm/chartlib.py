@@ -1,0 +1,103 @@
+"""Helpers for the chart tests: run the real helm binary, split and check rendered manifests."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[3]
+CHART = ROOT / "charts" / "poolpilot"
+K8S_VERSION = "1.33.0"  # kubectl/helm in .cache/bin are 1.33 / 3.18
+
+
+def tool(name: str) -> str:
+    """A binary from PATH or ./dev setup's .cache/bin; skip (locally) or fail (CI) without it."""
+    found = shutil.which(name) or shutil.which(name, path=str(ROOT / ".cache" / "bin"))
+    if found:
+        return found
+    message = f"{name} is not installed; run ./dev setup"
+    if os.environ.get("CI"):
+        pytest.fail(message)
+    pytest.skip(message)
+
+
+def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run([tool("helm"), *args], capture_output=True, text=True, timeout=60)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"helm {' '.join(args)} failed:\n{proc.stderr}")
+    return proc
+
+
+def render(values: dict[str, Any] | None = None, *, namespace: str = "poolpilot-system",
+           release: str = "pp", tmp: Path | None = None) -> list[dict[str, Any]]:
+    """`helm template` (with CRDs) -> the list of objects."""
+    args = ["template", release, str(CHART), "--namespace", namespace, "--include-crds",
+            "--kube-version", K8S_VERSION]
+    if values:
+        assert tmp is not None
+        path = tmp / "values.yaml"
+        path.write_text(yaml.safe_dump(values))
+        args += ["--values", str(path)]
+    out = helm(*args).stdout
+    return [d for d in yaml.safe_load_all(out) if d]
+
+
+def by_kind(objs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [o for o in objs if o["kind"] == kind]
+
+
+def one(objs: list[dict[str, Any]], kind: str, name_suffix: str) -> dict[str, Any]:
+    found = [o for o in by_kind(objs, kind) if o["metadata"]["name"].endswith(name_suffix)]
+    assert len(found) == 1, f"expected one {kind} *{name_suffix}, got {len(found)}"
+    return found[0]
+
+
+def restricted_violations(pod_spec: dict[str, Any]) -> list[str]:
+    """What the restricted Pod Security Standard (v1.33) would reject in a pod spec."""
+    problems = []
+    psc = pod_spec.get("securityContext", {})
+    if pod_spec.get("hostNetwork") or pod_spec.get("hostPID") or pod_spec.get("hostIPC"):
+        problems.append("host namespaces")
+    for v in pod_spec.get("volumes", []):
+        kinds = set(v) - {"name"}
+        if not kinds <= {"configMap", "emptyDir", "projected", "secret", "downwardAPI",
+                         "persistentVolumeClaim", "ephemeral", "csi"}:
+            problems.append(f"volume {v['name']}: {kinds}")
+    for c in pod_spec.get("containers", []) + pod_spec.get("initContainers", []):
+        sc = c.get("securityContext", {})
+        name = c["name"]
+        if sc.get("allowPrivilegeEscalation") is not False:
+            problems.append(f"{name}: allowPrivilegeEscalation must be false")
+        if sc.get("privileged"):
+            problems.append(f"{name}: privileged")
+        if sc.get("capabilities", {}).get("drop") != ["ALL"]:
+            problems.append(f"{name}: capabilities must drop ALL")
+        if set(sc.get("capabilities", {}).get("add", [])) - {"NET_BIND_SERVICE"}:
+            problems.append(f"{name}: adds capabilities")
+        if not (sc.get("runAsNonRoot") or psc.get("runAsNonRoot")):
+            problems.append(f"{name}: runAsNonRoot")
+        if sc.get("runAsUser", psc.get("runAsUser")) == 0:
+            problems.append(f"{name}: runs as uid 0")
+        seccomp = sc.get("seccompProfile", psc.get("seccompProfile", {})).get("type")
+        if seccomp not in ("RuntimeDefault", "Localhost"):
+            problems.append(f"{name}: seccompProfile {seccomp}")
+        for port in c.get("ports", []):
+            if "hostPort" in port:
+                problems.append(f"{name}: hostPort")
+    return problems
+
+
+def pod_spec(obj: dict[str, Any]) -> dict[str, Any] | None:
+    if obj["kind"] == "Pod":
+        spec: dict[str, Any] = obj["spec"]
+        return spec
+    if obj["kind"] in ("Deployment", "StatefulSet", "DaemonSet", "Job"):
+        spec = obj["spec"]["template"]["spec"]
+        return spec
+    return None

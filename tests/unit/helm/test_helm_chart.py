@@ -1,0 +1,379 @@
+"""The Helm chart: lint, render with several values files, validate every manifest, RBAC and
+security checks, and the generated rules/dashboards/CRD kept identical to their sources."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+from chartlib import (
+    CHART,
+    K8S_VERSION,
+    ROOT,
+    by_kind,
+    helm,
+    one,
+    pod_spec,
+    render,
+    restricted_violations,
+    tool,
+)
+from monitoring_schemas import SCHEMAS
+
+from poolpilot import crd_validation
+from poolpilot.dashboards import generate, rules
+
+MONITORING = {"serviceMonitor": {"enabled": True}, "podMonitor": {"enabled": True},
+              "labels": {"release": "kube-prometheus-stack"}}
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    values: dict[str, Any] = field(default_factory=dict)
+
+
+CASES = [
+    Case("defaults"),
+    Case("namespaced", {"watchNamespaces": ["team-a", "team-b"]}),
+    Case("monitoring-on", {"monitoring": MONITORING, "prometheusRule": {"enabled": True}}),
+    Case("monitoring-on-namespaced", {"watchNamespaces": ["serving"], "monitoring": MONITORING,
+                                      "prometheusRule": {"enabled": True}}),
+    Case("monitoring-off", {"monitoring": {"serviceMonitor": {"enabled": False},
+                                           "podMonitor": {"enabled": False}},
+                            "prometheusRule": {"enabled": False},
+                            "grafana": {"dashboards": {"enabled": False}}}),
+    Case("custom-images", {"image": {"repository": "registry.example.com/ml/poolpilot",
+                                     "tag": "1.2.3", "pullPolicy": "Always"},
+                           "imagePullSecrets": [{"name": "regcred"}],
+                           "prometheus": {"url": "http://prom.monitoring:9090"}}),
+    Case("autoscaler-only", {"operator": {"enabled": False}}),
+]
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[str, Any]]]:
+    out = {}
+    for case in CASES:
+        out[case.id] = render(case.values, tmp=tmp_path_factory.mktemp(case.id))
+    return out
+
+
+def test_chart_crd_is_identical_to_the_generated_crd() -> None:
+    chart_crd = (CHART / "crds" / "inferencepool.yaml").read_text()
+    assert chart_crd == (ROOT / "crds" / "inferencepool.yaml").read_text(), (
+        "charts/poolpilot/crds/inferencepool.yaml drifted; run: "
+        "cp crds/inferencepool.yaml charts/poolpilot/crds/"
+    )
+
+
+def test_generated_dashboards_and_rules_are_current() -> None:
+    diff = generate.drift(CHART / "files")
+    assert diff == "", f"stale generated files; run: poolpilot dashboards --write\n{diff}"
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_helm_lint(case: Case, tmp_path: Path) -> None:
+    values = tmp_path / "values.yaml"
+    values.write_text(yaml.safe_dump(case.values))
+    proc = helm("lint", "--strict", str(CHART), "--values", str(values), check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_every_rendered_manifest_is_valid(case: Case,
+                                          rendered: dict[str, list[dict[str, Any]]]) -> None:
+    crds = {o["metadata"]["name"]: o for o in by_kind(rendered[case.id],
+                                                      "CustomResourceDefinition")}
+    for obj in rendered[case.id]:
+        name = f"{obj['kind']}/{obj['metadata']['name']}"
+        group = obj["apiVersion"].split("/")[0]
+        if group == "monitoring.coreos.com":
+            jsonschema.validate(obj, SCHEMAS[obj["kind"]])
+        elif group == "kopf.dev":
+            # The API server checks apiVersion/kind/metadata itself; the CRD schema the rest.
+            crd = crds[f"{obj['kind'].lower()}s.kopf.dev"]
+            body = {k: v for k, v in obj.items() if k not in ("apiVersion", "kind", "metadata")}
+            _, errors = crd_validation.validate(crd, body)
+            assert not errors, f"{name}: {errors}"
+        else:
+            try:
+                kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+            except kubernetes_validate.ValidationError as exc:
+                pytest.fail(f"{name}: {exc.message} at {list(exc.path)}")
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_pods_meet_the_restricted_pod_security_standard(
+        case: Case, rendered: dict[str, list[dict[str, Any]]]) -> None:
+    pods = [(o, pod_spec(o)) for o in rendered[case.id]]
+    pods = [(o, s) for o, s in pods if s is not None]
+    assert pods
+    for obj, spec in pods:
+        assert restricted_violations(spec) == [], obj["metadata"]["name"]
+        for c in spec["containers"]:
+            assert c["securityContext"]["readOnlyRootFilesystem"] is True
+            assert "limits" in c["resources"] and "requests" in c["resources"]
+
+
+def test_restricted_checker_flags_a_root_privileged_pod() -> None:
+    bad = {"containers": [{"name": "c", "securityContext": {"privileged": True,
+                                                            "runAsUser": 0}}]}
+    assert len(restricted_violations(bad)) >= 4
+
+
+def _args(objs: list[dict[str, Any]], component: str) -> list[str]:
+    dep = one(objs, "Deployment", f"-{component}")
+    args: list[str] = dep["spec"]["template"]["spec"]["containers"][0]["args"]
+    return args
+
+
+def test_defaults_watch_all_namespaces_with_two_peered_operator_replicas(
+        rendered: dict[str, list[dict[str, Any]]]) -> None:
+    objs = rendered["defaults"]
+    op = one(objs, "Deployment", "-operator")
+    assert op["spec"]["replicas"] == 2
+    args = _args(objs, "operator")
+    assert args[:2] == ["operator", "--all-namespaces"]
+    assert args[args.index("--peering") + 1] == "poolpilot"
+    assert [p["metadata"]["name"] for p in by_kind(objs, "ClusterKopfPeering")] == ["poolpilot"]
+    assert by_kind(objs, "Role") == [] and by_kind(objs, "KopfPeering") == []
+    image = op["spec"]["template"]["spec"]["containers"][0]["image"]
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert image == f"ghcr.io/poolpilot/poolpilot:{chart['appVersion']}"
+
+
+def test_autoscaler_gets_the_prometheus_url_and_metrics_port(
+        rendered: dict[str, list[dict[str, Any]]]) -> None:
+    args = _args(rendered["custom-images"], "autoscaler")
+    assert args[0] == "autoscaler"
+    assert args[args.index("--prometheus") + 1] == "http://prom.monitoring:9090"
+    assert args[args.index("--metrics-port") + 1] == "9090"
+    dep = one(rendered["custom-images"], "Deployment", "-autoscaler")
+    pod = dep["spec"]["template"]["spec"]
+    assert pod["containers"][0]["image"] == "registry.example.com/ml/poolpilot:1.2.3"
+    assert pod["imagePullSecrets"] == [{"name": "regcred"}]
+    svc = one(rendered["custom-images"], "Service", "-autoscaler")
+    assert svc["spec"]["ports"][0]["port"] == 9090
+
+
+def test_namespaced_install_uses_roles_per_namespace(
+        rendered: dict[str, list[dict[str, Any]]]) -> None:
+    objs = rendered["namespaced"]
+    args = _args(objs, "operator")
+    assert "--all-namespaces" not in args
+    assert [args[i + 1] for i, a in enumerate(args) if a == "--namespace"] == ["team-a",
+                                                                               "team-b"]
+    roles = {(r["metadata"]["namespace"], r["metadata"]["name"]) for r in by_kind(objs, "Role")}
+    assert roles == {(ns, f"pp-poolpilot-{c}") for ns in ("team-a", "team-b")
+                     for c in ("operator", "autoscaler")}
+    bindings = by_kind(objs, "RoleBinding")
+    assert {b["subjects"][0]["namespace"] for b in bindings} == {"poolpilot-system"}
+    # The only cluster-wide right left is reading CRDs (discovery of monitoring.coreos.com).
+    cluster_roles = by_kind(objs, "ClusterRole")
+    assert [r["metadata"]["name"] for r in cluster_roles] == ["pp-poolpilot-operator"]
+    assert cluster_roles[0]["rules"] == [{"apiGroups": ["apiextensions.k8s.io"],
+                                          "resources": ["customresourcedefinitions"],
+                                          "verbs": ["get", "list", "watch"]}]
+    peerings = by_kind(objs, "KopfPeering")
+    assert {p["metadata"]["namespace"] for p in peerings} == {"team-a", "team-b"}
+
+
+def _rules(objs: list[dict[str, Any]], component: str) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for kind in ("ClusterRole", "Role"):
+        for r in by_kind(objs, kind):
+            if r["metadata"]["name"].endswith(f"-{component}"):
+                out += r["rules"]
+    return out
+
+
+def _allowed(rules_: list[dict[str, Any]], group: str, resource: str, verb: str) -> bool:
+    return any(group in r["apiGroups"] and resource in r["resources"] and verb in r["verbs"]
+               for r in rules_)
+
+
+@pytest.mark.parametrize("case_id", ["defaults", "namespaced"])
+def test_rbac_is_least_privilege(case_id: str,
+                                 rendered: dict[str, list[dict[str, Any]]]) -> None:
+    objs = rendered[case_id]
+    for role in by_kind(objs, "ClusterRole") + by_kind(objs, "Role"):
+        for rule in role["rules"]:
+            for key in ("apiGroups", "resources", "verbs"):
+                assert "*" not in rule[key], f"{role['metadata']['name']}: wildcard {key}"
+            assert "secrets" not in rule["resources"]
+    scaler = _rules(objs, "autoscaler")
+    assert _allowed(scaler, "apps", "deployments/scale", "patch")
+    assert _allowed(scaler, "poolpilot.dev", "inferencepools/status", "patch")
+    for verb in ("create", "update", "patch", "delete"):
+        assert not _allowed(scaler, "apps", "deployments", verb)
+        assert not _allowed(scaler, "poolpilot.dev", "inferencepools", verb)
+        assert not _allowed(scaler, "", "pods", verb)
+
+
+def test_operator_may_apply_every_child_it_renders(
+        rendered: dict[str, list[dict[str, Any]]], tmp_path: Path) -> None:
+    """Cross-check with the operator's real builders: RBAC covers each kind it applies, and it
+    holds the rights it grants the routers (RBAC forbids granting more than you hold)."""
+    out = subprocess.run(
+        [str(ROOT / ".venv" / "bin" / "poolpilot"), "render", "--prometheus-operator",
+         str(ROOT / "examples" / "llama-8b-disaggregated.yaml")],
+        capture_output=True, text=True, timeout=60, check=True,
+    )
+    children = [d for d in yaml.safe_load_all(out.stdout) if d]
+    assert len(children) >= 8
+    for case_id in ("defaults", "namespaced"):
+        op = _rules(rendered[case_id], "operator")
+        for child in children:
+            group = child["apiVersion"].rpartition("/")[0]
+            resource = _plural(child["kind"])
+            for verb in ("get", "create", "patch", "delete"):
+                assert _allowed(op, group, resource, verb), (case_id, resource, verb)
+            if child["kind"] == "Role":
+                for rule in child["rules"]:
+                    for g in rule["apiGroups"]:
+                        for res in rule["resources"]:
+                            for verb in rule["verbs"]:
+                                assert _allowed(op, g, res, verb), (case_id, res, verb)
+
+
+def _plural(kind: str) -> str:
+    special = {"PodDisruptionBudget": "poddisruptionbudgets"}
+    return special.get(kind, kind.lower() + "s")
+
+
+@dataclass(frozen=True)
+class BadValues:
+    id: str
+    values: dict[str, Any]
+    message: str
+
+
+BAD_VALUES = [
+    BadValues("unknown-key", {"operatr": {"replicas": 3}}, "operatr"),
+    BadValues("namespaces-not-a-list", {"watchNamespaces": "default"}, "watchNamespaces"),
+    BadValues("bad-namespace-name", {"watchNamespaces": ["Team_A"]}, "watchNamespaces.0"),
+    BadValues("pull-policy", {"image": {"pullPolicy": "Sometimes"}}, "image.pullPolicy"),
+    BadValues("ttft-not-a-bucket", {"prometheusRule": {"slo": {"ttftSeconds": 0.3}}},
+              "prometheusRule.slo.ttftSeconds"),
+    BadValues("objective-above-one", {"prometheusRule": {"slo": {"objective": 1.5}}},
+              "prometheusRule.slo.objective"),
+    BadValues("window-not-a-duration", {"prometheusRule": {"rateWindow": "two minutes"}},
+              "prometheusRule.rateWindow"),
+    BadValues("two-autoscalers", {"autoscaler": {"replicas": 2}}, "autoscaler.replicas"),
+    BadValues("prometheus-url", {"prometheus": {"url": "prometheus:9090"}}, "prometheus.url"),
+]
+
+
+@pytest.mark.parametrize("bad", BAD_VALUES, ids=[b.id for b in BAD_VALUES])
+def test_schema_rejects_bad_values_naming_the_field(bad: BadValues, tmp_path: Path) -> None:
+    path = tmp_path / "values.yaml"
+    path.write_text(yaml.safe_dump(bad.values))
+    proc = helm("template", "x", str(CHART), "--values", str(path), check=False)
+    assert proc.returncode != 0
+    assert bad.message in proc.stderr, proc.stderr
+
+
+def _rule_spec(objs: list[dict[str, Any]]) -> dict[str, Any]:
+    spec: dict[str, Any] = one(objs, "PrometheusRule", "poolpilot")["spec"]
+    return spec
+
+
+def test_prometheus_rule_equals_the_generator_with_default_values(
+        rendered: dict[str, list[dict[str, Any]]]) -> None:
+    assert _rule_spec(rendered["monitoring-on"]) == rules.rule_groups(rules.RuleParams())
+
+
+def test_prometheus_rule_takes_slo_values(tmp_path: Path) -> None:
+    values = {"prometheusRule": {"enabled": True, "rateWindow": "5m",
+                                 "slo": {"ttftSeconds": 2.5, "itlSeconds": 0.1,
+                                         "objective": 0.95},
+                                 "burn": {"fastFactor": 14.4}, "scalingLimitedFor": "30m"}}
+    spec = _rule_spec(render(values, tmp=tmp_path))
+    want = rules.rule_groups(rules.RuleParams(
+        rate_window="5m", ttft_seconds="2.5", itl_seconds="0.1", objective="0.95",
+        fast_factor="14.4", scaling_limited_for="30m"))
+    assert spec == want
+    text = json.dumps(spec)
+    assert 'le=~\\"2.5(\\\\\\\\.0)?\\"' in text and "(14.4 * (1 - 0.95))" in text
+
+
+@pytest.mark.parametrize("case_id", ["monitoring-on", "monitoring-on-namespaced"])
+def test_promtool_accepts_the_rule_groups(case_id: str, tmp_path: Path,
+                                          rendered: dict[str, list[dict[str, Any]]]) -> None:
+    path = tmp_path / "rules.yaml"
+    path.write_text(yaml.safe_dump(_rule_spec(rendered[case_id])))
+    proc = subprocess.run([tool("promtool"), "check", "rules", str(path)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "SUCCESS" in proc.stdout
+
+
+def test_pod_monitor_relabels_pool_and_role(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    pm = one(rendered["monitoring-on-namespaced"], "PodMonitor", "-pools")
+    assert pm["spec"]["namespaceSelector"] == {"matchNames": ["serving"]}
+    assert pm["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    relabel = {r["targetLabel"]: r["sourceLabels"]
+               for r in pm["spec"]["podMetricsEndpoints"][0]["relabelings"]}
+    assert relabel["pool"] == ["__meta_kubernetes_pod_label_poolpilot_dev_pool"]
+    assert relabel["role"] == ["__meta_kubernetes_pod_label_poolpilot_dev_role"]
+    sm = one(rendered["monitoring-on"], "ServiceMonitor", "-autoscaler")
+    assert sm["spec"]["endpoints"][0]["honorLabels"] is True
+    assert by_kind(rendered["defaults"], "PodMonitor") == []
+
+
+def test_dashboards_ship_as_sidecar_configmaps(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    maps = [c for c in by_kind(rendered["defaults"], "ConfigMap")
+            if c["metadata"]["labels"].get("grafana_dashboard") == "1"]
+    assert sorted(m["metadata"]["name"] for m in maps) == [
+        "pp-poolpilot-autoscaler-dashboard", "pp-poolpilot-fleet-dashboard",
+        "pp-poolpilot-pool-dashboard"]
+    for cm in maps:
+        (key, text), = cm["data"].items()
+        assert json.loads(text) == json.loads((CHART / "files" / "dashboards" / key).read_text())
+    assert by_kind(rendered["monitoring-off"], "ConfigMap") == []
+
+
+def test_helm_test_hook_checks_the_autoscaler(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    pod = one(rendered["defaults"], "Pod", "-test")
+    assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    script = pod["spec"]["containers"][0]["args"][0]
+    assert "pp-poolpilot-autoscaler.poolpilot-system.svc:9090/metrics" in script
+    compile(script, "helm-test", "exec")
+
+
+def test_notes_tell_the_next_command(tmp_path: Path) -> None:
+    # `helm install --dry-run` needs a cluster; render NOTES.txt through a probe template in a
+    # copy of the chart instead (the same template engine and values).
+    chart = tmp_path / "poolpilot"
+    shutil.copytree(CHART, chart)
+    (chart / "templates" / "zz-notes.yaml").write_text(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: notes}\n"
+        'data: {notes: {{ include "poolpilot/templates/NOTES.txt" . | quote }}}\n'
+    )
+    out = helm("template", "pp", str(chart), "--namespace", "ml", "--set",
+               "watchNamespaces={serving}", "--show-only", "templates/zz-notes.yaml").stdout
+    notes = yaml.safe_load(out)["data"]["notes"]
+    assert "kubectl apply -n serving -f examples/llama-8b-disaggregated.yaml" in notes
+    assert "kubectl get inferencepools.poolpilot.dev" in notes
+    assert "helm test pp -n ml" in notes
+
+
+def test_dockerfile_copies_every_mapped_package() -> None:
+    """The image installs poolpilot from source: every folder pyproject maps must be copied."""
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    folders = set(project["tool"]["setuptools"]["package-dir"].values())
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    copied = {line.split()[1] for line in dockerfile.splitlines() if line.startswith("COPY ")}
+    assert folders <= copied, f"Dockerfile misses COPY for {sorted(folders - copied)}"
+    assert "USER 65532" in dockerfile
