@@ -156,6 +156,15 @@ class EngineCore:
         if not self.sched.has_work():
             return None
         sp = self.sched.schedule(start)
+        preempted = list(sp.preempted)
+        while not sp.items and (sp.preempted or sp.resumed) and self.sched.has_work():
+            # the queues changed without producing work (e.g. a sequence preempted itself to
+            # make room): schedule again from the new state
+            loading = sp.loading
+            sp = self.sched.schedule(start)
+            sp.loading = loading + sp.loading
+            preempted += sp.preempted
+        sp.preempted = preempted
         for s in sp.loading:
             if s.xfer_time is None:
                 s.xfer_time = self.model.kv_transfer_time(s.prompt)
