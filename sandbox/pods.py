@@ -23,7 +23,7 @@ Obj = dict[str, Any]
 FINALIZER = "sandbox.poolpilot.dev/process"
 TEMPLATE_HASH = "pod-template-hash"
 SLICE_MANAGER = "sandbox.poolpilot.dev"
-# The simulator stands in for these models; anything else runs as llama-3.1-8b.
+DEFAULT_SIM_MODEL = "llama-3.1-8b"
 POOLPILOT = [sys.executable, "-m", "poolpilot.cli"]
 
 
@@ -160,7 +160,7 @@ class EngineMapping:
 
     engine: str = "sim"  # sim | vllm-cpu
     speed: float = 1.0
-    sim_model: str = "llama-3.1-8b"
+    sim_model: str | None = None  # None: the pod's model if the simulator knows its shape
     sim_gpu: str = "h200"
     tiny_model: str | None = None  # folder, for vllm-cpu
     vllm_python: str | None = None
@@ -204,6 +204,34 @@ def engine_arg_map(argv: Sequence[str]) -> dict[str, str]:
     return out
 
 
+# What real vLLM needs on CPU with the tiny model (2048 positions), whatever the pool says.
+VLLM_CPU_ARGS = {"dtype": "float32", "enforce-eager": "true", "max-model-len": "512"}
+
+
+def _without_engine_args(argv: Sequence[str], keys: set[str]) -> list[str]:
+    out: list[str] = []
+    skip = False
+    for i, a in enumerate(argv):
+        if skip:
+            skip = False
+            continue
+        if a == "--engine-arg" and i + 1 < len(argv) and next(
+                iter(engine_arg_map(["--engine-arg", argv[i + 1]])), "") in keys:
+            skip = True
+            continue
+        out.append(a)
+    return out
+
+
+def _set_option(argv: Sequence[str], name: str, value: str) -> list[str]:
+    out = list(argv)
+    if name in out:
+        out[out.index(name) + 1] = value
+    else:
+        out += [name, value]
+    return out
+
+
 def local_command(argv: Sequence[str], ip: str, mapping: EngineMapping) -> list[str]:
     """The command line a pod runs on this machine, bound to its own address `ip`.
 
@@ -217,6 +245,19 @@ def local_command(argv: Sequence[str], ip: str, mapping: EngineMapping) -> list[
     return [*POOLPILOT, sub, *rest, "--host", ip]
 
 
+def sim_model(pod_model: str | None, override: str | None) -> str:
+    """The simulator model for a pod: the override, else the pod's model when the simulator
+    knows its shape (e.g. meta-llama/Llama-3.1-70B-Instruct), else Llama-3.1-8B."""
+    if override:
+        return override
+    from poolpilot.engine_sim.hardware import UnknownHardware, get_model
+
+    try:
+        return get_model(pod_model or "").name
+    except UnknownHardware:
+        return DEFAULT_SIM_MODEL
+
+
 def _engine_command(rest: list[str], ip: str, mapping: EngineMapping) -> list[str]:
     role = _option(rest, "--role") or "aggregated"
     port = _option(rest, "--port") or str(names.ENGINE_PORT)
@@ -225,7 +266,7 @@ def _engine_command(rest: list[str], ip: str, mapping: EngineMapping) -> list[st
         cmd = [
             *POOLPILOT, "engine-sim",
             "--role", role,
-            "--model", mapping.sim_model,
+            "--model", sim_model(_option(rest, "--model"), mapping.sim_model),
             "--gpu", mapping.sim_gpu,
             "--tensor-parallel", _option(rest, "--tensor-parallel", "1") or "1",
             "--host", ip, "--port", port,
@@ -241,13 +282,16 @@ def _engine_command(rest: list[str], ip: str, mapping: EngineMapping) -> list[st
             raise PodSpecError("--engine vllm-cpu needs the tiny model folder")
         # The pod's model is a Hub id that cannot be downloaded here: serve the tiny model under
         # the pool's served name, with the settings vLLM needs on CPU.
-        out = list(rest)
+        out = _without_engine_args(rest, set(VLLM_CPU_ARGS))
         out[out.index("--model") + 1] = mapping.tiny_model
-        have = engine_arg_map(rest)
-        for key, value in (("dtype", "float32"), ("enforce-eager", "true"),
-                           ("max-model-len", "512")):
-            if key not in have:
-                out += ["--engine-arg", f"{key}={value}"]
+        connector = _option(out, "--kv-connector")
+        if connector == "NixlConnector":
+            # NIXL on CPU: the KV buffer lives in host memory.
+            kv = json.loads(_option(out, "--kv-config") or "{}")
+            kv.setdefault("kv_buffer_device", "cpu")
+            out = _set_option(out, "--kv-config", json.dumps(kv, separators=(",", ":")))
+        for key, value in VLLM_CPU_ARGS.items():
+            out += ["--engine-arg", f"{key}={value}"]
         cmd = [*POOLPILOT, "launch", *out, "--host", ip]
         if mapping.vllm_python:
             cmd += ["--python", mapping.vllm_python]

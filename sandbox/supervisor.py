@@ -55,7 +55,7 @@ class SandboxConfig:
     scrape_interval_s: float = 5.0  # simulated seconds
     cold_start_s: float = 30.0  # simulated seconds of weight loading (simulator engines)
     sim_gpu: str = "h200"
-    sim_model: str = "llama-3.1-8b"
+    sim_model: str | None = None  # None: the pool's model when the simulator knows it
     autoscaler: bool = True
     extra_autoscaler_args: list[str] = field(default_factory=list)
     log_level: str = "INFO"

@@ -1,0 +1,158 @@
+"""The sandbox report: latency percentiles, SLO attainment, replica-seconds, scale events,
+plots, and the shipped pool and trace."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from poolpilot.sandbox import report as R
+from poolpilot.sandbox.controller import RoleSample, ScaleChange
+from poolpilot.sandbox.data import DEFAULT_POOL, DEFAULT_TRACE
+from poolpilot.sandbox.loadgen import RequestResult, prompt_tokens
+from poolpilot.traces import load_trace
+from poolpilot.validate import validate_file
+
+REPO = Path(__file__).resolve().parents[3]
+SLO = R.Slo(ttft_s=1.0, ttft_quantile=0.9, itl_s=0.05, itl_quantile=0.9)
+
+
+def result(i: int, ttft: float | None, gaps: list[float], ok: bool = True,
+           arrival: float = 0.0) -> RequestResult:
+    """A request sent at t=100 (real seconds) with the given TTFT and inter-token gaps."""
+    r = RequestResult(i, arrival, 10, len(gaps) + 1, sent_at=100.0, ok=ok)
+    if ttft is not None:
+        t = 100.0 + ttft
+        r.first_token_at = t
+        r.token_times = [t]
+        for g in gaps:
+            t += g
+            r.token_times.append(t)
+        r.finished_at = t
+    if not ok:
+        r.error = "APIConnectionError: boom"
+    return r
+
+
+@dataclass(frozen=True)
+class SloCase:
+    name: str
+    ttft: float | None
+    gaps: list[float]
+    ok: bool
+    speed: float
+    meets: bool
+
+
+SLO_CASES = [
+    SloCase("fast", 0.2, [0.01, 0.02], True, 1, True),
+    SloCase("ttft-over", 1.5, [0.01], True, 1, False),
+    SloCase("ttft-over-after-speed", 0.3, [0.001], True, 4, False),  # 0.3 real = 1.2 simulated
+    SloCase("itl-mean-over", 0.2, [0.01, 0.2], True, 1, False),
+    SloCase("itl-mean-within-despite-one-spike", 0.2, [0.01, 0.01, 0.01, 0.12], True, 1, True),
+    SloCase("single-token", 0.2, [], True, 1, True),
+    SloCase("failed", None, [], False, 1, False),
+]
+
+
+@pytest.mark.parametrize("case", SLO_CASES, ids=[c.name for c in SLO_CASES])
+def test_meets_slo(case: SloCase) -> None:
+    r = result(0, case.ttft, case.gaps, case.ok)
+    assert R.meets_slo(r, SLO, case.speed) is case.meets
+
+
+def test_ttft_and_itl_scale_with_speed() -> None:
+    r = result(0, 0.25, [0.01, 0.03])
+    assert r.ttft(4) == pytest.approx(1.0)
+    assert r.itls(2) == pytest.approx([0.02, 0.06])
+    assert r.mean_itl(2) == pytest.approx(0.04)
+
+
+def test_step_integral_and_replica_seconds() -> None:
+    assert R.step_integral([(0, 1), (10, 3), (20, 2)], 25) == 1 * 10 + 3 * 10 + 2 * 5
+    assert R.step_integral([(0, 1), (10, 3)], 5) == 5
+    samples = [
+        RoleSample(90.0, "ns", "p", "prefill", 1, 0, 1),  # before the replay: counts from t0
+        RoleSample(110.0, "ns", "p", "prefill", 3, 1, 3),
+        RoleSample(100.0, "ns", "p", "decode", 1, 1, 1),
+    ]
+    # t0=100, end=120 real seconds, speed 2: prefill 1 pod x 20 + 3 pods x 20 simulated seconds
+    assert R.replica_seconds(samples, 100.0, 120.0, 2.0) == {"decode": 40.0, "prefill": 80.0}
+
+
+@given(st.lists(st.tuples(st.floats(0, 100), st.integers(0, 8)), min_size=1, max_size=20),
+       st.floats(0, 200))
+def test_step_integral_is_bounded_by_max_value(points: list[tuple[float, int]],
+                                               end: float) -> None:
+    pts = sorted(points)
+    total = R.step_integral([(t, float(v)) for t, v in pts], end)
+    assert 0 <= total <= max(v for _, v in pts) * end + 1e-6
+
+
+def test_direction_changes_count_flips_only() -> None:
+    events = [{"role": "prefill", "from": a, "to": b} for a, b in
+              [(1, 3), (3, 4), (4, 3), (3, 1)]] + [{"role": "decode", "from": 1, "to": 2}]
+    assert R.direction_changes(events, "prefill") == 1
+    assert R.direction_changes(events, "decode") == 0
+    flappy = [{"role": "prefill", "from": a, "to": b} for a, b in [(1, 2), (2, 1), (1, 2)]]
+    assert R.direction_changes(flappy, "prefill") == 2
+
+
+def test_build_report_has_the_documented_fields(tmp_path: Path) -> None:
+    results = [result(i, 0.1 * (i + 1), [0.01] * 3, arrival=i) for i in range(10)]
+    results.append(result(10, None, [], ok=False, arrival=5))
+    changes = [ScaleChange(105.0, "ns", "p", "prefill", 1, 3, "TTFTAboveTarget", "ttft 2s > 1s")]
+    samples = [RoleSample(100.0, "ns", "p", "prefill", 1, 1, 1)]
+    rep = R.build_report(results=results, slo=SLO, speed=2.0, samples=samples, changes=changes,
+                         t0=100.0, t_end=130.0, meta={"engine": "sim"})
+    assert rep["requests"]["sent"] == 11
+    assert rep["requests"]["ok"] == 10 and rep["requests"]["failed"] == 1
+    assert rep["requests"]["errors"] == {"APIConnectionError: boom": 1}
+    assert set(rep["ttft_seconds"]) >= {"p50", "p90", "p99", "target"}
+    assert rep["ttft_seconds"]["p50"] == pytest.approx(1.1)  # 0.55 real x speed 2
+    assert rep["itl_seconds"]["p90"] == pytest.approx(0.02)
+    # TTFT <= 1s simulated: requests with 0.1..0.5 real (x2 = 0.2..1.0) -> 5 of 11
+    assert rep["slo_attainment"] == pytest.approx(5 / 11, abs=1e-4)
+    assert rep["scale_events"] == [{"t": 10.0, "role": "prefill", "from": 1, "to": 3,
+                                    "reason": "TTFTAboveTarget", "message": "ttft 2s > 1s"}]
+    assert rep["replica_seconds"] == {"prefill": 60.0}
+    path = R.write_report(rep, tmp_path)
+    assert json.loads(path.read_text())["requests"]["sent"] == 11
+    paths = R.write_plots(out_dir=tmp_path, results=results, slo=SLO, speed=2.0,
+                          samples=samples, t0=100.0, t_end=130.0,
+                          queue={"prefill": [(0.0, 0.0), (10.0, 5.0)]},
+                          scale_events_=rep["scale_events"])
+    assert sorted(p.name for p in paths) == ["queue.png", "replicas.png", "request_rate.png",
+                                             "ttft.png"]
+    assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in paths)
+    assert len(R.summary_tables(rep)) == 2
+
+
+def test_binned_rate_and_ttft() -> None:
+    results = [result(i, 0.5, [], arrival=float(i)) for i in range(20)]
+    starts, rate, p90 = R.binned(results, 1.0, 10.0, 20.0)
+    assert starts == [0.0, 10.0] and rate == [1.0, 1.0]
+    assert p90 == [pytest.approx(0.5), pytest.approx(0.5)]
+
+
+def test_prompts_have_exact_token_counts_within_every_vocab() -> None:
+    p = prompt_tokens(1234, seed=7)
+    assert len(p) == 1234 and min(p) >= 10 and max(p) < 500
+    assert p == prompt_tokens(1234, seed=7)
+
+
+def test_shipped_pool_is_valid_and_matches_the_example() -> None:
+    assert validate_file(DEFAULT_POOL) == []
+    assert (REPO / "examples" / "sandbox-pool.yaml").read_text() == DEFAULT_POOL.read_text()
+
+
+def test_shipped_trace_is_a_burst_then_quiet() -> None:
+    trace = load_trace(DEFAULT_TRACE)
+    first_20s = sum(1 for r in trace if r.arrival_s < 20)
+    assert first_20s > 0.4 * len(trace)  # the burst
+    assert trace[-1].arrival_s < 100
