@@ -76,7 +76,7 @@ def test_chart_crd_is_identical_to_the_generated_crd() -> None:
 
 
 def test_generated_dashboards_and_rules_are_current() -> None:
-    diff = generate.drift(CHART / "files")
+    diff = generate.drift(CHART)
     assert diff == "", f"stale generated files; run: poolpilot dashboards --write\n{diff}"
 
 
@@ -377,3 +377,28 @@ def test_dockerfile_copies_every_mapped_package() -> None:
     copied = {line.split()[1] for line in dockerfile.splitlines() if line.startswith("COPY ")}
     assert folders <= copied, f"Dockerfile misses COPY for {sorted(folders - copied)}"
     assert "USER 65532" in dockerfile
+
+
+@pytest.mark.parametrize("case_id", ["defaults", "namespaced", "custom-images"])
+@pytest.mark.parametrize("component", ["operator", "autoscaler"])
+def test_container_args_are_accepted_by_the_real_cli(
+        case_id: str, component: str, rendered: dict[str, list[dict[str, Any]]]) -> None:
+    from poolpilot import cli
+
+    pytest.importorskip(f"poolpilot.{component}.main", reason="component not built yet")
+    args = _args(rendered[case_id], component)
+    try:
+        parsed = cli.build_parser(args).parse_args(args)
+    except SystemExit as exc:  # argparse's way of rejecting
+        pytest.fail(f"poolpilot {' '.join(args)} is rejected ({exc})")
+    assert parsed.command == component
+    if component == "operator":
+        assert parsed.require_peering and parsed.peering == "poolpilot"
+        assert parsed.namespace == (["team-a", "team-b"] if case_id == "namespaced" else [])
+
+
+def test_peering_crds_match_the_operators() -> None:
+    from poolpilot.operator import peering
+
+    chart = [d for d in yaml.safe_load_all((CHART / "crds" / "kopf-peering.yaml").read_text())]
+    assert chart == peering.peering_crds()
