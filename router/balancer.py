@@ -3,7 +3,7 @@
 Load of an endpoint = requests this router has in flight there + the engine's own queue
 (`vllm:num_requests_waiting`, scraped; it also counts other routers' work) + tokens in flight
 divided by `tokens_per_request` (so one 8k-token prompt weighs like several short ones).
-The pick is the endpoint with the lowest load divided by its ramp weight; ties rotate.
+The pick is the endpoint with the lowest (load + 1) divided by its ramp weight; ties rotate.
 
 Health: an endpoint is ejected after `eject_after` consecutive failures (passive: a failed
 request; active: a failed health check) for a back-off that doubles per ejection up to
@@ -96,7 +96,9 @@ class Balancer:
         admitted = [e for e in candidates if not e.ejected()]
         pool = admitted or candidates  # panic: all ejected, try anyway
         cfg = self.config
-        scores = [e.load(cfg) / e.weight(cfg, now) for e in pool]
+        # +1: an idle endpoint still costs something, so a ramping one (weight < 1) is not
+        # preferred merely for being empty.
+        scores = [(e.load(cfg) + 1) / e.weight(cfg, now) for e in pool]
         best = min(scores)
         ties = [e for e, s in zip(pool, scores, strict=True) if s <= best + 1e-9]
         self._turn += 1

@@ -163,3 +163,58 @@ def sse_events(text: str) -> list[dict | str]:
             data = line[len("data: "):]
             events.append(data if data == "[DONE]" else json.loads(data))
     return events
+
+
+# -- real vLLM on CPU ---------------------------------------------------------------------------
+
+VLLM_VENV = Path(os.environ.get("POOLPILOT_VLLM_VENV", REPO / ".cache" / "vllm-venv"))
+VLLM_PYTHON = VLLM_VENV / "bin" / "python"
+ENGINE_ARGS = ("dtype=float32", "enforceEager=true", "maxModelLen=512")
+
+
+def vllm_available() -> bool:
+    return VLLM_PYTHON.exists() and (VLLM_VENV / ".installed").exists()
+
+
+def start_vllm(role: str, model: Path, scratch: Path, cpu: int, served_name: str,
+               connector: str | None = None, kv_config: Mapping[str, object] | None = None)\
+        -> Proc:
+    """Start vLLM for a role through `poolpilot launch` (the runtime image's entrypoint).
+    Returns once it is listening; call wait_vllm_ready() before use (start two, then wait)."""
+    from poolpilot.localprom import free_port
+
+    scratch.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    cmd = [POOLPILOT, "launch", "--python", str(VLLM_PYTHON), "--role", role,
+           "--model", str(model), "--served-name", served_name, "--host", "127.0.0.1",
+           "--port", str(port)]
+    if connector:
+        cmd += ["--kv-connector", connector, "--kv-config", json.dumps(kv_config or {})]
+    for arg in ENGINE_ARGS:
+        cmd += ["--engine-arg", arg]
+    env = {
+        "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "TMPDIR": str(scratch),
+        "VLLM_RPC_BASE_PATH": str(scratch), "VLLM_CACHE_ROOT": str(scratch / "cache"),
+        "VLLM_CPU_OMP_THREADS_BIND": str(cpu),
+        # Each engine's NIXL side channel on its own port (the default 5600 would clash).
+        "VLLM_NIXL_SIDE_CHANNEL_PORT": str(free_port()),
+        "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1",
+    }
+    popen = spawn(cmd, env=env, cwd=scratch, log=scratch / "vllm.log")
+    return Proc(popen, port, f"{role}:{scratch / 'vllm.log'}")
+
+
+def wait_vllm_ready(proc: Proc, timeout: float = 300.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.popen.poll() is not None:
+            log = Path(proc.name.split(":", 1)[1])
+            raise RuntimeError(f"vLLM exited ({proc.popen.returncode}):\n"
+                               + log.read_text()[-4000:])
+        try:
+            if httpx.get(proc.url + "/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise TimeoutError(f"vLLM {proc.name} not ready within {timeout}s")

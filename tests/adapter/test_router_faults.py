@@ -31,7 +31,9 @@ pytestmark = pytest.mark.adapter
 FAST = ("--health-interval", "0.2", "--ramp-seconds", "0")
 
 
-def completion(url: str, stream: bool = False, max_tokens: int = 4, **extra: object) -> httpx.Response:
+def completion(
+    url: str, stream: bool = False, max_tokens: int = 4, **extra: object
+) -> httpx.Response:
     body = {"model": "fake", "prompt": "hello " * 50, "max_tokens": max_tokens, "stream": stream}
     return httpx.post(url + "/v1/completions", json=body | extra, timeout=30)
 
@@ -43,159 +45,171 @@ def stats(engine: Proc) -> dict:
 def test_disaggregated_request_shapes_and_relay() -> None:
     """Prefill gets max_tokens 1, stream false and do_remote_decode; decode gets the client's
     request with the prefill's kv_transfer_params; the client gets the decode's tokens."""
-    with running(start_fake_engine("P"), start_fake_engine("D")) as (p, d):
-        with running(start_router("--prefill", p.url, "--decode", d.url, *FAST)) as (r,):
-            resp = completion(r.url, stream=True, max_tokens=3, stream_options={
-                "include_usage": True})
-            assert resp.status_code == 200
-            events = sse_events(resp.text)
-            assert "".join(e["choices"][0]["text"] for e in events if isinstance(e, dict)) \
-                == "D0 D1 D2 "
-            assert events[-1] == "[DONE]"
-            [pre] = httpx.get(p.url + "/debug/requests").json()
-            assert (pre["max_tokens"], pre["stream"]) == (1, False)
-            assert pre["kv_transfer_params"]["do_remote_decode"] is True
-            assert "stream_options" not in pre
-            [dec] = httpx.get(d.url + "/debug/requests").json()
-            assert dec["kv_transfer_params"]["remote_engine_id"] == "P"
-            assert (dec["max_tokens"], dec["stream"]) == (3, True)
-            assert dec["stream_options"] == {"include_usage": True}
+    with (
+        running(start_fake_engine("P"), start_fake_engine("D")) as (p, d),
+        running(start_router("--prefill", p.url, "--decode", d.url, *FAST)) as (r,),
+    ):
+        resp = completion(r.url, stream=True, max_tokens=3, stream_options={
+            "include_usage": True})
+        assert resp.status_code == 200
+        events = sse_events(resp.text)
+        assert "".join(e["choices"][0]["text"] for e in events if isinstance(e, dict)) \
+            == "D0 D1 D2 "
+        assert events[-1] == "[DONE]"
+        [pre] = httpx.get(p.url + "/debug/requests").json()
+        assert (pre["max_tokens"], pre["stream"]) == (1, False)
+        assert pre["kv_transfer_params"]["do_remote_decode"] is True
+        assert "stream_options" not in pre
+        [dec] = httpx.get(d.url + "/debug/requests").json()
+        assert dec["kv_transfer_params"]["remote_engine_id"] == "P"
+        assert (dec["max_tokens"], dec["stream"]) == (3, True)
+        assert dec["stream_options"] == {"include_usage": True}
 
-            chat = httpx.post(r.url + "/v1/chat/completions", timeout=10, json={
-                "model": "fake", "messages": [{"role": "user", "content": "hi"}],
-                "max_tokens": 2})
-            assert chat.json()["choices"][0]["message"]["content"] == "D0 D1 "
-            assert httpx.get(r.url + "/v1/models").json()["data"][0]["id"] == "fake"
+        chat = httpx.post(r.url + "/v1/chat/completions", timeout=10, json={
+            "model": "fake", "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 2})
+        assert chat.json()["choices"][0]["message"]["content"] == "D0 D1 "
+        assert httpx.get(r.url + "/v1/models").json()["data"][0]["id"] == "fake"
 
-            page = httpx.get(r.url + "/metrics").text
-            assert metric_value(page, "poolpilot_router_requests_total",
-                                {"pool": "default", "code": "200"}) == 2
-            assert metric_value(page, "poolpilot_router_time_to_first_token_seconds_count") == 1
-            assert metric_value(page, "poolpilot_router_inter_token_latency_seconds_count") >= 1
+        page = httpx.get(r.url + "/metrics").text
+        assert metric_value(page, "poolpilot_router_requests_total",
+                            {"pool": "default", "code": "200"}) == 2
+        assert metric_value(page, "poolpilot_router_time_to_first_token_seconds_count") == 1
+        assert metric_value(page, "poolpilot_router_inter_token_latency_seconds_count") >= 1
 
 
 def test_aggregated_forwards_and_passes_client_errors_back() -> None:
-    with running(start_fake_engine("E")) as (e,):
-        with running(start_router("--engine", e.url, *FAST)) as (r,):
-            assert completion(r.url, max_tokens=2).json()["choices"][0]["text"] == "E0 E1 "
-            bad = completion(r.url, model="bad")
-            assert bad.status_code == 404
-            assert "does not exist" in bad.json()["error"]["message"]
-            [first, second] = httpx.get(e.url + "/debug/requests").json()
-            assert "kv_transfer_params" not in first
+    with (
+        running(start_fake_engine("E")) as (e,),
+        running(start_router("--engine", e.url, *FAST)) as (r,),
+    ):
+        assert completion(r.url, max_tokens=2).json()["choices"][0]["text"] == "E0 E1 "
+        bad = completion(r.url, model="bad")
+        assert bad.status_code == 404
+        assert "does not exist" in bad.json()["error"]["message"]
+        [first, _] = httpx.get(e.url + "/debug/requests").json()
+        assert "kv_transfer_params" not in first
 
 
 def test_prefill_killed_under_load_requests_succeed_on_the_other() -> None:
     engines = [start_fake_engine("P1", 0.02), start_fake_engine("P2", 0.02),
                start_fake_engine("D", 0.002)]
-    with running(*engines) as (p1, p2, d):
-        with running(start_router("--prefill", f"{p1.url},{p2.url}", "--decode", d.url,
-                                  *FAST)) as (r,):
-            results: list[int] = []
+    with (
+        running(*engines) as (p1, p2, d),
+        running(start_router("--prefill", f"{p1.url},{p2.url}", "--decode", d.url, *FAST)) as (r,),
+    ):
+        results: list[int] = []
 
-            def one(i: int) -> int:
-                if i == 20:
-                    p1.kill()  # mid-load: some requests are in flight on P1 now
-                return completion(r.url, stream=bool(i % 2), max_tokens=3).status_code
+        def one(i: int) -> int:
+            if i == 20:
+                p1.kill()  # mid-load: some requests are in flight on P1 now
+            return completion(r.url, stream=bool(i % 2), max_tokens=3).status_code
 
-            with ThreadPoolExecutor(8) as pool:
-                results = list(pool.map(one, range(60)))
-            assert results == [200] * 60
-            assert httpx.get(r.url + "/health").status_code == 200
-            assert stats(p2)["completed"] > 0
+        with ThreadPoolExecutor(8) as pool:
+            results = list(pool.map(one, range(60)))
+        assert results == [200] * 60
+        assert httpx.get(r.url + "/health").status_code == 200
+        assert stats(p2)["completed"] > 0
 
 
 def test_decode_killed_mid_stream_client_gets_error_router_stays_healthy() -> None:
     engines = [start_fake_engine("P"), start_fake_engine("D1", 0.05),
                start_fake_engine("D2", 0.05)]
-    with running(*engines) as (p, d1, d2):
-        with running(start_router("--prefill", p.url, "--decode", f"{d1.url},{d2.url}",
-                                  *FAST)) as (r,):
-            client = openai.OpenAI(base_url=r.url + "/v1", api_key="x", timeout=20,
-                                   max_retries=0)
-            victims = {"D1": d1, "D2": d2}
-            stream = client.completions.create(model="fake", prompt="hi", max_tokens=200,
-                                               stream=True)
-            first = next(iter(stream))
-            victim = victims[first.choices[0].text[:2]]
-            victim.kill()
-            started = time.monotonic()
-            with pytest.raises(openai.APIError, match="mid-stream"):
-                for _ in stream:
-                    pass
-            assert time.monotonic() - started < 10  # nothing hangs
-            assert httpx.get(r.url + "/health").status_code == 200
-            # The next requests go to the surviving decode engine.
-            for _ in range(3):
-                out = client.completions.create(model="fake", prompt="hi", max_tokens=2)
-                assert out.choices[0].text.startswith(next(n for n in victims
-                                                           if victims[n] is not victim))
-            page = httpx.get(r.url + "/metrics").text
-            assert metric_value(page, "poolpilot_router_requests_total", {"code": "502"}) == 1
-            assert metric_value(page, "poolpilot_router_kv_transfer_failures_total") == 1
+    with (
+        running(*engines) as (p, d1, d2),
+        running(start_router("--prefill", p.url, "--decode", f"{d1.url},{d2.url}", *FAST)) as (r,),
+    ):
+        client = openai.OpenAI(base_url=r.url + "/v1", api_key="x", timeout=20,
+                               max_retries=0)
+        victims = {"D1": d1, "D2": d2}
+        stream = client.completions.create(model="fake", prompt="hi", max_tokens=200,
+                                           stream=True)
+        first = next(iter(stream))
+        victim = victims[first.choices[0].text[:2]]
+        victim.kill()
+        started = time.monotonic()
+        with pytest.raises(openai.APIError, match="mid-stream"):
+            for _ in stream:
+                pass
+        assert time.monotonic() - started < 10  # nothing hangs
+        assert httpx.get(r.url + "/health").status_code == 200
+        # The next requests go to the surviving decode engine.
+        for _ in range(3):
+            out = client.completions.create(model="fake", prompt="hi", max_tokens=2)
+            assert out.choices[0].text.startswith(next(n for n in victims
+                                                       if victims[n] is not victim))
+        page = httpx.get(r.url + "/metrics").text
+        assert metric_value(page, "poolpilot_router_requests_total", {"code": "502"}) == 1
+        assert metric_value(page, "poolpilot_router_kv_transfer_failures_total") == 1
 
 
 def test_client_disconnect_cancels_upstream_work() -> None:
-    with running(start_fake_engine("E", 0.05)) as (e,):
-        with running(start_router("--engine", e.url, *FAST)) as (r,):
-            body = {"model": "fake", "prompt": "x", "max_tokens": 500, "stream": True}
-            with httpx.stream("POST", r.url + "/v1/completions", json=body, timeout=10) as s:
-                next(s.iter_lines())
-            wait_until(lambda: stats(e)["cancelled"] == 1, 10, "the engine's request cancelled")
-            assert stats(e)["completed"] == 0
-            page = httpx.get(r.url + "/metrics").text
-            wait_until(lambda: metric_value(httpx.get(r.url + "/metrics").text,
-                                            "poolpilot_router_requests_total",
-                                            {"code": "499"}) == 1, 10, "499 counted")
-            assert "poolpilot_router_inflight" in page
+    with (
+        running(start_fake_engine("E", 0.05)) as (e,),
+        running(start_router("--engine", e.url, *FAST)) as (r,),
+    ):
+        body = {"model": "fake", "prompt": "x", "max_tokens": 500, "stream": True}
+        with httpx.stream("POST", r.url + "/v1/completions", json=body, timeout=10) as s:
+            next(s.iter_lines())
+        wait_until(lambda: stats(e)["cancelled"] == 1, 10, "the engine's request cancelled")
+        assert stats(e)["completed"] == 0
+        page = httpx.get(r.url + "/metrics").text
+        wait_until(lambda: metric_value(httpx.get(r.url + "/metrics").text,
+                                        "poolpilot_router_requests_total",
+                                        {"code": "499"}) == 1, 10, "499 counted")
+        assert "poolpilot_router_inflight" in page
 
 
 @pytest.mark.parametrize(
     "stream", [False, True], ids=["non-streaming-504", "streaming-error-event"]
 )
 def test_engine_silence_beyond_idle_timeout_ends_the_request(stream: bool) -> None:
-    with running(start_fake_engine("E", 3.0)) as (e,):
-        with running(start_router("--engine", e.url, "--idle-timeout", "0.5",
-                                  "--max-attempts", "1", *FAST)) as (r,):
-            started = time.monotonic()
-            resp = completion(r.url, stream=stream, max_tokens=5)
-            assert time.monotonic() - started < 3
-            if stream:
-                events = sse_events(resp.text)
-                assert any(isinstance(ev, dict) and "error" in ev for ev in events)
-            else:
-                assert resp.status_code in (502, 504)
-                assert "error" in resp.json()
+    with (
+        running(start_fake_engine("E", 3.0)) as (e,),
+        running(start_router("--engine", e.url, "--idle-timeout", "0.5", "--max-attempts", "1",
+                             *FAST)) as (r,),
+    ):
+        started = time.monotonic()
+        resp = completion(r.url, stream=stream, max_tokens=5)
+        assert time.monotonic() - started < 3
+        if stream:
+            events = sse_events(resp.text)
+            assert any(isinstance(ev, dict) and "error" in ev for ev in events)
+        else:
+            assert resp.status_code in (502, 504)
+            assert "error" in resp.json()
 
 
 def test_request_size_limit() -> None:
-    with running(start_fake_engine("E")) as (e,):
-        with running(start_router("--engine", e.url, "--max-request-bytes", "1000",
-                                  *FAST)) as (r,):
-            resp = completion(r.url, prompt="x" * 5000)
-            assert resp.status_code == 413
-            assert "larger than 1000 bytes" in resp.json()["error"]["message"]
-            assert stats(e)["requests"] == 0
-            assert completion(r.url).status_code == 200
+    with (
+        running(start_fake_engine("E")) as (e,),
+        running(start_router("--engine", e.url, "--max-request-bytes", "1000", *FAST)) as (r,),
+    ):
+        resp = completion(r.url, prompt="x" * 5000)
+        assert resp.status_code == 413
+        assert "larger than 1000 bytes" in resp.json()["error"]["message"]
+        assert stats(e)["requests"] == 0
+        assert completion(r.url).status_code == 200
 
 
 def test_scraped_queue_depth_steers_new_requests_away() -> None:
     """An engine whose vllm:num_requests_waiting is high (other routers' work) gets none."""
-    with running(start_fake_engine("A"), start_fake_engine("B")) as (a, b):
-        with running(start_router("--engine", f"{a.url},{b.url}", *FAST)) as (r,):
-            httpx.post(a.url + "/debug/waiting", json={"waiting": 50})
-            time.sleep(0.0)  # the router scrapes every 0.2 s; poll for the effect below
+    with (
+        running(start_fake_engine("A"), start_fake_engine("B")) as (a, b),
+        running(start_router("--engine", f"{a.url},{b.url}", *FAST)) as (r,),
+    ):
+        httpx.post(a.url + "/debug/waiting", json={"waiting": 50})
 
-            def b_gets_all() -> bool:
-                before = stats(a)["requests"]
-                for _ in range(6):
-                    completion(r.url, max_tokens=1)
-                return stats(a)["requests"] == before
+        def b_gets_all() -> bool:
+            before = stats(a)["requests"]
+            for _ in range(6):
+                completion(r.url, max_tokens=1)
+            return stats(a)["requests"] == before
 
-            wait_until(b_gets_all, 10, "requests to avoid the queued engine")
-            httpx.post(a.url + "/debug/waiting", json={"waiting": 0})
-            wait_until(lambda: [completion(r.url, max_tokens=1) for _ in range(4)] and
-                       stats(a)["requests"] > 0, 10, "A to get requests again")
+        wait_until(b_gets_all, 10, "requests to avoid the queued engine")
+        httpx.post(a.url + "/debug/waiting", json={"waiting": 0})
+        wait_until(lambda: [completion(r.url, max_tokens=1) for _ in range(4)] and
+                   stats(a)["requests"] > 0, 10, "A to get requests again")
 
 
 def test_dead_endpoint_is_ejected_and_readmitted_when_back() -> None:
@@ -242,18 +256,20 @@ def test_sigterm_drains_inflight_stream_then_exits() -> None:
 
 
 def test_openai_async_client_concurrent_streams() -> None:
-    with running(start_fake_engine("P"), start_fake_engine("D", 0.001)) as (p, d):
-        with running(start_router("--prefill", p.url, "--decode", d.url, *FAST)) as (r,):
+    with (
+        running(start_fake_engine("P"), start_fake_engine("D", 0.001)) as (p, d),
+        running(start_router("--prefill", p.url, "--decode", d.url, *FAST)) as (r,),
+    ):
 
-            async def main() -> list[str]:
-                client = openai.AsyncOpenAI(base_url=r.url + "/v1", api_key="x")
+        async def main() -> list[str]:
+            client = openai.AsyncOpenAI(base_url=r.url + "/v1", api_key="x")
 
-                async def one() -> str:
-                    s = await client.chat.completions.create(
-                        model="fake", messages=[{"role": "user", "content": "hi"}],
-                        max_tokens=5, stream=True)
-                    return "".join([c.choices[0].delta.content or "" async for c in s])
+            async def one() -> str:
+                s = await client.chat.completions.create(
+                    model="fake", messages=[{"role": "user", "content": "hi"}],
+                    max_tokens=5, stream=True)
+                return "".join([c.choices[0].delta.content or "" async for c in s])
 
-                return await asyncio.gather(*(one() for _ in range(32)))
+            return await asyncio.gather(*(one() for _ in range(32)))
 
-            assert asyncio.run(main()) == ["D0 D1 D2 D3 D4 "] * 32
+        assert asyncio.run(main()) == ["D0 D1 D2 D3 D4 "] * 32

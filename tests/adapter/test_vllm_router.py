@@ -1,0 +1,205 @@
+"""Real vLLM on CPU behind the router: P/D disaggregation gives the aggregated engine's greedy
+output token for token, and the decode engine's own metrics prove the KV came from outside.
+
+Budget (2 cores): at most two engines at a time, each started once through `poolpilot launch`
+(aggregated, then NixlConnector prefill+decode, then ExampleConnector prefill+decode):
+1. `reference` (module scope): one aggregated engine, behind the router in aggregated mode,
+   answers every case; then it is stopped.
+2. TestNixl (class scope): the heavy path. Every case, streaming and not, completions and
+   chat, plus the official openai client (sync, async, streaming).
+3. TestExample (class scope): one shared-folder test (a streaming and a plain completion).
+The tiny random model is built by the `model` fixture (cached in .cache/tiny-llama).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from router_support import (
+    REPO,
+    Proc,
+    metric_value,
+    running,
+    sse_events,
+    start_router,
+    start_vllm,
+    vllm_available,
+    wait_vllm_ready,
+)
+
+from poolpilot.tinymodel import ensure_tiny_model
+
+pytestmark = [
+    pytest.mark.adapter,
+    pytest.mark.vllm,
+    pytest.mark.skipif(not vllm_available(), reason="no vLLM venv: run ./dev setup-vllm"),
+]
+
+SERVED = "tiny-llama"
+MAX_TOKENS = 12
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    chat: bool
+    stream: bool
+    prompt: str  # more than 128 tokens (the CPU block size), unique per case
+
+
+def _prompt(seed: str) -> str:
+    words = ["prefill", "decode", "cache", "token", "engine", "router", "pool", "request",
+             "stream", "batch", "queue"]
+    return f"{seed}: " + " ".join(words[(i * 7 + len(seed)) % len(words)] for i in range(220))
+
+
+CASES = [
+    Case("completion", chat=False, stream=False, prompt=_prompt("alpha")),
+    Case("completion-stream", chat=False, stream=True, prompt=_prompt("bravo")),
+    Case("chat", chat=True, stream=False, prompt=_prompt("charlie")),
+    Case("chat-stream", chat=True, stream=True, prompt=_prompt("delta")),
+]
+EXAMPLE_CASES = [c for c in CASES if not c.chat]
+
+
+def ask(router: str, case: Case) -> str:
+    """The generated text for a case, through the router, greedy and ignoring EOS."""
+    body: dict[str, object] = {"model": SERVED, "max_tokens": MAX_TOKENS, "temperature": 0,
+                               "ignore_eos": True, "stream": case.stream}
+    if case.chat:
+        body["messages"] = [{"role": "user", "content": case.prompt}]
+    else:
+        body["prompt"] = case.prompt
+    path = "/v1/chat/completions" if case.chat else "/v1/completions"
+    resp = httpx.post(router + path, json=body, timeout=120)
+    assert resp.status_code == 200, resp.text
+    if not case.stream:
+        choice = resp.json()["choices"][0]
+        return str(choice["message"]["content"] if case.chat else choice["text"])
+    events = sse_events(resp.text)
+    assert events[-1] == "[DONE]"
+    assert not any("error" in e for e in events if isinstance(e, dict)), events
+    pieces = []
+    for e in events:
+        if isinstance(e, dict) and e.get("choices"):
+            c = e["choices"][0]
+            pieces.append((c.get("delta") or {}).get("content") or "" if case.chat
+                          else c.get("text") or "")
+    return "".join(pieces)
+
+
+@pytest.fixture(scope="module")
+def model() -> Path:
+    return ensure_tiny_model(REPO / ".cache" / "tiny-llama")
+
+
+@pytest.fixture(scope="module")
+def reference(model: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """Every case's output from one aggregated engine (through the router in aggregated
+    mode); the engine is stopped before the P/D engines start."""
+    engine = start_vllm("aggregated", model, tmp_path_factory.mktemp("agg"), 0, SERVED)
+    with running(engine):
+        wait_vllm_ready(engine)
+        with running(start_router("--engine", engine.url)) as (router,):
+            return {case.id: ask(router.url, case) for case in CASES}
+
+
+@dataclass
+class Pair:
+    prefill: Proc
+    decode: Proc
+    router: Proc
+
+
+def pd_pair(model: Path, scratch: Path, connector: str, kv_config: dict) -> Iterator[Pair]:
+    prefill = start_vllm("prefill", model, scratch / "prefill", 0, SERVED, connector, kv_config)
+    decode = start_vllm("decode", model, scratch / "decode", 1, SERVED, connector, kv_config)
+    with running(prefill, decode):
+        wait_vllm_ready(prefill)
+        wait_vllm_ready(decode)
+        with running(start_router("--prefill", prefill.url, "--decode", decode.url,
+                                  "--pool", "tiny")) as (router,):
+            # Warm-up: the first NIXL transfer sets up the side channel and can take seconds.
+            ask(router.url, Case("warmup", chat=False, stream=False, prompt=_prompt("warmup")))
+            yield Pair(prefill, decode, router)
+
+
+def decode_metrics(pair: Pair) -> str:
+    return httpx.get(pair.decode.url + "/metrics", timeout=10).text
+
+
+class TestNixl:
+    @pytest.fixture(scope="class")
+    def pair(self, model: Path, reference: dict[str, str],
+             tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
+        yield from pd_pair(model, tmp_path_factory.mktemp("nixl"), "NixlConnector",
+                           {"kv_buffer_device": "cpu"})
+
+    @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+    def test_same_greedy_output_as_aggregated_with_kv_from_prefill(
+        self, pair: Pair, reference: dict[str, str], case: Case
+    ) -> None:
+        before = decode_metrics(pair)
+        out = ask(pair.router.url, case)
+        after = decode_metrics(pair)
+        assert out == reference[case.id]
+        assert len(out) > 0
+        # The decode engine pulled the prompt's KV over NIXL instead of computing it.
+        xfers = "vllm:nixl_xfer_time_seconds_count"
+        assert metric_value(after, xfers) > metric_value(before, xfers)
+        hits = "vllm:external_prefix_cache_hits_total"
+        assert metric_value(after, hits) - metric_value(before, hits) >= 128
+
+    def test_openai_client_sync_async_and_streaming(
+        self, pair: Pair, reference: dict[str, str]
+    ) -> None:
+        base = pair.router.url + "/v1"
+        extra = {"ignore_eos": True}
+        comp, chat_stream = CASES[0], CASES[3]
+        client = openai.OpenAI(base_url=base, api_key="none", max_retries=0)
+        assert [m.id for m in client.models.list().data] == [SERVED]
+        out = client.completions.create(model=SERVED, prompt=comp.prompt,
+                                        max_tokens=MAX_TOKENS, temperature=0, extra_body=extra)
+        assert out.choices[0].text == reference[comp.id]
+
+        async def stream_chat() -> str:
+            aclient = openai.AsyncOpenAI(base_url=base, api_key="none", max_retries=0)
+            stream = await aclient.chat.completions.create(
+                model=SERVED, messages=[{"role": "user", "content": chat_stream.prompt}],
+                max_tokens=MAX_TOKENS, temperature=0, stream=True, extra_body=extra)
+            return "".join([c.choices[0].delta.content or "" async for c in stream
+                            if c.choices])
+
+        assert asyncio.run(stream_chat()) == reference[chat_stream.id]
+        page = httpx.get(pair.router.url + "/metrics").text
+        assert metric_value(page, "poolpilot_router_requests_total",
+                            {"pool": "tiny", "code": "200"}) >= 3
+        assert metric_value(page, "poolpilot_router_kv_transfer_failures_total") == 0
+
+
+class TestExample:
+    @pytest.fixture(scope="class")
+    def pair(self, model: Path, reference: dict[str, str],
+             tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
+        scratch = tmp_path_factory.mktemp("example")
+        shared = scratch / "kv"
+        shared.mkdir()
+        yield from pd_pair(model, scratch, "ExampleConnector",
+                           {"shared_storage_path": str(shared)})
+
+    @pytest.mark.parametrize("case", EXAMPLE_CASES, ids=[c.id for c in EXAMPLE_CASES])
+    def test_same_greedy_output_as_aggregated_with_kv_from_shared_folder(
+        self, pair: Pair, reference: dict[str, str], case: Case
+    ) -> None:
+        before = decode_metrics(pair)
+        out = ask(pair.router.url, case)
+        after = decode_metrics(pair)
+        assert out == reference[case.id]
+        hits = "vllm:external_prefix_cache_hits_total"
+        assert metric_value(after, hits) - metric_value(before, hits) >= 128

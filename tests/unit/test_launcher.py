@@ -1,0 +1,167 @@
+"""`poolpilot launch`: the vLLM command line for every role and connector, and its errors.
+(Real starts of every role through the launcher are in tests/adapter/test_vllm_router.py.)"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from poolpilot.launcher import LaunchError, LaunchSpec, build_command, kebab, launch_env
+
+POOLPILOT = str(Path(sys.executable).parent / "poolpilot")
+
+
+@dataclass(frozen=True)
+class CmdCase:
+    id: str
+    spec: LaunchSpec
+    kv: dict[str, object] | None  # expected --kv-transfer-config, None: absent
+    flags: list[str] = field(default_factory=list)  # expected tail after the fixed part
+
+
+def spec(role: str, **kw: object) -> LaunchSpec:
+    return LaunchSpec(role=role, model="meta-llama/Llama-3.1-8B-Instruct", python="py", **kw)  # type: ignore[arg-type]
+
+
+CMD_CASES = [
+    CmdCase("aggregated", spec("aggregated"), None),
+    CmdCase("prefill default nixl", spec("prefill"),
+            {"kv_connector": "NixlConnector", "kv_role": "kv_producer"}),
+    CmdCase("decode nixl on cpu",
+            spec("decode", kv_connector="NixlConnector", kv_config={"kvBufferDevice": "cpu"}),
+            {"kv_connector": "NixlConnector", "kv_role": "kv_consumer",
+             "kv_buffer_device": "cpu"}),
+    CmdCase("prefill example connector",
+            spec("prefill", kv_connector="ExampleConnector",
+                 kv_config={"shared_storage_path": "/kv"}),
+            {"kv_connector": "ExampleConnector", "kv_role": "kv_producer",
+             "kv_connector_extra_config": {"shared_storage_path": "/kv"}}),
+    CmdCase("decode lmcache with extra config",
+            spec("decode", kv_connector="LMCacheConnectorV1",
+                 kv_config={"kv_connector_extra_config": {"a": 1}, "b": "x"}),
+            {"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_consumer",
+             "kv_connector_extra_config": {"a": 1, "b": "x"}}),
+    CmdCase("engine args", spec("aggregated", engine_args=[
+        "maxModelLen=8192", "enforceEager=true", "enablePrefixCaching=false",
+        "gpu_memory_utilization=0.9", "limit-mm-per-prompt={\"image\": 2}", "dtype=bfloat16"]),
+        None, ["--max-model-len", "8192", "--enforce-eager", "--no-enable-prefix-caching",
+               "--gpu-memory-utilization", "0.9", "--limit-mm-per-prompt", '{"image":2}',
+               "--dtype", "bfloat16"]),
+    CmdCase("served name and tensor parallel",
+            spec("aggregated", served_name="llama", tensor_parallel=4, port=9000), None),
+]
+
+
+@pytest.mark.parametrize("case", CMD_CASES, ids=[c.id for c in CMD_CASES])
+def test_command_line(case: CmdCase) -> None:
+    cmd = build_command(case.spec)
+    assert cmd[:5] == ["py", "-m", "vllm.entrypoints.openai.api_server", "--model",
+                       case.spec.model]
+    assert cmd[cmd.index("--port") + 1] == str(case.spec.port)
+    if case.kv is None:
+        assert "--kv-transfer-config" not in cmd
+    else:
+        assert json.loads(cmd[cmd.index("--kv-transfer-config") + 1]) == case.kv
+    if case.spec.served_name:
+        assert cmd[cmd.index("--served-model-name") + 1] == case.spec.served_name
+    if case.spec.tensor_parallel > 1:
+        assert cmd[cmd.index("--tensor-parallel-size") + 1] == str(case.spec.tensor_parallel)
+    if case.flags:
+        assert cmd[-len(case.flags):] == case.flags
+
+
+@dataclass(frozen=True)
+class ErrCase:
+    id: str
+    spec: LaunchSpec
+    message: str
+
+
+ERR_CASES = [
+    ErrCase("aggregated with connector", spec("aggregated", kv_connector="NixlConnector"),
+            "--kv-connector NixlConnector: an aggregated engine hands no KV over"),
+    ErrCase("decode without connector", spec("decode", kv_connector="none"),
+            "a decode engine needs a KV connector"),
+    ErrCase("kv config without connector", spec("aggregated", kv_config={"a": 1}),
+            "--kv-config: only for prefill/decode"),
+    ErrCase("kv_role in kv config", spec("prefill", kv_config={"kvRole": "kv_both"}),
+            "--kv-config kvRole: set by the launcher"),
+    ErrCase("engine arg owned by launcher", spec("aggregated", engine_args=["port=1"]),
+            "--engine-arg port: set by the launcher; use --port"),
+    ErrCase("engine arg tensor parallel", spec("aggregated",
+                                               engine_args=["tensorParallelSize=2"]),
+            "use --tensor-parallel"),
+    ErrCase("engine arg twice", spec("aggregated",
+                                     engine_args=["maxModelLen=1", "max-model-len=2"]),
+            "given twice"),
+    ErrCase("engine arg without value", spec("aggregated", engine_args=["maxModelLen"]),
+            "expected KEY=VALUE"),
+    ErrCase("bad port", spec("aggregated", port=70000), "--port 70000: must be 1..65535"),
+    ErrCase("bad tp", spec("aggregated", tensor_parallel=0), "--tensor-parallel 0"),
+]
+
+
+@pytest.mark.parametrize("case", ERR_CASES, ids=[c.id for c in ERR_CASES])
+def test_bad_input_names_the_option(case: ErrCase) -> None:
+    with pytest.raises(LaunchError, match=case.message.replace("(", r"\(").replace(".", r"\.")):
+        build_command(case.spec)
+
+
+@pytest.mark.parametrize(
+    ("key", "flag"),
+    [("maxModelLen", "max-model-len"), ("max_num_seqs", "max-num-seqs"),
+     ("--enable-chunked-prefill", "enable-chunked-prefill"), ("kvCacheDtype", "kv-cache-dtype")],
+    ids=["camel", "snake", "kebab", "camel2"],
+)
+def test_kebab(key: str, flag: str) -> None:
+    assert kebab(key) == flag
+
+
+def test_prefill_nixl_advertises_pod_ip_and_safe_path() -> None:
+    env = launch_env(spec("prefill"), {"POD_IP": "10.1.2.3"})
+    assert env["VLLM_NIXL_SIDE_CHANNEL_HOST"] == "10.1.2.3"
+    assert env["PYTHONSAFEPATH"] == "1"
+    assert "VLLM_NIXL_SIDE_CHANNEL_HOST" not in launch_env(spec("decode"), {"POD_IP": "x"})
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([POOLPILOT, "launch", *args], capture_output=True, text=True,
+                          timeout=60)
+
+
+def test_cli_dry_run_prints_the_command() -> None:
+    out = run_cli("--role", "decode", "--model", "/models/x", "--port", "8000",
+                  "--served-name", "x", "--kv-connector", "NixlConnector",
+                  "--kv-config", '{"kv_buffer_device":"cpu"}', "--engine-arg", "maxModelLen=512",
+                  "--python", "/usr/bin/python3", "--dry-run")
+    assert out.returncode == 0, out.stderr
+    cmd = shlex.split(out.stdout)
+    assert cmd[:3] == ["/usr/bin/python3", "-m", "vllm.entrypoints.openai.api_server"]
+    assert json.loads(cmd[cmd.index("--kv-transfer-config") + 1])["kv_role"] == "kv_consumer"
+    assert cmd[-2:] == ["--max-model-len", "512"]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--role", "aggregated", "--model", "m", "--kv-connector", "NixlConnector"],
+         "an aggregated engine hands no KV over"),
+        (["--role", "prefill", "--model", "m", "--kv-config", "{nope"],
+         "--kv-config: not valid JSON"),
+        (["--role", "prefill", "--model", "m", "--kv-config", "[1]"],
+         "--kv-config: must be a JSON object"),
+        (["--role", "prefill", "--model", "m", "--bogus"], "unrecognized arguments: --bogus"),
+        (["--role", "router", "--model", "m"], "invalid choice: 'router'"),
+    ],
+    ids=["conflict", "bad json", "not an object", "unknown option", "unknown role"],
+)
+def test_cli_errors_exit_2(args: list[str], message: str) -> None:
+    out = run_cli(*args, "--dry-run")
+    assert out.returncode == 2
+    assert message in out.stderr
