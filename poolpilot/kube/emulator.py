@@ -190,6 +190,10 @@ class KubeEmulator:
 
         return asyncio.run_coroutine_threadsafe(run(), self._loop).result(timeout=30)
 
+    def _copy(self, fn: Callable[[], Any]) -> Any:
+        """`call`, returning a private copy (stored objects are shared snapshots)."""
+        return json.loads(json.dumps(self.call(fn)))
+
     def count_writes(self, path_prefix: str | None = None) -> int:
         """POST/PUT/PATCH/DELETE requests served (optionally under a URL path prefix)."""
         return sum(
@@ -237,7 +241,7 @@ class KubeEmulator:
             ns = (obj.get("metadata") or {}).get("namespace", "default")
             return self.store.create(rt, ns, obj, manager=manager)
 
-        return self.call(fn)
+        return self._copy(fn)
 
     def apply(self, obj: dict[str, Any], manager: str = "test",
               force: bool = True) -> dict[str, Any]:
@@ -248,7 +252,7 @@ class KubeEmulator:
             return self.store.patch(rt, meta.get("namespace", "default"), meta["name"], "apply",
                                     obj, manager=manager, force=force)
 
-        return self.call(fn)
+        return self._copy(fn)
 
     def patch(self, resource: str, name: str, body: Any, namespace: str = "default",
               subresource: str = "", patch_type: str = "merge",
@@ -258,14 +262,14 @@ class KubeEmulator:
             return self.store.patch(rt, namespace, name, patch_type, body, sub=subresource,
                                     manager=manager)
 
-        return self.call(fn)
+        return self._copy(fn)
 
     def delete(self, resource: str, name: str, namespace: str = "default") -> dict[str, Any]:
         def fn() -> dict[str, Any]:
             rt = self.store.registry.resolve(resource)
             return self.store.delete(rt, namespace, name)
 
-        return self.call(fn)
+        return self._copy(fn)
 
     def set_crd_validation(self, enabled: bool) -> None:
         """Turn CRD schema/CEL validation off to let invalid objects in (bad-input tests)."""

@@ -245,10 +245,12 @@ def apply(current: dict[str, Any] | None, config: dict[str, Any], list_types: Li
         owned_by_others |= set(m.fields) - taken
     released = set(previous) - applied
     obj = copy.deepcopy(current) if current else {}
-    for p in sorted(released, key=len, reverse=True):
-        if any(o[: len(p)] == p for o in owned_by_others):
-            continue
-        _remove_path(obj, p, list_types)
+    removable = {p for p in released
+                 if not any(o[: len(p)] == p for o in owned_by_others)}
+    # Remove whole subtrees at their top: a keyed item goes with its key fields at once.
+    for p in sorted(removable, key=len):
+        if not any(p[:i] in removable for i in range(1, len(p))):
+            _remove_path(obj, p, list_types)
     obj = merge_applied(obj, config, list_types, ())
     new_flat = flatten(obj, list_types)
     out = []

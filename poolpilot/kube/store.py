@@ -97,10 +97,13 @@ class Watcher:
 
 
 def _strip_for_compare(obj: dict[str, Any]) -> dict[str, Any]:
+    """What makes a write a real change: anything but the version and ownership timestamps."""
     out = dict(obj)
     meta = dict(out.get("metadata") or {})
-    for k in ("resourceVersion", "managedFields"):
-        meta.pop(k, None)
+    meta.pop("resourceVersion", None)
+    meta["managedFields"] = [
+        {k: v for k, v in m.items() if k != "time"} for m in meta.get("managedFields") or []
+    ]
     out["metadata"] = meta
     return out
 
@@ -390,6 +393,7 @@ class Store:
                 old: dict[str, Any] | None, new: dict[str, Any], *, sub: str, manager: str,
                 operation: str, dry_run: bool, strict: bool, tracked: bool = False,
                 patched: bool = False) -> dict[str, Any]:
+        new = copy.deepcopy(new)  # patches share subtrees with `old`, a stored snapshot
         meta = new.setdefault("metadata", {})
         if not isinstance(meta, dict):
             raise errors.bad_request("metadata must be an object")
@@ -416,13 +420,15 @@ class Store:
             if sent_rv and sent_rv != old["metadata"]["resourceVersion"]:
                 raise errors.conflict(rt.plural, name, rt.group)
             if sub == "status":
-                status = new.get("status")
+                status, owners = new.get("status"), meta.get("managedFields")
                 new = copy.deepcopy(old)
                 if status is None:
                     new.pop("status", None)
                 else:
                     new["status"] = status
                 meta = new["metadata"]
+                if tracked:
+                    meta["managedFields"] = owners
             elif rt.status:
                 if "status" in old:
                     new["status"] = copy.deepcopy(old["status"])
