@@ -62,7 +62,7 @@ class Endpoint:
 class Balancer:
     config: BalancerConfig = field(default_factory=BalancerConfig)
     endpoints: dict[str, Endpoint] = field(default_factory=dict)  # by url
-    _turn: int = 0
+    _turns: dict[str, int] = field(default_factory=dict)  # per role, for rotating ties
 
     # -- membership ------------------------------------------------------------------------
 
@@ -101,8 +101,8 @@ class Balancer:
         scores = [(e.load(cfg) + 1) / e.weight(cfg, now) for e in pool]
         best = min(scores)
         ties = [e for e, s in zip(pool, scores, strict=True) if s <= best + 1e-9]
-        self._turn += 1
-        return ties[self._turn % len(ties)]
+        turn = self._turns[role] = self._turns.get(role, -1) + 1
+        return ties[turn % len(ties)]
 
     def acquire(self, url: str, tokens: int) -> None:
         e = self.endpoints.get(url)

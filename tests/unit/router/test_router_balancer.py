@@ -183,3 +183,14 @@ def test_invariants_under_any_sequence(ops: list[tuple[str, int, int]]) -> None:
             b.set_endpoints("decode", urls[: 1 + i], now)
         for e in b.endpoints.values():
             assert e.inflight >= 0 and e.inflight_tokens >= 0 and e.waiting >= 0
+
+
+def test_rotation_is_per_role() -> None:
+    """Alternating prefill and decode picks (the P/D flow) must still spread decode picks."""
+    b = make(["p"], role="prefill")
+    b.set_endpoints("decode", ["d1", "d2"], 0.0, initial=True)
+    decodes = []
+    for _ in range(4):
+        b.pick("prefill", 1.0)
+        decodes.append(b.pick("decode", 1.0).url)  # type: ignore[union-attr]
+    assert sorted(decodes) == ["d1", "d1", "d2", "d2"]
