@@ -1,0 +1,262 @@
+"""Replay one trace through a simulated disaggregated pool under one scaling policy.
+
+Every policy gets the same arrivals (the trace, after `--rate-scale`), the same simulator
+(`poolpilot.engine_sim.des.PoolSim`: router, prefill and decode engines, KV handoff), the same
+cold start and the same Prometheus emulation. The loop advances simulated time in ticks of
+`tick` seconds (1 s):
+
+- every tick: the simulator runs up to t; every ready GPU is sampled busy or idle (the DCGM
+  exporter's utilization is a sampled duty cycle too); replicas that finished draining close
+  their billing span at the exact time the simulator removed them;
+- every `scrape_interval` (15 s): one scrape of every pod that serves (ready or draining):
+  its vLLM counters, histograms and gauges, labelled `role` and `pod`, plus its DCGM GPU
+  utilization over the scrape interval. Starting pods export nothing, as a pod loading weights
+  does not serve /metrics yet;
+- every `policy.interval`: the policy decides from the scraped picture and the pod counts;
+  scale-ups add pods that become ready `cold_start` seconds later (billed from now), scale-downs
+  remove a starting pod first, else drain the least-loaded ready one (billed until it leaves).
+
+GPU-hours are billed over the trace's span [0, last arrival]; requests still in flight then run
+to completion on the pool as it is (their latencies count, their extra GPU time does not),
+so a policy cannot lower its bill by leaving work unfinished.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from poolpilot.bench.accounting import Ledger, Outcome, ScaleEvent, Span, Summary, summarize
+from poolpilot.bench.policies.base import ROLES, Policy, PoolView, RoleState
+from poolpilot.bench.scrape import Labels, PromView, labels_of
+from poolpilot.engine_sim.des import PoolSim, SimRequest
+from poolpilot.engine_sim.engine import EngineConfig
+
+from poolpilot import metrics as m
+from poolpilot.traces import TraceRequest
+
+# Series the policies query (the rest of vLLM's histograms are not scraped, to save time).
+SCRAPED_HISTOGRAMS = (m.VLLM_TTFT, m.VLLM_ITL, m.VLLM_E2E)
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    model: str = "llama-3.1-8b"
+    gpu: str = "h200"
+    tensor_parallel: int = 1
+    slo_ttft: float = 1.0
+    slo_itl: float = 0.05
+    quantile: float = 0.9
+    cold_start: float = 120.0
+    scrape_interval: float = 15.0
+    tick: float = 1.0
+    min_replicas: int = 1
+    max_replicas: int = 32
+    engine: EngineConfig = field(default_factory=EngineConfig)
+
+
+@dataclass
+class Timeline:
+    """Per role, sampled every `every` seconds: pods billed, ready pods, the target."""
+
+    t: list[float] = field(default_factory=list)
+    billed: dict[str, list[int]] = field(default_factory=lambda: {r: [] for r in ROLES})
+    ready: dict[str, list[int]] = field(default_factory=lambda: {r: [] for r in ROLES})
+    target: dict[str, list[int]] = field(default_factory=lambda: {r: [] for r in ROLES})
+
+
+@dataclass
+class RunResult:
+    policy: str
+    summary: Summary
+    outcomes: list[Outcome]
+    ledger: Ledger
+    timeline: Timeline
+    reasons: dict[str, dict[str, int]]
+    sim_events: int
+
+    def as_json(self) -> dict[str, Any]:
+        d = self.summary.as_json()
+        d["scale_reasons"] = self.reasons
+        return d
+
+
+def to_sim_requests(trace: Sequence[TraceRequest]) -> list[SimRequest]:
+    return [SimRequest(i, r.arrival_s, r.input_tokens, r.output_tokens)
+            for i, r in enumerate(trace)]
+
+
+def snapshot_samples(snap: Any, labels: dict[str, str]) -> list[tuple[str, Labels, float]]:
+    """One engine's MetricsSnapshot as the samples a scrape of its /metrics would give."""
+    out: list[tuple[str, Labels, float]] = []
+    base = labels_of(labels)
+    for name, value in snap.counters.items():
+        out.append((name, base, float(value)))
+    for reason, value in snap.success.items():
+        out.append((m.VLLM_REQUEST_SUCCESS, labels_of({**labels, "finished_reason": reason}),
+                    float(value)))
+    for name, value in snap.gauges.items():
+        out.append((name, base, float(value)))
+    for name in SCRAPED_HISTOGRAMS:
+        h = snap.histograms.get(name)
+        if h is None:
+            continue
+        for le, c in h.cumulative():
+            le_s = "+Inf" if math.isinf(le) else repr(float(le))
+            out.append((f"{name}_bucket", labels_of({**labels, "le": le_s}), float(c)))
+        out.append((f"{name}_count", base, float(h.count)))
+        out.append((f"{name}_sum", base, float(h.sum)))
+    return out
+
+
+class Replay:
+    def __init__(self, trace: Sequence[TraceRequest], policy: Policy, cfg: BenchConfig) -> None:
+        self.trace = trace
+        self.policy = policy
+        self.cfg = cfg
+        self.sim = PoolSim(cfg.model, cfg.gpu, cfg.tensor_parallel, mode="disaggregated",
+                           prefill_replicas=0, decode_replicas=0, config=cfg.engine)
+        self.prom = PromView(cfg.scrape_interval)
+        self.ledger = Ledger()
+        self.spans: dict[int, Span] = {}
+        self.busy: dict[int, int] = {}  # busy samples since the last scrape, per replica
+        self.samples: dict[int, int] = {}
+        self.timeline = Timeline()
+        self.reasons: dict[str, dict[str, int]] = {r: {} for r in ROLES}
+        self.end = trace[-1].arrival_s if trace else 0.0
+
+    # ---- pods ----
+    def _add(self, role: str, t: float, ready_at: float) -> None:
+        rid = self.sim.add_replica(role, ready_at=ready_at)
+        self.spans[rid] = self.ledger.request(role, t, ready_at, self.cfg.tensor_parallel)
+
+    def _remove(self, role: str, t: float) -> None:
+        rid = self.sim.remove_replica(role)
+        if rid is None:
+            return
+        span = self.spans[rid]
+        self.ledger.mark_removal(span, t)
+        self._close_gone(t)
+
+    def _close_gone(self, now: float) -> None:
+        for rid, span in self.spans.items():
+            if span.gone_at is None:
+                removed = self.sim.replicas[rid].removed_at
+                if removed is not None:
+                    self.ledger.close(span, removed)
+
+    def role_state(self, role: str) -> RoleState:
+        c = self.sim.replica_counts(role)
+        now = self.sim.now
+        ready = frozenset(str(rid) for rid, rep in self.sim.replicas.items()
+                          if rep.role == role and rep.is_ready(now))
+        return RoleState(c.ready, c.starting, c.draining, c.ready + c.starting, ready)
+
+    # ---- scrape ----
+    def _sample_busy(self) -> None:
+        now = self.sim.now
+        for rid, rep in self.sim.replicas.items():
+            if rep.removed_at is None and rep.ready_at <= now:
+                self.samples[rid] = self.samples.get(rid, 0) + 1
+                if rep.engine.has_work():
+                    self.busy[rid] = self.busy.get(rid, 0) + 1
+
+    def _scrape(self, t: float) -> None:
+        samples: list[tuple[str, Labels, float]] = []
+        for rid, rep in self.sim.replicas.items():
+            if rep.removed_at is not None or rep.ready_at > t:
+                continue
+            labels = {"role": rep.role, "pod": str(rid)}
+            samples += snapshot_samples(rep.engine.snapshot(), labels)
+            n = self.samples.get(rid, 0)
+            util = 100.0 * self.busy.get(rid, 0) / n if n else 0.0
+            samples.append((m.DCGM_GPU_UTIL, labels_of(labels), util))
+        self.busy.clear()
+        self.samples.clear()
+        self.prom.scrape(t, samples)
+
+    # ---- policy ----
+    def _decide(self, t: float) -> None:
+        roles = {r: self.role_state(r) for r in ROLES}
+        d = self.policy.decide(PoolView(t, self.prom, roles))
+        for role in ROLES:
+            want = d.replicas.get(role, roles[role].target)
+            cur = roles[role].target
+            reason = d.reasons.get(role, "")
+            if want != cur:
+                self.reasons[role][reason] = self.reasons[role].get(reason, 0) + 1
+                self.ledger.events.append(ScaleEvent(t, role, cur, want, reason))
+            for _ in range(want - cur):
+                self._add(role, t, t + self.cfg.cold_start)
+            for _ in range(cur - want):
+                self._remove(role, t)
+
+    def _record(self, t: float) -> None:
+        tl = self.timeline
+        tl.t.append(t)
+        for role in ROLES:
+            st = self.role_state(role)
+            tl.ready[role].append(st.ready)
+            tl.target[role].append(st.target)
+            tl.billed[role].append(st.ready + st.starting + st.draining)
+
+    # ---- run ----
+    def run(self, progress: Callable[[float], None] | None = None) -> RunResult:
+        cfg = self.cfg
+        for role, n in self.policy.initial().items():
+            for _ in range(n):
+                self._add(role, 0.0, 0.0)
+        self.sim.submit_many(to_sim_requests(self.trace))
+        tick = cfg.tick
+        next_scrape = cfg.scrape_interval
+        next_decide = self.policy.interval
+        t = 0.0
+        self._record(0.0)
+        steps = 0
+        while t < self.end:
+            t = min(self.end, t + tick)
+            self.sim.run_until(t)
+            self._sample_busy()
+            self._close_gone(t)
+            if t >= next_scrape - 1e-9:
+                self._scrape(t)
+                next_scrape += cfg.scrape_interval
+            if t >= next_decide - 1e-9:
+                self._decide(t)
+                next_decide += self.policy.interval
+            steps += 1
+            if steps % 10 == 0:
+                self._record(t)
+                if progress is not None:
+                    progress(t)
+        self._record(t)
+        # Let what is in flight finish on the pool as it stands (not billed: see module doc).
+        self.sim.run()
+        self._close_gone(self.sim.now)
+        if progress is not None:
+            progress(self.end)
+        return self._result()
+
+    def _result(self) -> RunResult:
+        cfg = self.cfg
+        recs = {r.id: r for r in self.sim.records()}
+        outcomes = []
+        for i, req in enumerate(self.trace):
+            r = recs.get(i)
+            if r is None:  # never finished: counted, as a miss
+                outcomes.append(Outcome(i, req.arrival_s, None, None, 0, None))
+            else:
+                outcomes.append(Outcome(i, r.arrival, r.first_token_at,
+                                        r.finished_at if r.ok else None, r.output_tokens,
+                                        r.itl_p90))
+        duration = max(self.end, cfg.tick)
+        summary = summarize(outcomes, self.ledger, duration, cfg.slo_ttft, cfg.slo_itl)
+        return RunResult(self.policy.name, summary, outcomes, self.ledger, self.timeline,
+                         self.reasons, self.sim.events_processed)
+
+
+def replay(trace: Sequence[TraceRequest], policy: Policy, cfg: BenchConfig,
+           progress: Callable[[float], None] | None = None) -> RunResult:
+    return Replay(trace, policy, cfg).run(progress)

@@ -1,0 +1,41 @@
+"""Shaping a trace into the benchmark's workload: a time window and a rate scale.
+
+`--rate-scale X` multiplies the request rate but keeps the trace's clock: an hour stays an
+hour, so bursts, idle minutes and their timing against the pods' cold start are the trace's
+own. Each request is replayed floor(X) times, plus once more with probability frac(X); every
+copy after the first is shifted by a uniform offset in [-0.5, 0.5) s (seeded), so copies do
+not arrive in lock-step. (Compressing time instead, as `poolpilot.traces.scale_rate` does for
+the sandbox, would turn a 5-minute burst into a 1-minute one and change what autoscaling is
+up against.) X < 1 thins the trace the same way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from poolpilot.traces import TraceRequest
+
+
+def scale_load(trace: Sequence[TraceRequest], x: float, seed: int = 0) -> list[TraceRequest]:
+    if x <= 0:
+        raise ValueError(f"--rate-scale must be > 0, got {x}")
+    rng = np.random.default_rng(seed)
+    whole, frac = int(x), x - int(x)
+    out: list[TraceRequest] = []
+    for r in trace:
+        copies = whole + (1 if frac and rng.random() < frac else 0)
+        for k in range(copies):
+            t = r.arrival_s if k == 0 else max(0.0, r.arrival_s + float(rng.random()) - 0.5)
+            out.append(TraceRequest(round(t, 6), r.input_tokens, r.output_tokens))
+    out.sort()
+    return out
+
+
+def first_seconds(trace: Sequence[TraceRequest], duration: float | None) -> list[TraceRequest]:
+    if duration is None:
+        return list(trace)
+    if duration <= 0:
+        raise ValueError(f"--duration must be > 0 seconds, got {duration}")
+    return [r for r in trace if r.arrival_s < duration]
