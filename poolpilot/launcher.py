@@ -16,6 +16,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -271,6 +272,11 @@ def run(args: argparse.Namespace) -> int:
     if args.dry_run:
         print(shlex.join(cmd))
         return 0
+    python = cmd[0] if os.path.isabs(cmd[0]) else shutil.which(cmd[0])
+    if python is None:
+        print(f"poolpilot launch: error: --python {cmd[0]}: not found on PATH", file=sys.stderr)
+        return 2
+    cmd[0] = python
     sys.stdout.flush()
     sys.stderr.flush()
     os.execve(cmd[0], cmd, launch_env(spec, os.environ))
