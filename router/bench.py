@@ -58,11 +58,19 @@ async def _upstream_generate(request: web.Request) -> web.StreamResponse:
     return resp
 
 
+async def _upstream_health(request: web.Request) -> web.Response:
+    return web.Response(text="")
+
+
+async def _upstream_metrics(request: web.Request) -> web.Response:
+    return web.Response(text="vllm:num_requests_waiting 0\n")
+
+
 async def _serve_upstream(port: int) -> None:
     app = web.Application()
     app.router.add_post("/v1/completions", _upstream_generate)
-    app.router.add_get("/health", lambda r: web.Response(text=""))
-    app.router.add_get("/metrics", lambda r: web.Response(text="vllm:num_requests_waiting 0\n"))
+    app.router.add_get("/health", _upstream_health)
+    app.router.add_get("/metrics", _upstream_metrics)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", port).start()
