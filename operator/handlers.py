@@ -39,6 +39,7 @@ class OperatorConfig:
     peering_lifetime: int = 60  # seconds a silent peer is considered alive (HA failover time)
     peering_name: str = "poolpilot"  # KopfPeering/ClusterKopfPeering object shared by replicas
     peering_mandatory: bool = False  # False: peer when the kopf.dev CRDs exist, else standalone
+    identity: str = ""  # appended to the User-Agent (tells HA replicas apart in API logs)
 
 
 def configure(settings: kopf.OperatorSettings, config: OperatorConfig) -> None:
@@ -132,7 +133,8 @@ async def _handle_locked(body: kopf.Body, memo: kopf.Memo, logger: logging.Logge
                                        invalid=exc.errors)
         await _write_status(kube, body, memo, result.status, previous)
         _post(body, result.events)
-        logger.warning("invalid spec, children left as they are: %s", "; ".join(exc.errors))
+        logger.warning("%s/%s: invalid spec, children left as they are: %s", namespace, name,
+                       "; ".join(exc.errors))
         if not from_timer:
             raise kopf.PermanentError("; ".join(exc.errors)) from None
         return
@@ -183,6 +185,7 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
     async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
         configure(settings, config)
         kube = await KubeApi.from_kubeconfig(config.kubeconfig, timeout=config.request_timeout)
+        kube.set_user_agent(f"{names.FIELD_MANAGER}/{config.identity or 'main'}")
         memo["kube"] = kube
         memo["discovered"] = await kube.discover()
 

@@ -8,6 +8,7 @@ the handlers can tell transient failures (409, 429, 5xx, timeouts) from real one
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
@@ -36,6 +37,7 @@ PLURALS: dict[str, str] = {
     api.KIND: api.PLURAL,
 }
 
+SIZE_MANAGER = f"{names.FIELD_MANAGER}-size"
 TRANSIENT = {408, 409, 425, 429, 500, 502, 503, 504}
 
 
@@ -91,7 +93,12 @@ class KubeApi:
                 return cls(client.ApiClient(), timeout)
             except config.ConfigException:
                 pass
+        # KUBECONFIG is read here, not at import (kubernetes_asyncio's default is frozen then).
+        path = path or os.environ.get("KUBECONFIG") or os.path.expanduser("~/.kube/config")
         return cls(await config.new_client_from_config(config_file=path), timeout)
+
+    def set_user_agent(self, value: str) -> None:
+        self._client.user_agent = value
 
     async def close(self) -> None:
         await self._client.close()
@@ -176,13 +183,22 @@ class KubeApi:
             if exc.status != 404:
                 raise
 
-    async def scale(self, namespace: str, name: str, replicas: int) -> None:
-        """Set a Deployment's size through its scale subresource (as the autoscaler does)."""
-        path = object_path("apps/v1", "Deployment", namespace, name) + "/scale"
+    async def apply_size(self, namespace: str, name: str, replicas: int) -> None:
+        """Set a Deployment's size as a separate apply manager, SIZE_MANAGER.
+
+        With autoscaling on, the operator's own apply leaves `replicas` out; had it owned the
+        field alone, the API server would drop it (back to 1). Owning the size under another
+        manager (the Kubernetes docs' HPA hand-over pattern) keeps it until the autoscaler
+        takes it over through the scale subresource.
+        """
+        body = {"apiVersion": "apps/v1", "kind": "Deployment",
+                "metadata": {"name": name, "namespace": namespace},
+                "spec": {"replicas": replicas}}
         await self.request(
-            "PATCH", path, query=[("fieldManager", names.FIELD_MANAGER)],
-            body={"spec": {"replicas": replicas}}, content_type="application/merge-patch+json",
-        )  # fmt: skip
+            "PATCH", object_path("apps/v1", "Deployment", namespace, name),
+            query=[("fieldManager", SIZE_MANAGER), ("force", "true")],
+            body=body, content_type="application/apply-patch+yaml",
+        )
 
     async def patch_status(self, namespace: str, name: str, patch: Obj) -> Obj:
         path = object_path(api.API_VERSION, api.KIND, namespace, name) + "/status"

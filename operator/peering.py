@@ -28,6 +28,9 @@ def _crd(kind: str, plural: str, scope: str) -> dict[str, Any]:
                         "openAPIV3Schema": {
                             "type": "object",
                             "properties": {
+                                "apiVersion": {"type": "string"},
+                                "kind": {"type": "string"},
+                                "metadata": {"type": "object"},
                                 "status": {
                                     "type": "object",
                                     "x-kubernetes-preserve-unknown-fields": True,

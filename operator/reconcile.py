@@ -5,7 +5,7 @@
   are released), or when the live object no longer contains what we applied (drift: an edited
   image, command or label). A no-op reconcile therefore makes zero writes.
 - With autoscaling applying, `replicas` is left out of the Deployment; the starting size is
-  set once through the scale subresource, which makes it a field the autoscaler can own.
+  set once by a separate size manager, so the autoscaler can take the field over.
 - A mode switch applies the new workloads first and deletes the old ones only once every new
   engine role has a ready pod, so the pool keeps serving through the switch.
 """
@@ -49,7 +49,7 @@ class Cluster(Protocol):
     ) -> list[Obj]: ...
     async def apply(self, obj: Obj) -> Obj: ...
     async def delete(self, obj: Obj) -> None: ...
-    async def scale(self, namespace: str, name: str, replicas: int) -> None: ...
+    async def apply_size(self, namespace: str, name: str, replicas: int) -> None: ...
 
 
 @dataclass
@@ -196,15 +196,15 @@ async def reconcile(cluster: Cluster, pool: builders.Pool, caps: builders.Capabi
             if cur is None:
                 starting_size = pool.spec.role(role).replicas
             elif _owns_replicas_by_apply(cur):
-                # Hand the size over to the scale subresource before our apply stops
-                # setting it, so the Deployment keeps its size.
-                await cluster.scale(pool.namespace, obj["metadata"]["name"],
-                                    int(cur["spec"].get("replicas", 1)))
+                # Hand the size over before our apply stops setting it, so the Deployment
+                # keeps its size (see KubeApi.apply_size).
+                await cluster.apply_size(pool.namespace, obj["metadata"]["name"],
+                                         int(cur["spec"].get("replicas", 1)))
                 out.writes += 1
         result = await cluster.apply(obj)
         out.writes += 1
         if starting_size is not None and starting_size != result["spec"].get("replicas"):
-            await cluster.scale(pool.namespace, obj["metadata"]["name"], starting_size)
+            await cluster.apply_size(pool.namespace, obj["metadata"]["name"], starting_size)
             out.writes += 1
             result["spec"]["replicas"] = starting_size
         if cur is None:

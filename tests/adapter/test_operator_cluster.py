@@ -1,0 +1,287 @@
+"""The operator (Kopf, in a thread via KopfRunner) against a cluster: the Kubernetes API
+emulator by default, or a real cluster when KUBECONFIG_E2E names a kubeconfig. Tests that need
+the emulator's request log or fault injection are skipped on a real cluster.
+
+The operator runs with a 1 s drift timer; every wait polls for the condition with a deadline.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from poolpilot import names
+from poolpilot.kube.emulator import KubeEmulator
+from poolpilot.kube.testing import cluster_from_env
+from poolpilot.operator.handlers import OperatorConfig
+from poolpilot.operator.testing import Kubectl, install, running_operator, wait_for
+
+pytestmark = [pytest.mark.adapter, pytest.mark.cluster]
+
+ROOT = Path(__file__).resolve().parents[2]
+DRIFT = 1.0
+CONFIG = OperatorConfig(drift_interval=DRIFT, cutover_poll=0.3, request_timeout=3.0)
+_names = (f"t{i}" for i in itertools.count())
+
+
+class Cluster:
+    def __init__(self, kubeconfig: Path, emu: KubeEmulator | None) -> None:
+        self.kubectl = Kubectl(kubeconfig)
+        self.kubeconfig = kubeconfig
+        self.emu = emu
+
+    def need_emulator(self) -> KubeEmulator:
+        if self.emu is None:
+            pytest.skip("needs the emulator's request log or fault injection")
+        return self.emu
+
+    def pool(self, name: str, ns: str = "ops", **spec: Any) -> dict[str, Any]:
+        body = {"model": {"name": "org/model"}, "prefill": {"gpus": 0}, "decode": {"gpus": 0},
+                "engine": {"gpus": 0}, **spec}
+        return {"apiVersion": "poolpilot.dev/v1alpha1", "kind": "InferencePool",
+                "metadata": {"name": name, "namespace": ns}, "spec": body}
+
+    def get(self, kind: str, name: str, ns: str = "ops") -> dict[str, Any] | None:
+        return self.kubectl.get(kind, name, ns)
+
+    def condition(self, pool: str, ctype: str, ns: str = "ops") -> dict[str, Any] | None:
+        obj = self.get("inferencepool", pool, ns) or {}
+        for cond in (obj.get("status") or {}).get("conditions") or []:
+            if cond["type"] == ctype:
+                return cond  # type: ignore[no-any-return]
+        return None
+
+    def events(self, pool: str, reason: str, ns: str = "ops") -> list[dict[str, Any]]:
+        items = self.kubectl.list("events", ns)
+        return [e for e in items if e.get("reason") == reason
+                and e.get("involvedObject", {}).get("name") == pool]
+
+    def settled(self, pool: str, ns: str = "ops") -> bool:
+        """The operator handled the pool's current generation (status written)."""
+        obj = self.get("inferencepool", pool, ns) or {}
+        gen = obj.get("metadata", {}).get("generation")
+        return bool(gen) and (obj.get("status") or {}).get("observedGeneration") == gen
+
+    def timer_ticks(self, pool: str, ns: str = "ops") -> int:
+        """How many times the operator listed the pool's Deployments (once per reconcile)."""
+        emu = self.need_emulator()
+        sel = f"{names.POOL_LABEL}={pool}"
+        return sum(1 for r in list(emu.requests)
+                   if r.method == "GET" and r.path == f"/apis/apps/v1/namespaces/{ns}/deployments"
+                   and sel in r.query.get("labelSelector", ""))
+
+    def wait_reconciles(self, pool: str, n: int = 2, ns: str = "ops") -> None:
+        start = self.timer_ticks(pool, ns)
+        wait_for(lambda: self.timer_ticks(pool, ns) >= start + n, timeout=10 * DRIFT + 10,
+                 what=f"{n} more reconciles of {pool}")
+
+    def writes_for(self, pool: str, ns: str = "ops") -> int:
+        emu = self.need_emulator()
+        return sum(1 for r in list(emu.requests)
+                   if r.is_write and f"/namespaces/{ns}/" in r.path and f"/{pool}-" in r.path
+                   or r.is_write and r.path.endswith(f"/inferencepools/{pool}/status"))
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    with cluster_from_env(tmp_path_factory.mktemp("kube")) as (kubeconfig, emu):
+        c = Cluster(kubeconfig, emu)
+        # The CRD without CEL rules: the invalid-spec test must get a bad spec past the server.
+        install(c.kubectl, strict_crd=False, monitoring=emu is not None)
+        c.kubectl.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "ops"}})
+        yield c
+
+
+@pytest.fixture(scope="module")
+def operator(cluster: Cluster) -> Iterator[None]:
+    with running_operator(cluster.kubeconfig, CONFIG, standalone=True):
+        yield
+
+
+def test_example_pool_gets_its_children_and_printer_columns(cluster: Cluster,
+                                                            operator: None) -> None:
+    k = cluster.kubectl
+    k("apply", "-f", str(ROOT / "examples" / "llama-8b-disaggregated.yaml"))
+    wait_for(lambda: cluster.settled("llama-8b", "serving"), what="llama-8b status")
+    pool = k.get("inferencepool", "llama-8b", "serving")
+    assert pool is not None
+    expected = {("Deployment", f"llama-8b-{r}") for r in ("prefill", "decode", "router")}
+    expected |= {("Service", f"llama-8b-{r}") for r in ("prefill", "decode", "router")}
+    expected |= {("PodDisruptionBudget", f"llama-8b-{r}") for r in ("prefill", "decode", "router")}
+    expected |= {("ConfigMap", "llama-8b-router")}
+    if cluster.emu is not None:  # the fixture installed the Prometheus Operator CRDs
+        expected |= {("ServiceMonitor", "llama-8b-router"), ("PodMonitor", "llama-8b-engines")}
+    found = {}
+    for kind, name in expected:
+        obj = k.get(kind, name, "serving")
+        assert obj is not None, f"{kind}/{name} missing"
+        found[(kind, name)] = obj
+        ref = obj["metadata"]["ownerReferences"][0]
+        assert (ref["kind"], ref["name"], ref["uid"]) == (
+            "InferencePool", "llama-8b", pool["metadata"]["uid"])
+        assert obj["metadata"]["labels"][names.POOL_LABEL] == "llama-8b"
+    # Autoscaling applies: replicas came from the scale subresource, not from our apply.
+    assert found[("Deployment", "llama-8b-decode")]["spec"]["replicas"] == 2
+    headers = k("get", "ipool", "-n", "serving").splitlines()[0].split()
+    assert headers[:6] == ["NAME", "MODE", "PREFILL", "DECODE", "TTFT", "READY"]
+    row = k("get", "ipool", "llama-8b", "-n", "serving", "--no-headers").split()
+    assert row[:4] == ["llama-8b", "Disaggregated", "0/1", "0/2"]
+    assert row[4] == "False"  # no TTFT yet (empty column), Ready False: no pods run
+
+
+def test_noop_reconcile_makes_zero_writes(cluster: Cluster, operator: None) -> None:
+    name = next(_names)
+    cluster.kubectl.apply(cluster.pool(name))
+    wait_for(lambda: cluster.settled(name), what="first reconcile")
+    cluster.wait_reconciles(name, 1)  # let the create's follow-up events pass
+    before = cluster.writes_for(name)
+    cluster.wait_reconciles(name, 3)
+    assert cluster.writes_for(name) == before
+
+
+def test_drift_is_repaired_within_a_timer_period_with_an_event(cluster: Cluster,
+                                                               operator: None) -> None:
+    name = next(_names)
+    k = cluster.kubectl
+    k.apply(cluster.pool(name))
+    wait_for(lambda: cluster.settled(name), what="first reconcile")
+    k("set", "image", f"deployment/{name}-decode", "engine=evil:latest", "-n", "ops")
+    k("label", "deployment", f"{name}-prefill", f"{names.POOL_LABEL}-", "-n", "ops")
+    k("delete", "service", f"{name}-router", "-n", "ops")
+
+    def repaired() -> bool:
+        dec = cluster.get("deployment", f"{name}-decode")
+        pre = cluster.get("deployment", f"{name}-prefill")
+        svc = cluster.get("service", f"{name}-router")
+        return bool(dec and pre and svc) and (
+            dec["spec"]["template"]["spec"]["containers"][0]["image"] != "evil:latest"
+            and pre["metadata"]["labels"].get(names.POOL_LABEL) == name)  # type: ignore[index]
+
+    wait_for(repaired, timeout=4 * DRIFT + 5, what="drift repaired")
+    wait_for(lambda: cluster.events(name, "DriftRepaired"), what="a DriftRepaired event")
+
+
+def test_invalid_spec_degrades_and_leaves_children_untouched(
+    cluster: Cluster, operator: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    name = next(_names)
+    k = cluster.kubectl
+    k.apply(cluster.pool(name))
+    wait_for(lambda: cluster.settled(name), what="first reconcile")
+    before = {o["metadata"]["name"]: o["metadata"]["resourceVersion"]
+              for o in k.list("deployments", "ops", f"{names.POOL_LABEL}={name}")}
+    k.apply(cluster.pool(name, decode={"gpus": 0, "minReplicas": 5, "maxReplicas": 2,
+                                       "replicas": 5}))
+    cond = wait_for(lambda: (c := cluster.condition(name, "Degraded")) and
+                    c["reason"] == "InvalidSpec" and c, what="Degraded/InvalidSpec")
+    assert cond["status"] == "True"
+    assert "spec.decode.maxReplicas" in cond["message"]
+    events = wait_for(lambda: cluster.events(name, "InvalidSpec"), what="an InvalidSpec event")
+    assert events[0]["type"] == "Warning"
+    # The drift timer sees the bad spec again and again and still touches nothing.
+    seen = f"ops/{name}: invalid spec"
+    wait_for(lambda: sum(seen in r.getMessage() for r in caplog.records) >= 3,
+             timeout=5 * DRIFT + 5, what="the timer to run over the invalid spec")
+    after = {o["metadata"]["name"]: o["metadata"]["resourceVersion"]
+             for o in k.list("deployments", "ops", f"{names.POOL_LABEL}={name}")}
+    assert after == before
+    # Fixing the spec recovers.
+    k.apply(cluster.pool(name, decode={"gpus": 0, "replicas": 2, "maxReplicas": 4}))
+    wait_for(lambda: (c := cluster.condition(name, "Degraded")) and c["status"] == "False",
+             what="Degraded=False after the fix")
+
+
+def test_api_faults_are_retried_and_converge(cluster: Cluster, operator: None) -> None:
+    emu = cluster.need_emulator()
+    name = next(_names)
+    emu.faults.add("PATCH", rf"/deployments/{name}-decode$", 409, times=2)
+    emu.faults.add("PATCH", rf"/configmaps/{name}-router$", 500, times=1)
+    emu.faults.add("PATCH", rf"/services/{name}-prefill$", "timeout", times=1, delay_s=5)
+    # The write lands but the answer is lost: the retry must not double anything.
+    emu.faults.add("PATCH", rf"/poddisruptionbudgets/{name}-router$", 503, times=1, when="after")
+    cluster.kubectl.apply(cluster.pool(name))
+    wait_for(lambda: cluster.settled(name), timeout=40, what="convergence through faults")
+    for kind, role in [("deployment", "decode"), ("configmap", "router"),
+                       ("service", "prefill"), ("poddisruptionbudget", "router")]:
+        assert cluster.get(kind, f"{name}-{role}") is not None
+    assert not [f for f in emu.faults.rules if name in f.path]
+    # A dropped watch: the operator reconnects and still sees the next change.
+    assert emu.disconnect_watches(abrupt=True) > 0
+    cluster.kubectl.apply(cluster.pool(name, router={"replicas": 3}))
+    wait_for(lambda: (d := cluster.get("deployment", f"{name}-router")) and
+             d["spec"]["replicas"] == 3, timeout=30, what="change seen after a watch disconnect")
+
+
+def test_mode_switch_creates_new_workloads_before_removing_old(cluster: Cluster,
+                                                               operator: None) -> None:
+    emu = cluster.need_emulator()
+    name = next(_names)
+    k = cluster.kubectl
+    k.apply(cluster.pool(name))
+    wait_for(lambda: cluster.settled(name), what="first reconcile")
+    k.apply(cluster.pool(name, mode="Aggregated"))
+    wait_for(lambda: cluster.get("deployment", f"{name}-engine"), what="the engine Deployment")
+    cluster.wait_reconciles(name, 2)
+    # No engine pod is ready yet (nothing runs pods here): the old roles keep serving.
+    assert cluster.get("deployment", f"{name}-prefill") is not None
+    assert cluster.get("deployment", f"{name}-decode") is not None
+    k("patch", "deployment", f"{name}-engine", "-n", "ops", "--subresource=status",
+      "--type=merge", "-p", '{"status": {"replicas": 1, "readyReplicas": 1}}')
+    wait_for(lambda: cluster.get("deployment", f"{name}-prefill") is None
+             and cluster.get("deployment", f"{name}-decode") is None
+             and cluster.get("service", f"{name}-decode") is None, what="old roles removed")
+    writes = [(r.method, r.path) for r in emu.requests if r.is_write]
+    created = writes.index(("PATCH", f"/apis/apps/v1/namespaces/ops/deployments/{name}-engine"))
+    removed = writes.index(("DELETE", f"/apis/apps/v1/namespaces/ops/deployments/{name}-prefill"))
+    assert created < removed
+    status = (cluster.get("inferencepool", name) or {}).get("status") or {}
+    assert "engine" in status and "prefill" not in status
+
+
+@pytest.mark.parametrize("autoscaling,expected", [(True, 5), (False, 1)],
+                         ids=["autoscaling-on-leaves-replicas", "autoscaling-off-enforces-spec"])
+def test_replicas_ownership_with_autoscaling(cluster: Cluster, operator: None,
+                                             autoscaling: bool, expected: int) -> None:
+    name = next(_names)
+    k = cluster.kubectl
+    k.apply(cluster.pool(name, autoscaling={"enabled": autoscaling}))
+    wait_for(lambda: cluster.settled(name), what="first reconcile")
+    k("scale", f"deployment/{name}-decode", "--replicas=5", "-n", "ops")  # as the autoscaler
+    if cluster.emu is not None:
+        cluster.wait_reconciles(name, 3)
+        replicas = (cluster.get("deployment", f"{name}-decode") or {})["spec"]["replicas"]
+        assert replicas == expected
+    else:
+        wait_for(lambda: (cluster.get("deployment", f"{name}-decode") or {})["spec"]["replicas"]
+                 == expected, what=f"decode replicas == {expected}")
+
+
+def test_turning_autoscaling_on_keeps_the_current_size(cluster: Cluster, operator: None) -> None:
+    name = next(_names)
+    k = cluster.kubectl
+    k.apply(cluster.pool(name, autoscaling={"enabled": False},
+                         decode={"gpus": 0, "replicas": 3, "maxReplicas": 4}))
+    wait_for(lambda: cluster.settled(name), what="first reconcile")
+    k.apply(cluster.pool(name, autoscaling={"enabled": True},
+                         decode={"gpus": 0, "replicas": 3, "maxReplicas": 4}))
+    wait_for(lambda: cluster.settled(name), what="reconcile of the switch")
+    assert (cluster.get("deployment", f"{name}-decode") or {})["spec"]["replicas"] == 3
+    k("scale", f"deployment/{name}-decode", "--replicas=4", "-n", "ops")
+    if cluster.emu is not None:
+        cluster.wait_reconciles(name, 2)
+    assert (cluster.get("deployment", f"{name}-decode") or {})["spec"]["replicas"] == 4
+
+
+def test_deleting_the_pool_garbage_collects_children(cluster: Cluster, operator: None) -> None:
+    name = next(_names)
+    k = cluster.kubectl
+    k.apply(cluster.pool(name))
+    wait_for(lambda: cluster.get("deployment", f"{name}-router"), what="children")
+    k("delete", "inferencepool", name, "-n", "ops")
+    wait_for(lambda: not k.list("deployments", "ops", f"{names.POOL_LABEL}={name}")
+             and not k.list("services", "ops", f"{names.POOL_LABEL}={name}"),
+             what="children garbage-collected")
