@@ -1,0 +1,150 @@
+"""Prometheus adapter: run the fixed query set once per cycle and turn it into Observations.
+
+`PrometheusSource.fetch()` does the I/O (through prometheus-api-client); `observation()` is a
+pure function that assembles one pool's `decide.Observation` from a `Snapshot` and the
+Kubernetes view of its roles.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from poolpilot.autoscaler import queries as q
+from poolpilot.autoscaler.decide import Observation, RoleObservation
+
+GroupKey = tuple[str, str, str]  # (namespace, pool, role); role "" for per-pool series
+
+
+@dataclass
+class Snapshot:
+    """Every query's result at one evaluation time: key -> {(namespace, pool, role): value}.
+
+    A group missing from a key's dict had no series (no data); NaN values stay NaN.
+    `error` is set when Prometheus could not answer (then `values` may be partial).
+    """
+
+    time: float
+    values: dict[str, dict[GroupKey, float]] = field(default_factory=dict)
+    error: str | None = None
+    queries: int = 0
+
+    def get(self, key: str, group: GroupKey) -> float | None:
+        return self.values.get(key, {}).get(group)
+
+
+class MetricsSource(Protocol):
+    def fetch(self, ttft_quantiles: Iterable[float], itl_quantiles: Iterable[float]) -> Snapshot:
+        ...
+
+
+@dataclass(frozen=True)
+class RoleState:
+    """The Kubernetes view of one role (see decide.RoleObservation for the meaning)."""
+
+    replicas: int
+    ready: int
+    starting: int = 0
+    unschedulable: int = 0
+    unschedulable_message: str = ""
+
+
+class PrometheusSource:
+    """Runs the QuerySet against a Prometheus server, a few queries in parallel."""
+
+    def __init__(self, url: str, query_set: q.QuerySet | None = None, timeout: float = 10.0,
+                 parallel: int = 4) -> None:
+        from prometheus_api_client import PrometheusConnect
+        from urllib3.util.retry import Retry
+
+        self.url = url
+        self.query_set = query_set or q.QuerySet()
+        self.timeout = timeout
+        self.parallel = parallel
+        # One quick retry: a cycle that cannot reach Prometheus holds and tries next cycle.
+        # POST, because the namespace matcher can make a query long.
+        self._prom = PrometheusConnect(
+            url=url,
+            disable_ssl=True,
+            timeout=timeout,  # type: ignore[arg-type]
+            retry=Retry(total=1, backoff_factor=0.1, status_forcelist=(502, 503, 504),
+                        allowed_methods=None),
+            method="POST",
+        )
+
+    def fetch(self, ttft_quantiles: Iterable[float] = (0.9,),
+              itl_quantiles: Iterable[float] = (0.9,)) -> Snapshot:
+        queries = self.query_set.build(ttft_quantiles, itl_quantiles)
+        # One evaluation time for every query, so all signals describe the same instant.
+        snap = Snapshot(time=time.time(), queries=len(queries))
+
+        def run(item: tuple[str, str]) -> tuple[str, dict[GroupKey, float] | str]:
+            key, promql = item
+            try:
+                result = self._prom.custom_query(
+                    promql, params={"time": snap.time, "timeout": f"{round(self.timeout * 1000)}ms"}
+                )
+            except Exception as exc:  # connection refused, 4xx/5xx, timeouts: all "no data"
+                return key, f"{type(exc).__name__}: {exc}"
+            return key, parse_vector(result)
+
+        with ThreadPoolExecutor(max_workers=self.parallel) as pool:
+            for key, out in pool.map(run, queries.items()):
+                if isinstance(out, str):
+                    snap.error = snap.error or f"{key}: {out}"[:500]
+                else:
+                    snap.values[key] = out
+        return snap
+
+
+def parse_vector(result: Any) -> dict[GroupKey, float]:
+    """An instant-vector result -> {(namespace, pool, role): value}; NaN stays NaN."""
+    out: dict[GroupKey, float] = {}
+    for series in result or []:
+        labels = series.get("metric", {})
+        key = (labels.get("namespace", ""), labels.get("pool", ""), labels.get("role", ""))
+        out[key] = float(series["value"][1])  # float("NaN") and "+Inf" parse
+    return out
+
+
+def observation(
+    namespace: str,
+    pool: str,
+    roles: Mapping[str, RoleState],
+    snap: Snapshot,
+    ttft_quantile: float,
+    itl_quantile: float,
+) -> Observation:
+    """One pool's Observation: Kubernetes counts plus this pool's groups of the snapshot."""
+    per_role = {}
+    for role, st in roles.items():
+        g = (namespace, pool, role)
+        sample_time = snap.get(q.SAMPLE_TIME, g)
+        age = None if sample_time is None or math.isnan(sample_time) else snap.time - sample_time
+        per_role[role] = RoleObservation(
+            replicas=st.replicas,
+            ready=st.ready,
+            starting=st.starting,
+            unschedulable=st.unschedulable,
+            unschedulable_message=st.unschedulable_message,
+            waiting=snap.get(q.WAITING, g),
+            running=snap.get(q.RUNNING, g),
+            kv_usage=snap.get(q.KV_USAGE, g),
+            ttft=snap.get(q.ttft_key(ttft_quantile), g),
+            itl=snap.get(q.itl_key(itl_quantile), g),
+            prompt_tokens_rate=snap.get(q.PROMPT_RATE, g),
+            generation_tokens_rate=snap.get(q.GENERATION_RATE, g),
+            sample_age=max(0.0, age) if age is not None else None,
+        )
+    p = (namespace, pool, "")
+    return Observation(
+        roles=per_role,
+        router_ttft=snap.get(q.router_ttft_key(ttft_quantile), p),
+        router_inflight=snap.get(q.ROUTER_INFLIGHT, p),
+        router_request_rate=snap.get(q.ROUTER_REQUEST_RATE, p),
+        prometheus_error=snap.error,
+    )

@@ -1,0 +1,129 @@
+"""The autoscaler's PromQL: a fixed, small set of queries for ALL pools at once.
+
+Every query aggregates `by (namespace, pool, role)` (the labels Prometheus relabels from the
+pods), so one cycle costs the same handful of queries whether it watches 1 pool or 1,000.
+Latency quantiles depend on the pools' SLOs, so there is one TTFT/ITL query per distinct
+quantile in use (usually one: 0.9).
+
+vLLM renames metrics between releases; each signal falls back to the older name per group
+with PromQL `or` (a pool still on an old vLLM keeps working, one on a new vLLM wins):
+
+| signal         | current name (vLLM 0.3x)             | older name                            |
+|----------------|--------------------------------------|---------------------------------------|
+| KV-cache usage | vllm:kv_cache_usage_perc             | vllm:gpu_cache_usage_perc             |
+| ITL            | vllm:inter_token_latency_seconds     | vllm:time_per_output_token_seconds    |
+
+(The table is poolpilot.metrics.VLLM_RENAMED; add a row there and every query follows.)
+
+Every vLLM name is also tried in its underscore-escaped form (`vllm:num_requests_waiting` ->
+`vllm_num_requests_waiting`): prometheus_client (0.2x) escapes the colon in sample names when
+a scraper negotiates OpenMetrics 1.0 without asking for UTF-8 names, which Prometheus 2.x
+does, so the same engine shows up under either name depending on the Prometheus version.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from poolpilot import metrics as m
+
+BY = "namespace, pool, role"
+GROUP_LABELS = ("namespace", "pool", "role")
+
+# Keys of the per-group values the observation reads.
+WAITING = "waiting"
+RUNNING = "running"
+KV_USAGE = "kv_usage"
+PROMPT_RATE = "prompt_tokens_rate"
+GENERATION_RATE = "generation_tokens_rate"
+SAMPLE_TIME = "sample_time"
+ROUTER_INFLIGHT = "router_inflight"
+ROUTER_REQUEST_RATE = "router_request_rate"
+
+
+def name_variants(metric: str) -> list[str]:
+    """The names one vLLM signal may carry in Prometheus, preferred first."""
+    names = [metric]
+    old = m.VLLM_RENAMED.get(metric)
+    if old is not None:
+        names.append(old)
+    out: list[str] = []
+    for name in names:
+        out += [name] if ":" not in name else [name, name.replace(":", "_")]
+    return out
+
+
+def ttft_key(q: float) -> str:
+    return f"ttft@{q:g}"
+
+
+def itl_key(q: float) -> str:
+    return f"itl@{q:g}"
+
+
+def router_ttft_key(q: float) -> str:
+    return f"router_ttft@{q:g}"
+
+
+@dataclass(frozen=True)
+class QuerySet:
+    """Builds the queries for a scope (some namespaces or all) and a rate window."""
+
+    window_seconds: float = 60.0
+    namespaces: tuple[str, ...] = ()  # empty: every namespace
+
+    def selector(self) -> str:
+        matchers = ['pool!=""']
+        if self.namespaces:
+            matchers.append('namespace=~"' + "|".join(sorted(self.namespaces)) + '"')
+        return "{" + ", ".join(matchers) + "}"
+
+    def window(self) -> str:
+        ms = max(1, round(self.window_seconds * 1000))
+        return f"{ms // 1000}s" if ms % 1000 == 0 else f"{ms}ms"
+
+    def _compat(self, metric: str, build: Callable[[str], str]) -> str:
+        """`build(metric)`, falling back per group to the escaped name, then to the older
+        vLLM name (and its escaped form) if there is one."""
+        return " or ".join(build(name) for name in name_variants(metric))
+
+    def _quantile(self, q: float, histogram: str) -> str:
+        s, w = self.selector(), self.window()
+        inner = self._compat(
+            histogram, lambda h: f"sum by ({BY}, le) (rate({h}_bucket{s}[{w}]))"
+        )
+        return f"histogram_quantile({q:g}, {inner})"
+
+    def build(
+        self, ttft_quantiles: Iterable[float] = (0.9,), itl_quantiles: Iterable[float] = (0.9,)
+    ) -> dict[str, str]:
+        """Query key -> PromQL. Keys: the constants above plus ttft@Q, itl@Q, router_ttft@Q."""
+        s, w = self.selector(), self.window()
+        queries = {
+            WAITING: self._compat(m.VLLM_WAITING, lambda g: f"sum by ({BY}) ({g}{s})"),
+            RUNNING: self._compat(m.VLLM_RUNNING, lambda g: f"sum by ({BY}) ({g}{s})"),
+            KV_USAGE: self._compat(m.VLLM_KV_USAGE, lambda g: f"avg by ({BY}) ({g}{s})"),
+            PROMPT_RATE: self._compat(
+                m.VLLM_PROMPT_TOKENS, lambda c: f"sum by ({BY}) (rate({c}{s}[{w}]))"
+            ),
+            GENERATION_RATE: self._compat(
+                m.VLLM_GENERATION_TOKENS, lambda c: f"sum by ({BY}) (rate({c}{s}[{w}]))"
+            ),
+            # Newest sample per group: its age tells stale data from fresh.
+            SAMPLE_TIME: self._compat(
+                m.VLLM_WAITING, lambda g: f"max by ({BY}) (timestamp({g}{s}))"
+            ),
+            ROUTER_INFLIGHT: f"sum by (namespace, pool) ({m.ROUTER_INFLIGHT}{s})",
+            ROUTER_REQUEST_RATE: f"sum by (namespace, pool) (rate({m.ROUTER_REQUESTS}{s}[{w}]))",
+        }
+        for q in sorted(set(ttft_quantiles)):
+            queries[ttft_key(q)] = self._quantile(q, m.VLLM_TTFT)
+            s_router = s
+            queries[router_ttft_key(q)] = (
+                f"histogram_quantile({q:g}, sum by (namespace, pool, le) "
+                f"(rate({m.ROUTER_TTFT}_bucket{s_router}[{w}])))"
+            )
+        for q in sorted(set(itl_quantiles)):
+            queries[itl_key(q)] = self._quantile(q, m.VLLM_ITL)
+        return queries

@@ -1,0 +1,161 @@
+"""Fixture exporters with known values, served by prometheus_client on free loopback ports.
+
+Each `FakeEngine` exports vLLM-named series whose values a test chooses: gauges as given,
+counters growing at exact rates (from a large offset, so Prometheus's rate() extrapolation
+never clips at zero), and histograms whose observations all fall in one bucket at a steady
+rate, so histogram_quantile(q) is `lower + (upper - lower) * q` exactly.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    generate_latest,
+    start_http_server,
+)
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+
+from poolpilot import metrics as m
+from poolpilot.localprom import Target, free_port
+
+COUNTER_OFFSET = 1_000_000.0
+
+
+@dataclass
+class Hist:
+    """Observations per second, all in the bucket (lower, upper] of `buckets`."""
+
+    upper: float
+    per_second: float = 10.0
+    buckets: tuple[float, ...] = m.TTFT_BUCKETS
+
+    def lower(self) -> float:
+        i = self.buckets.index(self.upper)
+        return 0.0 if i == 0 else self.buckets[i - 1]
+
+    def quantile(self, q: float) -> float:
+        """What Prometheus's histogram_quantile(q) must return for this histogram."""
+        return self.lower() + (self.upper - self.lower()) * q
+
+
+@dataclass(eq=False)  # identity hash: the registry keys collectors by object
+class FakeExporter(Collector):
+    """A /metrics page: gauges {name: value}, counters {name: per-second rate} and
+    histograms {name: Hist}; extra labels on every series (e.g. the router's own)."""
+
+    gauges: dict[str, float] = field(default_factory=dict)
+    counters: dict[str, float] = field(default_factory=dict)
+    histograms: dict[str, Hist] = field(default_factory=dict)
+    labels: dict[str, str] = field(default_factory=dict)
+    port: int = 0
+    # True: always serve the text format 0.0.4 (names keep their colons). False: let
+    # prometheus_client negotiate, which gives Prometheus 2.x OpenMetrics with the colons
+    # escaped to underscores (vllm_num_requests_waiting): the autoscaler must read both.
+    text_only: bool = False
+    _started: float = field(default_factory=time.time)
+    _server: Any = None
+
+    def collect(self) -> Iterator[Metric]:
+        elapsed = time.time() - self._started
+        names, values = list(self.labels), list(self.labels.values())
+        for name, value in self.gauges.items():
+            g = GaugeMetricFamily(name, "fixture gauge", labels=names)
+            g.add_metric(values, value)
+            yield g
+        for name, rate in self.counters.items():
+            c = CounterMetricFamily(name.removesuffix("_total"), "fixture counter", labels=names)
+            c.add_metric(values, COUNTER_OFFSET + rate * elapsed)
+            yield c
+        for name, h in self.histograms.items():
+            count = COUNTER_OFFSET + h.per_second * elapsed
+            buckets = [(_le(b), 0.0 if b < h.upper else count) for b in h.buckets]
+            buckets.append(("+Inf", count))
+            hist = HistogramMetricFamily(name, "fixture histogram", labels=names)
+            hist.add_metric(values, buckets, sum_value=count * h.upper)
+            yield hist
+
+    def start(self) -> FakeExporter:
+        registry = CollectorRegistry()
+        registry.register(self)
+        self.port = free_port()
+        if not self.text_only:
+            self._server, _ = start_http_server(self.port, addr="127.0.0.1", registry=registry)
+            return self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                body = generate_latest(registry)
+                self.send_response(200)
+                self.send_header("Content-Type", CONTENT_TYPE_LATEST)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+    def target(self, namespace: str, pool: str, role: str) -> Target:
+        return Target(f"127.0.0.1:{self.port}",
+                      {"namespace": namespace, "pool": pool, "role": role})
+
+
+def _le(bound: float) -> str:
+    return repr(float(bound))
+
+
+def engine(waiting: float = 0, running: float = 0, kv: float | None = 0.0,
+           prompt_rate: float = 0, generation_rate: float = 0,
+           ttft: Hist | None = None, itl: Hist | None = None, old_names: bool = False,
+           text_only: bool = False) -> FakeExporter:
+    """A vLLM engine's page; `old_names` uses the names older vLLM releases exported."""
+    kv_name = m.VLLM_RENAMED[m.VLLM_KV_USAGE] if old_names else m.VLLM_KV_USAGE
+    itl_name = m.VLLM_RENAMED[m.VLLM_ITL] if old_names else m.VLLM_ITL
+    gauges = {m.VLLM_WAITING: waiting, m.VLLM_RUNNING: running}
+    if kv is not None:
+        gauges[kv_name] = kv
+    hists = {}
+    if ttft is not None:
+        hists[m.VLLM_TTFT] = ttft
+    if itl is not None:
+        hists[itl_name] = itl
+    return FakeExporter(
+        gauges=gauges,
+        counters={m.VLLM_PROMPT_TOKENS: prompt_rate, m.VLLM_GENERATION_TOKENS: generation_rate},
+        histograms=hists,
+        text_only=text_only,
+    )
+
+
+def router(pool: str, inflight: float = 0, request_rate: float = 0,
+           ttft: Hist | None = None) -> FakeExporter:
+    """The router's page; its own `pool` label clashes with the target's (as in a cluster)."""
+    return FakeExporter(
+        gauges={m.ROUTER_INFLIGHT: inflight},
+        counters={m.ROUTER_REQUESTS: request_rate},
+        histograms={m.ROUTER_TTFT: ttft} if ttft else {},
+        labels={"pool": pool},
+    )

@@ -1,0 +1,215 @@
+"""The autoscaler's queries against a real Prometheus scraping exporters with known values."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import pytest
+from autoscaler_exporters import FakeExporter, Hist, engine, router
+from poolpilot.autoscaler import queries as q
+from poolpilot.autoscaler.decide import History, Policy, decide
+from poolpilot.autoscaler.observe import PrometheusSource, RoleState, Snapshot, observation
+
+from poolpilot import metrics as m
+from poolpilot.localprom import PrometheusProcess, Target, free_port
+
+pytestmark = pytest.mark.adapter
+
+WINDOW = 6.0
+TTFT_PRE = Hist(upper=0.75)  # quantile 0.9 -> 0.5 + 0.25 * 0.9 = 0.725
+TTFT_ROUTER = Hist(upper=2.5)  # quantile 0.9 -> 1.0 + 1.5 * 0.9 = 2.35
+ITL_NEW = Hist(upper=0.075, buckets=m.ITL_BUCKETS)  # 0.05 + 0.025 * 0.9 = 0.0725
+ITL_OLD = Hist(upper=0.2, buckets=m.ITL_BUCKETS)  # 0.15 + 0.05 * 0.9 = 0.195
+
+# Pool alpha (team-a): 2 prefill + 2 decode engines on current vLLM names, and a router;
+# served as text 0.0.4 (names keep their colons).
+# Pool beta (team-b): one decode engine on the names older vLLM releases used, served the way
+# prometheus_client negotiates with Prometheus 2.x (colons escaped to underscores).
+# Pool gamma (team-b): a decode engine whose KV gauge is NaN; later it disappears (stale).
+EXPORTERS: dict[tuple[str, str, str, int], FakeExporter] = {
+    ("team-a", "alpha", "prefill", 0): engine(waiting=3, running=1, prompt_rate=200, ttft=TTFT_PRE,
+                                              text_only=True),
+    ("team-a", "alpha", "prefill", 1): engine(waiting=4, running=2, prompt_rate=200, ttft=TTFT_PRE,
+                                              text_only=True),
+    ("team-a", "alpha", "decode", 0): engine(running=50, kv=0.2, generation_rate=50, itl=ITL_NEW,
+                                              text_only=True),
+    ("team-a", "alpha", "decode", 1): engine(running=70, kv=0.4, generation_rate=50, itl=ITL_NEW,
+                                              text_only=True),
+    ("team-a", "alpha", "router", 0): router("alpha", inflight=5, request_rate=2,
+                                            ttft=TTFT_ROUTER),
+    ("team-b", "beta", "decode", 0): engine(running=10, kv=0.6, generation_rate=7, itl=ITL_OLD,
+                                           old_names=True),
+    ("team-b", "gamma", "decode", 0): engine(running=1, kv=math.nan),
+}
+
+
+@dataclass
+class Env:
+    prom: PrometheusProcess
+    source: PrometheusSource
+    targets: list[Target]
+
+
+def poll(fetch: Callable[[], Snapshot], ok: Callable[[Snapshot], bool], timeout: float = 30
+         ) -> Snapshot:
+    """Fetch until `ok` (Prometheus needs a few scrapes before rates exist)."""
+    deadline = time.monotonic() + timeout
+    snap = fetch()
+    while not ok(snap):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met in {timeout}s: {snap.values}")
+        time.sleep(0.25)
+        snap = fetch()
+    return snap
+
+
+@pytest.fixture(scope="module")
+def env() -> Iterator[Env]:
+    started = []
+    try:
+        for exp in EXPORTERS.values():
+            started.append(exp.start())
+        targets = [exp.target(ns, pool, role) for (ns, pool, role, _), exp in EXPORTERS.items()]
+        with PrometheusProcess(scrape_interval=0.5) as prom:
+            prom.start(targets)
+            source = PrometheusSource(prom.url, q.QuerySet(window_seconds=WINDOW))
+            yield Env(prom, source, targets)
+    finally:
+        for exp in started:
+            exp.stop()
+
+
+def ready(snap: Snapshot) -> bool:
+    return all(
+        (k in snap.values and ("team-a", "alpha", role) in snap.values[k])
+        for k, role in [(q.PROMPT_RATE, "prefill"), (q.ttft_key(0.9), "prefill"),
+                        (q.itl_key(0.9), "decode")]
+    ) and ("team-a", "alpha", "") in snap.values.get(q.router_ttft_key(0.9), {}) and (
+        ("team-b", "beta", "decode") in snap.values.get(q.itl_key(0.9), {}))
+
+
+A_PRE, A_DEC, B_DEC, G_PRE = (("team-a", "alpha", "prefill"), ("team-a", "alpha", "decode"),
+                              ("team-b", "beta", "decode"), ("team-b", "gamma", "decode"))
+A_POOL = ("team-a", "alpha", "")
+
+
+@dataclass
+class Expect:
+    id: str
+    key: str
+    group: tuple[str, str, str]
+    value: float | None  # None: no series; NaN: NaN
+    rel: float = 1e-9
+
+
+EXPECTED = [
+    Expect("waiting-summed-over-replicas", q.WAITING, A_PRE, 7),
+    Expect("running-summed-over-replicas", q.RUNNING, A_DEC, 120),
+    Expect("kv-usage-averaged", q.KV_USAGE, A_DEC, 0.3),
+    Expect("kv-usage-old-vllm-name", q.KV_USAGE, B_DEC, 0.6),
+    Expect("kv-usage-nan-stays-nan", q.KV_USAGE, G_PRE, math.nan),
+    # Rates: equal per replica, so a wrong aggregation (avg, max) is off by half; the
+    # tolerance absorbs scrape jitter on a busy machine.
+    Expect("prompt-token-rate-summed", q.PROMPT_RATE, A_PRE, 400, rel=0.2),
+    Expect("generation-token-rate-summed", q.GENERATION_RATE, A_DEC, 100, rel=0.2),
+    Expect("ttft-quantile-at-prefill", q.ttft_key(0.9), A_PRE, TTFT_PRE.quantile(0.9)),
+    Expect("ttft-quantile-at-router", q.router_ttft_key(0.9), A_POOL, TTFT_ROUTER.quantile(0.9)),
+    Expect("itl-quantile-at-decode", q.itl_key(0.9), A_DEC, ITL_NEW.quantile(0.9)),
+    Expect("itl-quantile-old-vllm-name", q.itl_key(0.9), B_DEC, ITL_OLD.quantile(0.9)),
+    Expect("router-inflight-despite-label-clash", q.ROUTER_INFLIGHT, A_POOL, 5),
+    Expect("router-request-rate", q.ROUTER_REQUEST_RATE, A_POOL, 2, rel=0.2),
+    Expect("no-series-for-a-role-without-engines", q.WAITING, ("team-a", "alpha", "engine"),
+           None),
+    Expect("no-ttft-where-no-histogram", q.ttft_key(0.9), G_PRE, None),
+]
+
+
+def window_filled(env: Env) -> bool:
+    """Every target has been scraped for the whole rate window (else rate() under-reads)."""
+    from prometheus_api_client import PrometheusConnect
+
+    full = WINDOW / env.prom.scrape_interval - 1
+    got = PrometheusConnect(env.prom.url).custom_query(
+        f'min(count_over_time(up{{pool!=""}}[{WINDOW:g}s]))')
+    return bool(got) and float(got[0]["value"][1]) >= full
+
+
+@pytest.fixture(scope="module")
+def snapshot(env: Env) -> Snapshot:
+    return poll(env.source.fetch, lambda s: ready(s) and window_filled(env))
+
+
+@pytest.mark.parametrize("e", EXPECTED, ids=[e.id for e in EXPECTED])
+def test_query_returns_what_the_exporters_imply(snapshot: Snapshot, e: Expect) -> None:
+    assert snapshot.error is None
+    got = snapshot.get(e.key, e.group)
+    if e.value is None:
+        assert got is None
+    elif math.isnan(e.value):
+        assert got is not None and math.isnan(got)
+    else:
+        assert got == pytest.approx(e.value, rel=e.rel), (e.key, snapshot.values.get(e.key))
+
+
+def test_one_fixed_query_set_for_all_pools(snapshot: Snapshot, env: Env) -> None:
+    # 8 plain signals + TTFT at engines and router + ITL, whatever the number of pools.
+    assert snapshot.queries == 11
+    assert len({g[:2] for g in snapshot.values[q.WAITING]}) == 3  # alpha, beta, gamma
+    scoped = q.QuerySet(namespaces=("team-b",)).build()
+    assert all('namespace=~"team-b"' in promql for promql in scoped.values())
+
+
+def test_samples_are_fresh(snapshot: Snapshot) -> None:
+    age = snapshot.time - (snapshot.get(q.SAMPLE_TIME, A_PRE) or 0)
+    assert 0 <= age < 5
+
+
+def test_observation_feeds_the_decision(snapshot: Snapshot) -> None:
+    obs = observation("team-a", "alpha", {"prefill": RoleState(2, 2), "decode": RoleState(2, 2)},
+                      snapshot, 0.9, 0.9)
+    d = decide(obs, Policy(bounds={"prefill": (1, 8), "decode": (1, 8)}), History.warm(),
+               snapshot.time)
+    # Router TTFT 2.35 s vs 1 s target: prefill 2 -> ceil(2 * 2.35) = 5.
+    assert (d.replicas["prefill"], d.roles["prefill"].reason) == (5, "TTFTAboveTarget")
+    # ITL 0.0725 vs 0.05: decode 2 -> ceil(2 * 1.45) = 3.
+    assert (d.replicas["decode"], d.roles["decode"].reason) == (3, "ITLAboveTarget")
+    assert d.metrics_available.status
+
+
+def test_nan_gauge_holds_the_size(snapshot: Snapshot) -> None:
+    obs = observation("team-b", "gamma", {"decode": RoleState(3, 3)}, snapshot, 0.9, 0.9)
+    # gamma's decode runs 1 sequence on 3 replicas (would scale down), but its KV usage is NaN.
+    d = decide(obs, Policy(bounds={"decode": (1, 8)}), History.warm(), snapshot.time)
+    assert (d.replicas["decode"], d.roles["decode"].reason) == (3, "MetricsUnavailable")
+    assert not d.metrics_available.status
+
+
+def test_empty_pool_holds_the_size(snapshot: Snapshot) -> None:
+    obs = observation("team-c", "nobody", {"decode": RoleState(4, 4)}, snapshot, 0.9, 0.9)
+    d = decide(obs, Policy(bounds={"decode": (1, 8)}), History.warm(), snapshot.time)
+    assert (d.replicas["decode"], d.roles["decode"].reason) == (4, "MetricsUnavailable")
+
+
+def test_prometheus_down_is_no_data_not_zero() -> None:
+    source = PrometheusSource(f"http://127.0.0.1:{free_port()}", timeout=2)
+    snap = source.fetch()
+    assert snap.error and not snap.values
+    obs = observation("team-a", "alpha", {"prefill": RoleState(2, 2), "decode": RoleState(2, 2)},
+                      snap, 0.9, 0.9)
+    pol = Policy(bounds={"prefill": (0, 8), "decode": (0, 8)}, scale_to_zero=True)
+    d = decide(obs, pol, History.warm(), snap.time)
+    assert d.replicas == {"prefill": 2, "decode": 2}
+    assert d.metrics_available.reason == "MetricsUnavailable"
+
+
+def test_vanished_target_goes_stale_and_holds(env: Env, snapshot: Snapshot) -> None:
+    # Runs last in this module: gamma's exporter is removed from the scrape targets.
+    env.prom.set_targets([t for t in env.targets if t.labels["pool"] != "gamma"])
+    snap = poll(env.source.fetch, lambda s: G_PRE not in s.values.get(q.WAITING, {}))
+    assert A_PRE in snap.values[q.WAITING]  # the others are still there
+    obs = observation("team-b", "gamma", {"decode": RoleState(3, 3)}, snap, 0.9, 0.9)
+    d = decide(obs, Policy(bounds={"decode": (1, 8)}), History.warm(), snap.time)
+    assert (d.replicas["decode"], d.roles["decode"].reason) == (3, "MetricsUnavailable")
