@@ -70,7 +70,7 @@ class PrometheusSource:
         self._prom = PrometheusConnect(
             url=url,
             disable_ssl=True,
-            timeout=timeout,  # type: ignore[arg-type]
+            timeout=timeout,
             retry=Retry(total=1, backoff_factor=0.1, status_forcelist=(502, 503, 504),
                         allowed_methods=None),
             method="POST",
