@@ -11,7 +11,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from poolpilot import metrics as m
-from poolpilot.dashboards.promql import BY_POOL, BY_ROLE, ENGINE_ROLES, POOL_TARGETS, quantile, sel
+from poolpilot.dashboards.promql import (
+    BY_POOL,
+    BY_ROLE,
+    ENGINE_ROLES,
+    POOL_TARGETS,
+    quantile,
+    rate,
+    series,
+)
 
 SCHEMA_VERSION = 39
 DS = {"type": "prometheus", "uid": "${datasource}"}
@@ -109,10 +117,11 @@ def _variables(with_pool: bool) -> Json:
     ds = {"name": "datasource", "label": "Prometheus", "type": "datasource",
           "query": "prometheus", "current": {}, "hide": 0, "refresh": 1, "options": [],
           "regex": "", "skipUrlSync": False}
-    variables = [ds, _query_var("namespace", f"label_values(up{sel(POOL_TARGETS)}, namespace)")]
+    variables = [ds, _query_var("namespace",
+                                f"label_values({series('up', POOL_TARGETS)}, namespace)")]
     if with_pool:
         variables.append(
-            _query_var("pool", f"label_values(up{sel(POOL_TARGETS, NS)}, pool)")
+            _query_var("pool", f"label_values({series('up', POOL_TARGETS, NS)}, pool)")
         )
     return {"list": variables}
 
@@ -144,7 +153,7 @@ def _annotations(scale_events: bool) -> Json:
 
 
 # A change of the desired replica count is a scale decision (up or down).
-SCALE_EVENTS_SERIES = f"{m.AUTOSCALER_DESIRED}{sel(NS, POOL)}"
+SCALE_EVENTS_SERIES = series(m.AUTOSCALER_DESIRED, NS, POOL)
 SCALE_EVENTS = f"changes({SCALE_EVENTS_SERIES}[1m]) > 0"
 
 
@@ -170,80 +179,85 @@ def dashboard(uid: str, title: str, description: str, items: list[Panel | Row], 
     }
 
 
-def _latency_panel(title: str, hist: str, selector: str, by: str, legend: str,
-                   target_signal: str, description: str) -> Panel:
-    signal = f'signal="{target_signal}"'
+def _latency_panel(title: str, hist: str, by: str, legend: str, target_signal: str,
+                   description: str, *matchers: str) -> Panel:
     queries = [
-        Query(quantile(q, hist, selector, W, by), f"{legend} p{round(q * 100)}")
+        Query(quantile(q, hist, W, by, NS, POOL, *matchers), f"{legend} p{round(q * 100)}")
         for q in (0.5, 0.9, 0.99)
     ]
+    signal = f'signal="{target_signal}"'
     queries.append(Query(
-        f"max by ({BY_POOL}) ({m.AUTOSCALER_SIGNAL_TARGET}{sel(NS, POOL, signal)})",
+        f"max by ({BY_POOL}) ({series(m.AUTOSCALER_SIGNAL_TARGET, NS, POOL, signal)})",
         "{{pool}} target",
     ))
     return Panel(title, queries, unit="s", description=description, dashed=".*target")
 
 
+def _by(agg: str, by: str, metric: str, *matchers: str) -> str:
+    return f"{agg} by ({by}) ({series(metric, *matchers)})"
+
+
+def _rate_by(by: str, metric: str, *matchers: str) -> str:
+    return f"sum by ({by}) ({rate(metric, W, *matchers)})"
+
+
 def pool_dashboard() -> Json:
-    s = sel(NS, POOL)
-    s_engines = sel(NS, POOL, ENGINE_ROLES)
+    f = (NS, POOL)
     items: list[Panel | Row] = [
         Row("Latency against the SLO"),
         _latency_panel(
-            "TTFT at the router (user-visible)", m.ROUTER_TTFT, s, BY_POOL, "{{pool}}", "TTFT",
+            "TTFT at the router (user-visible)", m.ROUTER_TTFT, BY_POOL, "{{pool}}", "TTFT",
             "Time to first token as clients see it: prefill + KV transfer + first decode step. "
             "Dashed: the pool's SLO target.",
         ),
         _latency_panel(
-            "TTFT per engine role", m.VLLM_TTFT, s_engines, BY_ROLE, "{{pool}} {{role}}", "TTFT",
+            "TTFT per engine role", m.VLLM_TTFT, BY_ROLE, "{{pool}} {{role}}", "TTFT",
             "vLLM's own time to first token per role: tells which role adds the latency.",
+            ENGINE_ROLES,
         ),
         _latency_panel(
-            "Inter-token latency at the router", m.ROUTER_ITL, s, BY_POOL, "{{pool}}", "ITL",
+            "Inter-token latency at the router", m.ROUTER_ITL, BY_POOL, "{{pool}}", "ITL",
             "Time between streamed tokens as clients see it. Dashed: the pool's SLO target.",
         ),
         _latency_panel(
-            "Inter-token latency per engine role", m.VLLM_ITL, s_engines, BY_ROLE,
-            "{{pool}} {{role}}", "ITL", "vLLM's inter-token latency (decode steps) per role.",
+            "Inter-token latency per engine role", m.VLLM_ITL, BY_ROLE, "{{pool}} {{role}}",
+            "ITL", "vLLM's inter-token latency (decode steps) per role.", ENGINE_ROLES,
         ),
         Row("Load"),
         Panel("Queue depth per role", [
-            Query(f"sum by ({BY_ROLE}) ({m.VLLM_WAITING}{s})", "{{pool}} {{role}} waiting"),
+            Query(_by("sum", BY_ROLE, m.VLLM_WAITING, *f), "{{pool}} {{role}} waiting"),
         ], description="Requests waiting for a slot: which role is the bottleneck."),
         Panel("Running requests per role", [
-            Query(f"sum by ({BY_ROLE}) ({m.VLLM_RUNNING}{s})", "{{pool}} {{role}} running"),
+            Query(_by("sum", BY_ROLE, m.VLLM_RUNNING, *f), "{{pool}} {{role}} running"),
         ], description="Sequences in the running batch (continuous batching)."),
         Panel("KV-cache usage", [
-            Query(f"max by ({BY_ROLE}) ({m.VLLM_KV_USAGE}{s})", "{{pool}} {{role}} max"),
-            Query(f"avg by ({BY_ROLE}) ({m.VLLM_KV_USAGE}{s})", "{{pool}} {{role}} avg"),
+            Query(_by("max", BY_ROLE, m.VLLM_KV_USAGE, *f), "{{pool}} {{role}} max"),
+            Query(_by("avg", BY_ROLE, m.VLLM_KV_USAGE, *f), "{{pool}} {{role}} avg"),
         ], unit="percentunit", description="Share of KV-cache blocks in use per engine."),
         Panel("Tokens per second", [
-            Query(f"sum by ({BY_ROLE}) (rate({m.VLLM_PROMPT_TOKENS}{s}[{W}]))",
-                  "{{pool}} {{role}} prompt"),
-            Query(f"sum by ({BY_ROLE}) (rate({m.VLLM_GENERATION_TOKENS}{s}[{W}]))",
+            Query(_rate_by(BY_ROLE, m.VLLM_PROMPT_TOKENS, *f), "{{pool}} {{role}} prompt"),
+            Query(_rate_by(BY_ROLE, m.VLLM_GENERATION_TOKENS, *f),
                   "{{pool}} {{role}} generation"),
         ], unit="tps", description="Prompt tokens prefilled and tokens generated, per role."),
         Panel("Requests at the router", [
-            Query(f"sum by ({BY_POOL}, code) (rate({m.ROUTER_REQUESTS}{s}[{W}]))",
-                  "{{pool}} {{code}}"),
+            Query(_rate_by(f"{BY_POOL}, code", m.ROUTER_REQUESTS, *f), "{{pool}} {{code}}"),
         ], unit="reqps", description="Requests per second by HTTP status."),
         Panel("KV-cache transfer failures", [
-            Query(f"sum by ({BY_POOL}) (rate({m.ROUTER_KV_TRANSFER_FAILURES}{s}[{W}]))",
+            Query(_rate_by(BY_POOL, m.ROUTER_KV_TRANSFER_FAILURES, *f),
                   "{{pool}} failed handoffs"),
         ], unit="reqps", description="Prefill -> decode handoffs that failed (per second)."),
         Row("Replicas"),
         Panel("Desired vs ready replicas per role", [
-            Query(f"sum by ({BY_ROLE}) ({m.AUTOSCALER_DESIRED}{s})", "{{pool}} {{role}} desired"),
-            Query(f"sum by ({BY_ROLE}) (up{s})", "{{pool}} {{role}} ready (scraped)"),
+            Query(_by("sum", BY_ROLE, m.AUTOSCALER_DESIRED, *f), "{{pool}} {{role}} desired"),
+            Query(_by("sum", BY_ROLE, "up", *f), "{{pool}} {{role}} ready (scraped)"),
         ], description="Desired: the autoscaler's decision. Ready: replicas Prometheus scrapes "
                        "successfully. Orange marks: scale events.", dashed=".*desired"),
         Panel("Prefill:decode ratio", [
-            Query(f'sum by ({BY_POOL}) (up{sel(NS, POOL, PREFILL)}) / '
-                  f'sum by ({BY_POOL}) (up{sel(NS, POOL, DECODE)})',
+            Query(f"{_by('sum', BY_POOL, 'up', *f, PREFILL)} / "
+                  f"{_by('sum', BY_POOL, 'up', *f, DECODE)}",
                   "{{pool}} ready prefill:decode"),
-            Query(f'sum by ({BY_POOL}) ({m.AUTOSCALER_DESIRED}{sel(NS, POOL, PREFILL)})'
-                  f' / sum by ({BY_POOL}) '
-                  f'({m.AUTOSCALER_DESIRED}{sel(NS, POOL, DECODE)})',
+            Query(f"{_by('sum', BY_POOL, m.AUTOSCALER_DESIRED, *f, PREFILL)} / "
+                  f"{_by('sum', BY_POOL, m.AUTOSCALER_DESIRED, *f, DECODE)}",
                   "{{pool}} desired prefill:decode"),
         ], description="Prefill replicas per decode replica (Disaggregated pools)."),
     ]
@@ -253,46 +267,41 @@ def pool_dashboard() -> Json:
 
 
 def autoscaler_dashboard() -> Json:
-    s = sel(NS, POOL)
+    f = (NS, POOL)
     items: list[Panel | Row] = [
         Row("Decisions"),
         Panel("Decisions by reason", [
-            Query(f"sum by ({BY_ROLE}, reason) (increase({m.AUTOSCALER_DECISIONS}{s}[{W}]))",
+            Query(f"sum by ({BY_ROLE}, reason) (increase("
+                  f"{series(m.AUTOSCALER_DECISIONS, *f)}[{W}]))",
                   "{{pool}} {{role}} {{reason}}"),
-        ], description="Why each cycle kept or changed the size (CamelCase reasons).",
-            extra_options={"tooltip": {"mode": "multi", "sort": "desc"}}),
+        ], description="Why each cycle kept or changed the size (CamelCase reasons)."),
         Panel("Scale decisions by direction", [
-            Query(f'sum by ({BY_ROLE}, direction) (increase({m.AUTOSCALER_DECISIONS}'
-                  f"{sel(NS, POOL, SCALED)}[{W}]))",
+            Query(f"sum by ({BY_ROLE}, direction) (increase("
+                  f"{series(m.AUTOSCALER_DECISIONS, *f, SCALED)}[{W}]))",
                   "{{pool}} {{role}} {{direction}}"),
-        ]),
+        ], description="Decisions that changed the size, up or down."),
         Panel("Desired replicas", [
-            Query(f"sum by ({BY_ROLE}) ({m.AUTOSCALER_DESIRED}{s})", "{{pool}} {{role}}"),
+            Query(_by("sum", BY_ROLE, m.AUTOSCALER_DESIRED, *f), "{{pool}} {{role}}"),
         ]),
         Panel("MetricsAvailable", [
-            Query(f"min by ({BY_ROLE}) ({m.AUTOSCALER_METRICS_AVAILABLE}{s})",
-                  "{{pool}} {{role}}"),
+            Query(_by("min", BY_ROLE, m.AUTOSCALER_METRICS_AVAILABLE, *f), "{{pool}} {{role}}"),
         ], description="1: every signal had a fresh value; 0: the size is held (no data is "
-                       "not zero).", extra_options={"legend": {"showLegend": True,
-                                                               "displayMode": "list",
-                                                               "placement": "bottom"}}),
+                       "not zero)."),
         Row("Signals next to their targets"),
         Panel("Signals and targets", [
-            Query(f"max by ({BY_ROLE}, signal) ({m.AUTOSCALER_SIGNAL}{s})",
+            Query(f"max by ({BY_ROLE}, signal) ({series(m.AUTOSCALER_SIGNAL, *f)})",
                   "{{pool}} {{role}} {{signal}}"),
-            Query(f"max by ({BY_ROLE}, signal) ({m.AUTOSCALER_SIGNAL_TARGET}{s})",
+            Query(f"max by ({BY_ROLE}, signal) ({series(m.AUTOSCALER_SIGNAL_TARGET, *f)})",
                   "{{pool}} {{role}} {{signal}} target"),
         ], description="Each signal the decision used, with its target dashed.",
             dashed=".*target", width=24),
         Panel("ScalingLimited", [
-            Query(f"max by ({BY_ROLE}, reason) ({m.AUTOSCALER_LIMITED}{s})",
+            Query(f"max by ({BY_ROLE}, reason) ({series(m.AUTOSCALER_LIMITED, *f)})",
                   "{{pool}} {{role}} {{reason}}"),
         ], description="1 while the autoscaler cannot get the replicas it wants."),
         Panel("Cycle time", [
-            Query(f"histogram_quantile(0.5, sum by (le) (rate({m.AUTOSCALER_CYCLE}_bucket[{W}])))",
-                  "p50"),
-            Query(f"histogram_quantile(0.99, sum by (le) (rate({m.AUTOSCALER_CYCLE}_bucket[{W}])))",
-                  "p99"),
+            Query(quantile(0.5, m.AUTOSCALER_CYCLE, W, "job"), "p50"),
+            Query(quantile(0.99, m.AUTOSCALER_CYCLE, W, "job"), "p99"),
         ], unit="s", description="One cycle: every query for all pools, decisions, writes."),
     ]
     return dashboard("poolpilot-autoscaler", "poolpilot / Autoscaler",
@@ -300,35 +309,34 @@ def autoscaler_dashboard() -> Json:
 
 
 def fleet_dashboard() -> Json:
-    s = sel(NS)
     items: list[Panel | Row] = [
-        Panel("Pools", [Query(f"count(count by ({BY_POOL}) (up{sel(NS, POOL_TARGETS)}))",
+        Panel("Pools", [Query(f"count(count by ({BY_POOL}) ({series('up', NS, POOL_TARGETS)}))",
                               "pools")], kind="stat", width=6, height=5),
-        Panel("Engine replicas up", [Query(f"sum(up{sel(NS, ENGINE_ROLES)})", "replicas")],
-              kind="stat", width=6, height=5),
-        Panel("Requests per second", [Query(f"sum(rate({m.ROUTER_REQUESTS}{s}[{W}]))", "req/s")],
-              kind="stat", unit="reqps", width=6, height=5),
-        Panel("Requests waiting", [Query(f"sum({m.VLLM_WAITING}{s})", "waiting")],
+        Panel("Engine replicas up", [Query(f"sum({series('up', NS, ENGINE_ROLES)})",
+                                           "replicas")], kind="stat", width=6, height=5),
+        Panel("Requests per second", [Query(f"sum({rate(m.ROUTER_REQUESTS, W, NS)})",
+                                            "req/s")], kind="stat", unit="reqps", width=6,
+              height=5),
+        Panel("Requests waiting", [Query(f"sum({series(m.VLLM_WAITING, NS)})", "waiting")],
               kind="stat", width=6, height=5),
         Panel("TTFT p90 at the router per pool", [
-            Query(quantile(0.9, m.ROUTER_TTFT, s, W, BY_POOL), "{{namespace}}/{{pool}}"),
+            Query(quantile(0.9, m.ROUTER_TTFT, W, BY_POOL, NS), "{{namespace}}/{{pool}}"),
         ], unit="s"),
         Panel("ITL p90 at the router per pool", [
-            Query(quantile(0.9, m.ROUTER_ITL, s, W, BY_POOL), "{{namespace}}/{{pool}}"),
+            Query(quantile(0.9, m.ROUTER_ITL, W, BY_POOL, NS), "{{namespace}}/{{pool}}"),
         ], unit="s"),
         Panel("Requests per second per pool", [
-            Query(f"sum by ({BY_POOL}) (rate({m.ROUTER_REQUESTS}{s}[{W}]))",
-                  "{{namespace}}/{{pool}}"),
+            Query(_rate_by(BY_POOL, m.ROUTER_REQUESTS, NS), "{{namespace}}/{{pool}}"),
         ], unit="reqps"),
         Panel("Queue depth per pool and role", [
-            Query(f"sum by ({BY_ROLE}) ({m.VLLM_WAITING}{s})", "{{namespace}}/{{pool}} {{role}}"),
+            Query(_by("sum", BY_ROLE, m.VLLM_WAITING, NS), "{{namespace}}/{{pool}} {{role}}"),
         ]),
         Panel("Replicas up per pool and role", [
-            Query(f"sum by ({BY_ROLE}) (up{sel(NS, POOL_TARGETS)})",
+            Query(_by("sum", BY_ROLE, "up", NS, POOL_TARGETS),
                   "{{namespace}}/{{pool}} {{role}}"),
         ]),
         Panel("KV-cache usage (max) per pool", [
-            Query(f"max by ({BY_POOL}) ({m.VLLM_KV_USAGE}{s})", "{{namespace}}/{{pool}}"),
+            Query(_by("max", BY_POOL, m.VLLM_KV_USAGE, NS), "{{namespace}}/{{pool}}"),
         ], unit="percentunit"),
     ]
     return dashboard("poolpilot-fleet", "poolpilot / Fleet",

@@ -15,7 +15,15 @@ from typing import Any
 import yaml
 
 from poolpilot import metrics as m
-from poolpilot.dashboards.promql import BY_POOL, BY_ROLE, POOL_TARGETS, quantile, sel, share_within
+from poolpilot.dashboards.promql import (
+    BY_POOL,
+    BY_ROLE,
+    POOL_TARGETS,
+    quantile,
+    rate,
+    series,
+    share_within,
+)
 
 QUANTILES = (0.5, 0.9, 0.99)
 
@@ -109,7 +117,7 @@ def recording_rules(p: RuleParams) -> list[dict[str, Any]]:
         for q in QUANTILES:
             rules.append({
                 "record": record,
-                "expr": quantile(q, hist, "", w, BY_ROLE),
+                "expr": quantile(q, hist, w, BY_ROLE),
                 "labels": {"quantile": str(q)},
             })
     gauges = (
@@ -118,17 +126,17 @@ def recording_rules(p: RuleParams) -> list[dict[str, Any]]:
         ("poolpilot:kv_cache_usage:max", "max", m.VLLM_KV_USAGE),
     )
     for record, agg, metric in gauges:
-        rules.append({"record": record, "expr": f"{agg} by ({BY_ROLE}) ({metric})"})
+        rules.append({"record": record, "expr": f"{agg} by ({BY_ROLE}) ({series(metric)})"})
     counters = (
         ("poolpilot:prompt_tokens:rate", m.VLLM_PROMPT_TOKENS),
         ("poolpilot:generation_tokens:rate", m.VLLM_GENERATION_TOKENS),
         ("poolpilot:router_requests:rate", m.ROUTER_REQUESTS),
     )
     for record, metric in counters:
-        rules.append({"record": record, "expr": f"sum by ({BY_ROLE}) (rate({metric}[{w}]))"})
+        rules.append({"record": record, "expr": f"sum by ({BY_ROLE}) ({rate(metric, w)})"})
     rules.append({
         "record": "poolpilot:ready_replicas",
-        "expr": f"sum by ({BY_ROLE}) (up{sel(POOL_TARGETS)})",
+        "expr": f"sum by ({BY_ROLE}) ({series('up', POOL_TARGETS)})",
     })
     return rules
 
@@ -136,7 +144,7 @@ def recording_rules(p: RuleParams) -> list[dict[str, Any]]:
 def _burn(histogram: str, target: str, window: str) -> str:
     """Error-budget burn rate at the router: share of requests slower than the target over
     the budget (1 - objective) is computed by the caller's threshold."""
-    return f"(1 - ({share_within(histogram, target, '', window, BY_POOL)}))"
+    return f"(1 - ({share_within(histogram, target, window, BY_POOL)}))"
 
 
 def _slo_alerts(p: RuleParams) -> list[Alert]:
@@ -169,7 +177,7 @@ def _slo_alerts(p: RuleParams) -> list[Alert]:
 
 
 def alerts(p: RuleParams) -> list[Alert]:
-    up_by_role = f"sum by ({BY_ROLE}) (up{sel(POOL_TARGETS)})"
+    up_by_role = f"sum by ({BY_ROLE}) ({series('up', POOL_TARGETS)})"
     desired = f"sum by ({BY_ROLE}) ({m.AUTOSCALER_DESIRED})"
     not_ready = (
         f"{up_by_role} == 0\nor\n"
@@ -178,7 +186,7 @@ def alerts(p: RuleParams) -> list[Alert]:
     limited = f"max by ({BY_ROLE}) ({m.AUTOSCALER_LIMITED})"
     metrics_available = f"min by ({BY_ROLE}) ({m.AUTOSCALER_METRICS_AVAILABLE})"
     kv_failures = (
-        f"sum by ({BY_POOL}) (rate({m.ROUTER_KV_TRANSFER_FAILURES}[{p.rate_window}]))"
+        f"sum by ({BY_POOL}) ({rate(m.ROUTER_KV_TRANSFER_FAILURES, p.rate_window)})"
     )
     return [
         *_slo_alerts(p),

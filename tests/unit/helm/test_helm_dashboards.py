@@ -131,16 +131,22 @@ def test_queries_use_known_metric_names_and_variables(name: str) -> None:
     exprs = [t["expr"] for p in _panels(d) for t in p.get("targets", [])]
     exprs += [a["expr"] for a in d["annotations"]["list"] if "expr" in a]
     for expr in exprs:
-        for metric in re.findall(r"([a-z_:]+)(?:_bucket|_count|_sum)?\{", expr):
+        plain = re.sub(r'__name__=~"[^"]*"', "", expr)
+        names = re.findall(r"([a-z_:]+)(?:\{|\[)", plain)
+        for group in re.findall(r'__name__=~"vllm\[:_\]\(?([a-z_|]+)\)?"', expr):
+            names += [f"vllm:{n}" for n in group.split("|")]
+        assert names, expr
+        for metric in names:
             base = re.sub(r"_(bucket|count|sum)$", "", metric)
-            assert base in KNOWN or base == "up", f"{base} is not in poolpilot.metrics"
+            assert base in KNOWN | set(metrics.VLLM_RENAMED.values()) or base == "up", (
+                f"{base} is not in poolpilot.metrics")
         # Every per-pool panel follows the pool picker (the cycle time is the autoscaler's own).
         if name != "fleet" and metrics.AUTOSCALER_CYCLE not in expr:
             assert 'pool=~"$pool"' in expr, expr
 
 
 def test_pool_dashboard_covers_what_operators_look_at() -> None:
-    text = json.dumps(_load("pool"))
+    text = json.dumps(_load("pool")).replace("vllm[:_](", "vllm:").replace("vllm[:_]", "vllm:")
     for metric in (metrics.ROUTER_TTFT, metrics.VLLM_TTFT, metrics.ROUTER_ITL, metrics.VLLM_ITL,
                    metrics.VLLM_WAITING, metrics.VLLM_KV_USAGE, metrics.VLLM_PROMPT_TOKENS,
                    metrics.VLLM_GENERATION_TOKENS, metrics.AUTOSCALER_DESIRED,
