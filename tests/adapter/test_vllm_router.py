@@ -134,12 +134,27 @@ def decode_metrics(pair: Pair) -> str:
     return httpx.get(pair.decode.url + "/metrics", timeout=10).text
 
 
+# Class scope: each pair lives only while its class runs (two engines at a time).
+@pytest.fixture(scope="class")
+def nixl_pair(model: Path, reference: dict[str, str],
+              tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
+    yield from pd_pair(model, tmp_path_factory.mktemp("nixl"), "NixlConnector",
+                       {"kv_buffer_device": "cpu"})
+
+
+@pytest.fixture(scope="class")
+def example_pair(model: Path, reference: dict[str, str],
+                 tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
+    scratch = tmp_path_factory.mktemp("example")
+    shared = scratch / "kv"
+    shared.mkdir()
+    yield from pd_pair(model, scratch, "ExampleConnector", {"shared_storage_path": str(shared)})
+
+
 class TestNixl:
-    @pytest.fixture(scope="class")
-    def pair(self, model: Path, reference: dict[str, str],
-             tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
-        yield from pd_pair(model, tmp_path_factory.mktemp("nixl"), "NixlConnector",
-                           {"kv_buffer_device": "cpu"})
+    @pytest.fixture
+    def pair(self, nixl_pair: Pair) -> Pair:
+        return nixl_pair
 
     @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
     def test_same_greedy_output_as_aggregated_with_kv_from_prefill(
@@ -184,14 +199,9 @@ class TestNixl:
 
 
 class TestExample:
-    @pytest.fixture(scope="class")
-    def pair(self, model: Path, reference: dict[str, str],
-             tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
-        scratch = tmp_path_factory.mktemp("example")
-        shared = scratch / "kv"
-        shared.mkdir()
-        yield from pd_pair(model, scratch, "ExampleConnector",
-                           {"shared_storage_path": str(shared)})
+    @pytest.fixture
+    def pair(self, example_pair: Pair) -> Pair:
+        return example_pair
 
     @pytest.mark.parametrize("case", EXAMPLE_CASES, ids=[c.id for c in EXAMPLE_CASES])
     def test_same_greedy_output_as_aggregated_with_kv_from_shared_folder(
