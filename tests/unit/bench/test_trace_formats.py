@@ -1,0 +1,119 @@
+"""The three trace formats the benchmark reads (poolpilot.traces), through `poolpilot bench`.
+
+The same requests written as Azure CSV, Mooncake JSONL and plain CSV must replay as the same
+workload; a malformed line must stop the benchmark with exit code 2 and FILE:LINE.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from poolpilot.cli import main as cli_main
+from poolpilot.traces import TraceError, TraceRequest, load_trace
+
+REQS = [TraceRequest(0.0, 812, 40), TraceRequest(0.25, 3000, 7), TraceRequest(1.5, 64, 300)]
+
+
+def write_azure(path: Path, reqs: list[TraceRequest]) -> None:
+    t0 = datetime(2023, 11, 16, 18, 17, 3, tzinfo=UTC)
+    lines = ["TIMESTAMP,ContextTokens,GeneratedTokens"]
+    for r in reqs:
+        ts = (t0 + timedelta(seconds=r.arrival_s)).strftime("%Y-%m-%d %H:%M:%S.%f") + "0"
+        lines.append(f"{ts},{r.input_tokens},{r.output_tokens}")
+    path.write_text("\n".join(lines) + "\n")
+
+
+def write_mooncake(path: Path, reqs: list[TraceRequest]) -> None:
+    path.write_text("".join(
+        json.dumps({"timestamp": int(r.arrival_s * 1000), "input_length": r.input_tokens,
+                    "output_length": r.output_tokens, "hash_ids": [1, 2]}) + "\n"
+        for r in reqs))
+
+
+def write_csv(path: Path, reqs: list[TraceRequest]) -> None:
+    path.write_text("arrival_s,input_tokens,output_tokens\n" + "".join(
+        f"{r.arrival_s},{r.input_tokens},{r.output_tokens}\n" for r in reqs))
+
+
+WRITERS = {"azure": (write_azure, ".csv"), "mooncake": (write_mooncake, ".jsonl"),
+           "csv": (write_csv, ".csv")}
+
+
+@pytest.mark.parametrize("fmt", list(WRITERS), ids=list(WRITERS))
+def test_each_format_reads_back_the_same_requests(tmp_path: Path, fmt: str) -> None:
+    writer, ext = WRITERS[fmt]
+    path = tmp_path / f"trace{ext}"
+    writer(path, REQS)
+    assert load_trace(path, fmt) == REQS
+    assert load_trace(path) == REQS  # detected from the content
+
+
+@dataclass(frozen=True)
+class Malformed:
+    name: str
+    fmt: str
+    text: str
+    line: int
+    says: str
+
+
+MALFORMED = [
+    Malformed("azure bad timestamp", "azure",
+              "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.1,10,2\nyesterday,5,1\n",
+              3, "TIMESTAMP"),
+    Malformed("azure negative tokens", "azure",
+              "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.1,-4,2\n", 2,
+              "ContextTokens"),
+    Malformed("azure missing column", "azure",
+              "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.1,10\n", 2, "columns"),
+    Malformed("mooncake not json", "mooncake",
+              '{"timestamp": 0, "input_length": 5, "output_length": 1}\n{"timestamp": 1,\n',
+              2, "JSON"),
+    Malformed("mooncake missing field", "mooncake",
+              '{"timestamp": 0, "input_length": 5}\n', 1, "output_length"),
+    Malformed("csv text in number", "csv", "arrival_s,input_tokens,output_tokens\n0,5,1\n1,x,1\n",
+              3, "input_tokens"),
+    Malformed("csv negative arrival", "csv", "0,5,1\n-1,5,1\n", 2, "arrival_s"),
+]
+
+
+@pytest.mark.parametrize("case", MALFORMED, ids=[c.name for c in MALFORMED])
+def test_malformed_line_is_named(tmp_path: Path, case: Malformed) -> None:
+    path = tmp_path / ("t.jsonl" if case.fmt == "mooncake" else "t.csv")
+    path.write_text(case.text)
+    with pytest.raises(TraceError) as err:
+        load_trace(path, case.fmt)
+    assert str(err.value).startswith(f"{path}:{case.line}:")
+    assert case.says in str(err.value)
+
+
+def test_bench_cli_stops_on_a_malformed_trace(tmp_path: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "bad.csv"
+    path.write_text("arrival_s,input_tokens,output_tokens\n0,5,1\n1,5\n")
+    code = cli_main(["bench", "--trace", str(path), "--format", "csv"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert f"{path}:3:" in err.replace("\n", "")
+
+
+def test_formats_replay_identically(tmp_path: Path) -> None:
+    """The bench's JSON for the Azure and Mooncake copies of one workload is the same."""
+    docs = []
+    for fmt in ("azure", "mooncake", "csv"):
+        writer, ext = WRITERS[fmt]
+        path = tmp_path / f"w-{fmt}{ext}"
+        reqs = [TraceRequest(i * 0.5, 200 + 37 * i, 5 + i) for i in range(30)]
+        writer(path, reqs)
+        out = tmp_path / f"{fmt}.json"
+        code = cli_main(["bench", "--trace", str(path), "--format", fmt,
+                         "--policies", "static-peak,keda-queue", "--json", str(out)])
+        assert code == 0
+        doc = json.loads(out.read_text())
+        docs.append({k: v for k, v in doc["policies"].items()})
+    assert docs[0] == docs[1] == docs[2]
