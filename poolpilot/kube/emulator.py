@@ -387,11 +387,11 @@ class KubeEmulator:
     def _openapi(self, rest: list[str]) -> web.Response:
         registry = self.store.registry
         if not rest:
-            return self._json(openapi.index(registry))
+            return self._json(openapi.index(registry, self.store.crds))
         if rest[0] == "api" and len(rest) == 2:
-            doc = openapi.gv_document(registry, "", rest[1])
+            doc = openapi.gv_document(registry, "", rest[1], self.store.crds)
         elif rest[0] == "apis" and len(rest) == 3:
-            doc = openapi.gv_document(registry, rest[1], rest[2])
+            doc = openapi.gv_document(registry, rest[1], rest[2], self.store.crds)
         else:
             doc = None
         if doc is None:

@@ -34,7 +34,9 @@ def _object_path(rt: ResourceType) -> str:
     return f"{base}{ns}/{rt.plural}/{{name}}"
 
 
-def gv_document(registry: Registry, group: str, version: str) -> dict[str, Any] | None:
+def gv_document(registry: Registry, group: str, version: str,
+                crds: dict[str, dict[str, Any]] | None = None) -> dict[str, Any] | None:
+    """The group-version's document; CRD schemas go in components (for `kubectl explain`)."""
     types = registry.in_version(group, version)
     if not types:
         return None
@@ -51,19 +53,31 @@ def gv_document(registry: Registry, group: str, version: str) -> dict[str, Any] 
                 "responses": {"200": {"description": "OK"}},
             }
         }
+    schemas: dict[str, Any] = {}
+    for rt in types:
+        crd = (crds or {}).get(rt.crd or "")
+        if crd is None:
+            continue
+        for v in crd["spec"]["versions"]:
+            if v["name"] == rt.version and "schema" in v:
+                schema = dict(v["schema"]["openAPIV3Schema"])
+                schema["x-kubernetes-group-version-kind"] = [
+                    {"group": rt.group, "version": rt.version, "kind": rt.kind}]
+                rev = ".".join(reversed(rt.group.split(".")))
+                schemas[f"{rev}.{rt.version}.{rt.kind}"] = schema
     return {
         "openapi": "3.0.0",
         "info": {"title": "Kubernetes", "version": "v1.33.0"},
         "paths": paths,
-        "components": {"schemas": {}},
+        "components": {"schemas": schemas},
     }
 
 
-def index(registry: Registry) -> dict[str, Any]:
+def index(registry: Registry, crds: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for group, versions in registry.groups().items():
         for version in versions:
-            doc = gv_document(registry, group, version)
+            doc = gv_document(registry, group, version, crds)
             digest = hashlib.sha512(json.dumps(doc, sort_keys=True).encode()).hexdigest()
             path = _gv_path(group, version)
             out[path] = {"serverRelativeURL": f"/openapi/v3/{path}?hash={digest.upper()}"}

@@ -518,6 +518,14 @@ class Store:
             spec.setdefault("replicas", 1)
             spec.setdefault("revisionHistoryLimit", 10)
             spec.setdefault("progressDeadlineSeconds", 600)
+            spec.setdefault("strategy", {"type": "RollingUpdate", "rollingUpdate": {
+                "maxSurge": "25%", "maxUnavailable": "25%"}})
+            pod = (spec.get("template") or {}).get("spec")
+            if isinstance(pod, dict):
+                for c in (pod.get("containers") or []) + (pod.get("initContainers") or []):
+                    for port in (c.get("ports") or []) if isinstance(c, dict) else []:
+                        if isinstance(port, dict):
+                            port.setdefault("protocol", "TCP")
         elif rt.key == "services" and isinstance(spec, dict):
             spec.setdefault("type", "ClusterIP")
             spec.setdefault("sessionAffinity", "None")

@@ -125,7 +125,29 @@ def _ports(o: dict[str, Any]) -> str:
     return ",".join(f"{p.get('port')}/{p.get('protocol', 'TCP')}" for p in ports) or "<none>"
 
 
+def _event_object(o: dict[str, Any]) -> str:
+    ref = o.get("involvedObject") or o.get("regarding") or {}
+    return f"{str(ref.get('kind', '')).lower()}/{ref.get('name', '')}"
+
+
+def _event_last_seen(o: dict[str, Any]) -> str:
+    when = (o.get("lastTimestamp") or o.get("eventTime") or
+            (o.get("series") or {}).get("lastObservedTime") or
+            o["metadata"].get("creationTimestamp"))
+    return age(str(when)[:19] + "Z") if when else "<unknown>"
+
+
+EVENT_COLUMNS: list[Column] = [
+    (_col("Last Seen"), _event_last_seen),
+    (_col("Type"), lambda o: o.get("type", "")),
+    (_col("Reason"), lambda o: o.get("reason", "")),
+    (_col("Object"), _event_object),
+    (_col("Message"), lambda o: o.get("message") or o.get("note") or ""),
+]
+
 BUILTIN_COLUMNS: dict[str, list[Column]] = {
+    "events": EVENT_COLUMNS,
+    "events.events.k8s.io": EVENT_COLUMNS,
     "deployments.apps": [
         NAME,
         (_col("Ready"), lambda o: f"{_get(o, 'status', 'readyReplicas', default=0)}/"
