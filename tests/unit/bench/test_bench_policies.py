@@ -134,7 +134,7 @@ def test_poolpilot_policy_calls_the_real_decide(monkeypatch: pytest.MonkeyPatch)
 
     def spy(*a: object, **kw: object) -> object:
         calls.append(a)
-        return real(*a, **kw)  # type: ignore[arg-type]
+        return real(*a, **kw)
 
     monkeypatch.setattr("poolpilot.bench.policies.poolpilot_policy.decide", spy)
     view = PromView()

@@ -64,7 +64,8 @@ class Malformed:
 
 MALFORMED = [
     Malformed("azure bad timestamp", "azure",
-              "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.1,10,2\nyesterday,5,1\n",
+              "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+              "2023-11-16 18:17:03.1,10,2\nyesterday,5,1\n",
               3, "TIMESTAMP"),
     Malformed("azure negative tokens", "azure",
               "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.1,-4,2\n", 2,
