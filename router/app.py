@@ -148,26 +148,26 @@ class Router:
 
     async def _health_loop(self) -> None:
         while True:
-            endpoints = list(self.balancer.endpoints.values())
-            await asyncio.gather(*(self._check(e) for e in endpoints), return_exceptions=True)
+            urls = self.balancer.urls()
+            await asyncio.gather(*(self._check(url) for url in urls), return_exceptions=True)
             await asyncio.sleep(self.config.health_interval_s)
 
-    async def _check(self, endpoint: Endpoint) -> None:
+    async def _check(self, url: str) -> None:
         assert self.session is not None
         timeout = aiohttp.ClientTimeout(total=self.config.health_timeout_s)
         ok = False
         try:
-            async with self.session.get(endpoint.url + "/health", timeout=timeout) as resp:
+            async with self.session.get(url + "/health", timeout=timeout) as resp:
                 ok = resp.status == 200
             if ok:
-                async with self.session.get(endpoint.url + "/metrics", timeout=timeout) as resp:
+                async with self.session.get(url + "/metrics", timeout=timeout) as resp:
                     if resp.status == 200:
                         waiting = parse_waiting(await resp.text())
                         if waiting is not None:
-                            self.balancer.update_waiting(endpoint.url, waiting)
+                            self.balancer.update_waiting(url, waiting)
         except (aiohttp.ClientError, TimeoutError):
             pass
-        self.balancer.report_health(endpoint.url, ok, self.clock())
+        self.balancer.report_health(url, ok, self.clock())
 
     # -- small endpoints ---------------------------------------------------------------------
 

@@ -61,7 +61,9 @@ class Endpoint:
 @dataclass
 class Balancer:
     config: BalancerConfig = field(default_factory=BalancerConfig)
-    endpoints: dict[str, Endpoint] = field(default_factory=dict)  # by url
+    # By (role, url): one server may serve two roles (tests, benchmarks). Calls that name a
+    # url (load, health, queue depth) apply to every role it serves: it is one server.
+    endpoints: dict[tuple[str, str], Endpoint] = field(default_factory=dict)
     _turns: dict[str, int] = field(default_factory=dict)  # per role, for rotating ties
 
     # -- membership ------------------------------------------------------------------------
@@ -71,15 +73,26 @@ class Balancer:
         """Replace the role's endpoints; returns (added, removed). Existing ones keep their
         state; new ones ramp in unless `initial`."""
         wanted = list(dict.fromkeys(urls))
-        current = [u for u, e in self.endpoints.items() if e.role == role]
-        added = [u for u in wanted if u not in self.endpoints]
+        current = [e.url for e in self.role_endpoints(role)]
+        added = [u for u in wanted if (role, u) not in self.endpoints]
         removed = [u for u in current if u not in wanted]
         for url in removed:
-            del self.endpoints[url]
+            del self.endpoints[(role, url)]
         for url in added:
             joined = float("-inf") if initial else now
-            self.endpoints[url] = Endpoint(url=url, role=role, joined_at=joined)
+            self.endpoints[(role, url)] = Endpoint(url=url, role=role, joined_at=joined)
         return added, removed
+
+    def get(self, url: str, role: str | None = None) -> Endpoint:
+        """The endpoint for a url (and role, when the url serves several)."""
+        [e] = [e for e in self.by_url(url) if role is None or e.role == role]
+        return e
+
+    def by_url(self, url: str) -> list[Endpoint]:
+        return [e for e in self.endpoints.values() if e.url == url]
+
+    def urls(self) -> list[str]:
+        return list(dict.fromkeys(e.url for e in self.endpoints.values()))
 
     def role_endpoints(self, role: str) -> list[Endpoint]:
         return [e for e in self.endpoints.values() if e.role == role]
@@ -105,54 +118,46 @@ class Balancer:
         return ties[turn % len(ties)]
 
     def acquire(self, url: str, tokens: int) -> None:
-        e = self.endpoints.get(url)
-        if e is not None:
+        for e in self.by_url(url):
             e.inflight += 1
             e.inflight_tokens += tokens
 
     def release(self, url: str, tokens: int) -> None:
-        e = self.endpoints.get(url)
-        if e is not None:
+        for e in self.by_url(url):
             e.inflight = max(0, e.inflight - 1)
             e.inflight_tokens = max(0, e.inflight_tokens - tokens)
 
     # -- health ------------------------------------------------------------------------------
 
     def report_success(self, url: str) -> None:
-        e = self.endpoints.get(url)
-        if e is not None and not e.ejected():
-            e.failures = 0
-            e.ejections = 0
+        for e in self.by_url(url):
+            if not e.ejected():
+                e.failures = 0
+                e.ejections = 0
 
     def report_failure(self, url: str, now: float) -> None:
-        e = self.endpoints.get(url)
-        if e is None:
-            return
-        e.failures += 1
-        if e.failures >= self.config.eject_after and not e.ejected():
-            backoff = min(self.config.max_eject_s, self.config.base_eject_s * 2**e.ejections)
-            e.ejections += 1
-            e.ejected_until = now + backoff
+        for e in self.by_url(url):
+            e.failures += 1
+            if e.failures >= self.config.eject_after and not e.ejected():
+                backoff = min(self.config.max_eject_s,
+                              self.config.base_eject_s * 2**e.ejections)
+                e.ejections += 1
+                e.ejected_until = now + backoff
 
     def report_health(self, url: str, ok: bool, now: float) -> None:
         """An active health check result: failure counts like a failed request; success
         re-admits an ejected endpoint once its back-off is over."""
-        e = self.endpoints.get(url)
-        if e is None:
-            return
         if not ok:
             self.report_failure(url, now)
             return
-        if e.ejected():
-            assert e.ejected_until is not None
-            if now >= e.ejected_until:
+        for e in self.by_url(url):
+            if e.ejected_until is None:
+                e.failures = 0
+            elif now >= e.ejected_until:
                 self._readmit(e, now)
-        else:
-            e.failures = 0
 
     def update_waiting(self, url: str, waiting: float) -> None:
-        e = self.endpoints.get(url)
-        if e is not None:
+        for e in self.by_url(url):
             e.waiting = max(0.0, waiting)
 
     def _maybe_readmit(self, e: Endpoint, now: float) -> None:

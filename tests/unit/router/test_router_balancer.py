@@ -43,7 +43,7 @@ def test_picks_least_loaded(case: LoadCase) -> None:
             b.acquire(url, 0)
     for url, t in case.tokens.items():
         b.acquire(url, t)
-        b.endpoints[url].inflight -= 1  # tokens only
+        b.get(url).inflight -= 1  # tokens only
     for url, w in case.waiting.items():
         b.update_waiting(url, w)
     picked = b.pick("decode", now=1.0)
@@ -68,17 +68,17 @@ def test_roles_are_separate_and_exclude_is_honoured() -> None:
 def test_ejected_after_consecutive_failures_then_readmitted_by_health_check() -> None:
     b = make(["a", "b"], eject_after=2, base_eject_s=5.0, ramp_s=0)
     b.report_failure("a", now=10.0)
-    assert not b.endpoints["a"].ejected()  # one failure is not enough
+    assert not b.get("a").ejected()  # one failure is not enough
     b.report_success("a")
     b.report_failure("a", now=10.0)
-    assert not b.endpoints["a"].ejected()  # success reset the count
+    assert not b.get("a").ejected()  # success reset the count
     b.report_failure("a", now=10.0)
-    assert b.endpoints["a"].ejected()
+    assert b.get("a").ejected()
     assert {b.pick("decode", 11.0).url for _ in range(10)} == {"b"}  # type: ignore[union-attr]
     b.report_health("a", ok=True, now=12.0)  # too early: still backing off
-    assert b.endpoints["a"].ejected()
+    assert b.get("a").ejected()
     b.report_health("a", ok=True, now=15.0)
-    assert not b.endpoints["a"].ejected()
+    assert not b.get("a").ejected()
     assert "a" in {b.pick("decode", 15.0).url for _ in range(10)}  # type: ignore[union-attr]
 
 
@@ -88,7 +88,7 @@ def test_backoff_doubles_per_ejection_and_is_capped() -> None:
     now = 0.0
     for _ in range(4):
         b.report_failure("a", now)
-        until = b.endpoints["a"].ejected_until
+        until = b.get("a").ejected_until
         assert until is not None
         backoffs.append(until - now)
         now = until
@@ -109,9 +109,9 @@ def test_backoff_expiry_readmits_on_probation_without_health_checks() -> None:
     b.report_failure("a", 0.0)
     assert b.pick("decode", 0.5, exclude=["b"]).url == "a"  # type: ignore[union-attr] # panic
     b.pick("decode", 2.0)  # back-off over: re-admitted
-    assert not b.endpoints["a"].ejected()
+    assert not b.get("a").ejected()
     b.report_failure("a", 2.0)  # one more failure ejects again
-    assert b.endpoints["a"].ejected()
+    assert b.get("a").ejected()
 
 
 def test_new_endpoint_ramps_in() -> None:
@@ -127,7 +127,7 @@ def test_new_endpoint_ramps_in() -> None:
     b.acquire("new", 0)
     assert b.pick("decode", 105.0).url == "old"  # type: ignore[union-attr] # 6 > 4
     assert b.pick("decode", 110.0).url == "new"  # type: ignore[union-attr] # 3 < 4
-    assert b.endpoints["new"].weight(b.config, 105.0) == pytest.approx(0.5)
+    assert b.get("new").weight(b.config, 105.0) == pytest.approx(0.5)
 
 
 def test_membership_changes_keep_state_of_remaining_endpoints() -> None:
@@ -135,9 +135,9 @@ def test_membership_changes_keep_state_of_remaining_endpoints() -> None:
     b.acquire("a", 10)
     added, removed = b.set_endpoints("decode", ["a", "c"], now=5.0)
     assert (added, removed) == (["c"], ["b"])
-    assert b.endpoints["a"].inflight == 1
+    assert b.get("a").inflight == 1
     b.release("b", 10)  # a request finishing on a removed endpoint is harmless
-    assert set(b.endpoints) == {"a", "c"}
+    assert b.urls() == ["a", "c"]
 
 
 @settings(max_examples=200, deadline=None)
@@ -194,3 +194,14 @@ def test_rotation_is_per_role() -> None:
         b.pick("prefill", 1.0)
         decodes.append(b.pick("decode", 1.0).url)  # type: ignore[union-attr]
     assert sorted(decodes) == ["d1", "d1", "d2", "d2"]
+
+
+def test_one_server_in_two_roles_is_one_load_and_one_health() -> None:
+    b = make(["s"], role="prefill")
+    b.set_endpoints("decode", ["s", "d"], 0.0, initial=True)
+    assert len(b.role_endpoints("decode")) == 2  # not swallowed by the prefill entry
+    b.acquire("s", 0)
+    assert b.get("s", "prefill").inflight == b.get("s", "decode").inflight == 1
+    assert b.pick("decode", 1.0).url == "d"  # type: ignore[union-attr]
+    b.set_endpoints("prefill", [], 2.0)
+    assert [e.role for e in b.by_url("s")] == ["decode"]
