@@ -1,0 +1,283 @@
+"""The autoscaler loop: one cycle = list pools -> one query set -> decide per pool -> act.
+
+I/O happens here and in the adapters; the decision itself is `decide.decide`. A cycle never
+fails as a whole for one bad pool: errors are logged per pool and the next cycle retries.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import math
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from poolpilot.autoscaler import decide as core
+from poolpilot.autoscaler.kube import Kube, Obj, parse_time, rfc3339
+from poolpilot.autoscaler.metrics import AutoscalerMetrics
+from poolpilot.autoscaler.observe import MetricsSource, Snapshot, observation
+from pydantic import ValidationError
+
+from poolpilot import api, names
+from poolpilot.validate import InvalidPool, parse_spec
+
+log = logging.getLogger("poolpilot.autoscaler")
+
+
+@dataclass(frozen=True)
+class Options:
+    interval: float = 10.0  # seconds between cycles (each pool is decided at its own interval)
+    dry_run: bool = False  # decide and report in logs and metrics only: no write at all
+    speed: float = 1.0  # sandbox time compression: every duration is divided by it
+    status_refresh: float = 60.0  # rewrite an unchanged status (fresh message) this often
+
+
+@dataclass
+class PoolState:
+    history: core.History
+    last_decided: float = -math.inf
+    last_status_write: float = -math.inf
+    last_limited: bool = False
+
+
+@dataclass
+class CycleResult:
+    pools: int = 0
+    decided: int = 0
+    scaled: int = 0
+    status_writes: int = 0
+    queries: int = 0
+    errors: list[str] = field(default_factory=list)
+    decisions: dict[tuple[str, str], core.Decision] = field(default_factory=dict)
+
+
+def scaled_policy(p: core.Policy, speed: float) -> core.Policy:
+    """The policy on a clock `speed` times faster: durations shrink, token rates grow."""
+    if speed == 1:
+        return p
+
+    def b(x: core.Behavior) -> core.Behavior:
+        return replace(x, window=x.window / speed, cooldown=x.cooldown / speed)
+
+    return replace(
+        p,
+        scale_up=b(p.scale_up),
+        scale_down=b(p.scale_down),
+        max_metric_age=p.max_metric_age / speed,
+        prefill_tokens_per_replica=(p.prefill_tokens_per_replica or 0) * speed or None,
+        decode_tokens_per_replica=(p.decode_tokens_per_replica or 0) * speed or None,
+    )
+
+
+class Autoscaler:
+    def __init__(self, kube: Kube, source: MetricsSource, options: Options | None = None,
+                 metrics: AutoscalerMetrics | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.kube = kube
+        self.source = source
+        self.opt = options or Options()
+        self.metrics = metrics or AutoscalerMetrics()
+        self.clock = clock
+        self.pools: dict[tuple[str, str], PoolState] = {}
+
+    async def run(self, stop: asyncio.Event, once: bool = False) -> None:
+        while not stop.is_set():
+            started = time.monotonic()
+            try:
+                await self.cycle()
+            except Exception:  # the API server or Prometheus is down: retry next cycle
+                log.exception("autoscaler cycle failed")
+            if once:
+                return
+            wait = max(0.0, self.opt.interval / self.opt.speed - (time.monotonic() - started))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=wait)
+
+    async def cycle(self) -> CycleResult:
+        t0 = time.perf_counter()
+        res = CycleResult()
+        pools = await self.kube.list_pools()
+        specs: list[tuple[Obj, api.InferencePoolSpec]] = []
+        for obj in pools:
+            meta = obj.get("metadata") or {}
+            try:
+                spec = parse_spec(obj.get("spec") or {})
+            except (InvalidPool, ValidationError) as exc:
+                log.warning("skipping %s/%s: invalid spec: %s", meta.get("namespace"),
+                            meta.get("name"), exc)
+                continue
+            if spec.autoscaling.enabled:
+                specs.append((obj, spec))
+        res.pools = len(specs)
+        seen = {(o["metadata"]["namespace"], o["metadata"]["name"]) for o, _ in specs}
+        for key in [k for k in self.pools if k not in seen]:  # deleted or autoscaling off
+            del self.pools[key]
+            self.metrics.forget(*key)
+        if not specs:
+            self.metrics.cycle.observe(time.perf_counter() - t0)
+            return res
+
+        workloads = await self.kube.workloads()
+        ttft_qs = {s.slo.ttft.quantile for _, s in specs}
+        itl_qs = {s.slo.itl.quantile for _, s in specs}
+        snap = await asyncio.to_thread(self.source.fetch, ttft_qs, itl_qs)
+        res.queries = snap.queries
+        now = self.clock()
+        for obj, spec in specs:
+            key = (obj["metadata"]["namespace"], obj["metadata"]["name"])
+            try:
+                await self._pool(obj, spec, workloads, snap, now, res)
+            except Exception as exc:  # one pool's API error must not stop the others
+                log.exception("pool %s/%s: %s", *key, exc)
+                res.errors.append(f"{key[0]}/{key[1]}: {exc}")
+        self.metrics.cycle.observe(time.perf_counter() - t0)
+        return res
+
+    def _state(self, obj: Obj, roles: list[str], now: float) -> PoolState:
+        key = (obj["metadata"]["namespace"], obj["metadata"]["name"])
+        st = self.pools.get(key)
+        if st is None:
+            # Restart safety: the cooldown clock comes back from status.<role>.lastScaleTime;
+            # the stabilization window cannot, so no scale-down until it has filled again.
+            status = obj.get("status") or {}
+            last = {r: t for r in roles
+                    if (t := parse_time((status.get(r) or {}).get("lastScaleTime"))) is not None}
+            st = self.pools[key] = PoolState(core.History.fresh(now, last))
+        return st
+
+    async def _pool(self, obj: Obj, spec: api.InferencePoolSpec, wl: Any, snap: Snapshot,
+                    now: float, res: CycleResult) -> None:
+        ns, name = obj["metadata"]["namespace"], obj["metadata"]["name"]
+        roles = spec.engine_roles()
+        st = self._state(obj, roles, now)
+        if now - st.last_decided < spec.autoscaling.interval_seconds / self.opt.speed - 1e-6:
+            return
+        states = {r: s for r in roles if (s := wl.role_state(ns, name, r)) is not None}
+        if not states:
+            return  # the operator has not made the Deployments yet
+        policy = scaled_policy(core.Policy.from_spec(spec), self.opt.speed)
+        policy = replace(policy, bounds={r: b for r, b in policy.bounds.items() if r in states})
+        obs = observation(ns, name, states, snap, spec.slo.ttft.quantile, spec.slo.itl.quantile)
+        d = core.decide(obs, policy, st.history, now)
+        st.history, st.last_decided = d.history, now
+        res.decided += 1
+        res.decisions[(ns, name)] = d
+
+        apply = spec.autoscaling.mode == api.AutoscalingMode.APPLY and not self.opt.dry_run
+        scaled: list[core.RoleDecision] = []
+        for role, rd in d.roles.items():
+            if apply and rd.replicas != rd.current:
+                await self.kube.scale(ns, names.child_name(name, role), rd.replicas)
+                scaled.append(rd)
+            self.metrics.record(ns, name, rd, d.metrics_available.status)
+            log.info("%s", json.dumps(_log_line(ns, name, spec, obs, rd, apply), default=str))
+        if not apply:
+            # Advisory: the scale clock must not start on a decision nobody carried out.
+            st.history = replace(st.history, last_scale={
+                r: t for r, t in st.history.last_scale.items()
+                if r not in d.roles or d.roles[r].replicas == d.roles[r].current
+                or t != now})
+        res.scaled += len(scaled)
+        if self.opt.dry_run:
+            return
+        if await self._write_status(obj, d, obs, scaled, now, st, spec):
+            res.status_writes += 1
+        for rd in scaled:
+            verb = "ScaledUp" if rd.direction == core.UP else "ScaledDown"
+            await self.kube.event(obj, verb, f"{rd.message}")
+        if d.scaling_limited.status and not st.last_limited:
+            await self.kube.event(obj, d.scaling_limited.reason, d.scaling_limited.message,
+                                  "Warning")
+        st.last_limited = d.scaling_limited.status
+
+    async def _write_status(self, obj: Obj, d: core.Decision, obs: core.Observation,
+                            scaled: list[core.RoleDecision], now: float, st: PoolState,
+                            spec: api.InferencePoolSpec) -> bool:
+        status = obj.get("status") or {}
+        refresh = now - st.last_status_write >= self.opt.status_refresh / self.opt.speed
+        role_fields: dict[str, Obj] = {}
+        for role, rd in d.roles.items():
+            live = status.get(role) or {}
+            fields: Obj = {"desiredReplicas": rd.replicas, "reason": rd.reason}
+            if (refresh or any(live.get(k) != v for k, v in fields.items())
+                    or rd in scaled):
+                fields["message"] = rd.message[:1024]
+                if rd in scaled:
+                    fields["lastScaleTime"] = rfc3339(now)
+                role_fields[role] = fields
+        metrics = None
+        if refresh or role_fields:
+            metrics = {"ttftSeconds": _round(obs.router_ttft if _ok(obs.router_ttft) else
+                                             _first_ttft(obs)),
+                       "itlSeconds": _round(_itl(obs))}
+        when = rfc3339(now)
+        gen = (obj.get("metadata") or {}).get("generation")
+        conds = [
+            _cond(api.ConditionType.METRICS_AVAILABLE, d.metrics_available, when, gen),
+            _cond(api.ConditionType.SCALING_LIMITED, d.scaling_limited, when, gen),
+        ]
+        ns, name = obj["metadata"]["namespace"], obj["metadata"]["name"]
+        wrote = await self.kube.patch_status(ns, name, role_fields, metrics, conds)
+        if wrote:
+            st.last_status_write = now
+        return wrote
+
+
+def _cond(type_: str, c: core.ConditionDecision, when: str, gen: int | None) -> Obj:
+    out: Obj = {"type": str(type_), "status": "True" if c.status else "False",
+                "reason": c.reason, "message": c.message[:1024], "lastTransitionTime": when}
+    if gen is not None:
+        out["observedGeneration"] = gen
+    return out
+
+
+def _ok(v: float | None) -> bool:
+    return v is not None and not math.isnan(v) and not math.isinf(v)
+
+
+def _round(v: float | None) -> float | None:
+    return float(f"{v:.4g}") if v is not None and _ok(v) else None
+
+
+def _first_ttft(obs: core.Observation) -> float | None:
+    for role in ("prefill", "engine"):
+        o = obs.roles.get(role)
+        if o is not None and _ok(o.ttft):
+            return o.ttft
+    return None
+
+
+def _itl(obs: core.Observation) -> float | None:
+    for role in ("decode", "engine"):
+        o = obs.roles.get(role)
+        if o is not None and _ok(o.itl):
+            return o.itl
+    return None
+
+
+def _log_line(ns: str, name: str, spec: api.InferencePoolSpec, obs: core.Observation,
+              rd: core.RoleDecision, apply: bool) -> dict[str, Any]:
+    o = obs.roles[rd.role]
+    inputs: Mapping[str, Any] = {
+        "replicas": o.replicas, "ready": o.ready_replicas, "starting": o.starting,
+        "unschedulable": o.unschedulable, "waiting": o.waiting, "running": o.running,
+        "kvUsage": o.kv_usage, "ttft": o.ttft, "itl": o.itl,
+        "promptTokensRate": o.prompt_tokens_rate,
+        "generationTokensRate": o.generation_tokens_rate, "sampleAge": o.sample_age,
+        "routerTtft": obs.router_ttft, "routerInflight": obs.router_inflight,
+        "routerRequestRate": obs.router_request_rate, "prometheusError": obs.prometheus_error,
+    }
+    return {
+        "event": "decision", "namespace": ns, "pool": name, "role": rd.role,
+        "mode": "Apply" if apply else "Advisory", "current": rd.current,
+        "desired": rd.replicas, "direction": rd.direction, "reason": rd.reason,
+        "inputs": inputs,
+        "signals": {s.name: {"value": s.value, "target": s.target, "proposal": s.proposal}
+                    for s in rd.signals},
+        "steps": [[s.name, s.replicas, s.reason] for s in rd.steps],
+        "message": rd.message,
+    }
