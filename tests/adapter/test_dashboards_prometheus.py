@@ -251,16 +251,16 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
                                   {"namespace": NS, "pool": POOL, "role": "router"}))
         else:
             missing["router"] = "poolpilot router (or the engines it needs) is not available"
-        if available("poolpilot.autoscaler.main") and _AUTOSCALER_READY:
-            scaler = _start_autoscaler(tmp, procs)
-            # No target labels: its series carry the pool's namespace/pool/role themselves
-            # (the chart's ServiceMonitor sets honorLabels for the same reason).
-            targets.append(Target(scaler))
-        else:
-            missing["autoscaler"] = "poolpilot autoscaler is not built yet"
         rule_file = tmp / "rules.yaml"
         rule_file.write_text(rules.to_yaml(rules.rule_groups(PARAMS)))
         prom = PrometheusProcess(scrape_interval=SCRAPE, rule_files=[rule_file]).start(targets)
+        if available("poolpilot.autoscaler.main") and available("poolpilot.kube.emulator"):
+            scaler = _start_autoscaler(tmp, procs, prom.url)
+            # No target labels: its series carry the pool's namespace/pool/role themselves
+            # (the chart's ServiceMonitor sets honorLabels for the same reason).
+            prom.set_targets([*targets, Target(scaler)])
+        else:
+            missing["autoscaler"] = "poolpilot autoscaler is not built yet"
         counts: dict[str, int] = {}
         if router is not None:
             threading.Thread(target=_drive, args=(router.url, stop, counts), daemon=True).start()
@@ -274,11 +274,77 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             p.stop()
 
 
-_AUTOSCALER_READY = False
+ROOT = Path(__file__).resolve().parents[2]
 
 
-def _start_autoscaler(tmp: Path, procs: list[Proc]) -> str:
-    raise NotImplementedError("filled in when poolpilot autoscaler lands")
+def _kubectl(kubeconfig: Path, *args: str, stdin: str | None = None) -> str:
+    from shutil import which
+
+    binary = which("kubectl") or which("kubectl", path=str(ROOT / ".cache" / "bin"))
+    if binary is None:
+        raise RuntimeError("kubectl is not installed; run ./dev setup")
+    proc = subprocess.run([binary, "--kubeconfig", str(kubeconfig), *args], input=stdin,
+                          capture_output=True, text=True, timeout=60)
+    if proc.returncode != 0:
+        raise RuntimeError(f"kubectl {' '.join(args)}: {proc.stderr}")
+    return proc.stdout
+
+
+UNSCHEDULABLE_POD = f"""
+apiVersion: v1
+kind: Pod
+metadata:
+  name: {POOL}-prefill-pending
+  namespace: {NS}
+  labels: {{app.kubernetes.io/managed-by: poolpilot, poolpilot.dev/pool: {POOL},
+           poolpilot.dev/role: prefill}}
+spec:
+  containers: [{{name: engine, image: engine}}]
+"""
+UNSCHEDULABLE_STATUS = json.dumps({"status": {"phase": "Pending", "conditions": [{
+    "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+    "message": "0/3 nodes are available: 3 Insufficient nvidia.com/gpu."}]}})
+
+
+def _start_autoscaler(tmp: Path, procs: list[Proc], prometheus_url: str) -> str:
+    """The emulated cluster holds the pool and its Deployments as the operator would leave
+    them, in a state that makes the autoscaler use every series the dashboards show: decode
+    over-provisioned for the light load (a scale-down: direction, annotation), prefill with a
+    pod that cannot be scheduled (ScalingLimited)."""
+    kubeconfig = tmp / "kubeconfig"
+    procs.append(start("emulator", [*POOLPILOT, "emulator", "--host", "127.0.0.1", "--port",
+                                    "0", "--kubeconfig", str(kubeconfig)],
+                       r"(http://127\.0\.0\.1:\d+)"))
+    pool = (ROOT / "examples" / "sandbox-pool.yaml").read_text()
+    pool = (pool.replace("namespace: sandbox", f"namespace: {NS}")
+            .replace("name: demo", f"name: {POOL}")
+            .replace("scaleDown: {stabilizationWindowSeconds: 60, maxStep: 1, cooldownSeconds: 20}",
+                     "scaleDown: {stabilizationWindowSeconds: 0, maxStep: 1, cooldownSeconds: 0}")
+            .replace("decode: {replicas: 1,", "decode: {replicas: 3,")
+            .replace("prefill: {replicas: 1,", "prefill: {replicas: 2,"))
+    assert "cooldownSeconds: 0" in pool and "replicas: 3" in pool
+    (tmp / "pool.yaml").write_text(pool)
+    _kubectl(kubeconfig, "apply", "-f", str(ROOT / "crds" / "inferencepool.yaml"))
+    _kubectl(kubeconfig, "apply", "-f", str(tmp / "pool.yaml"))
+    children = subprocess.run([*POOLPILOT, "render", "--no-rbac", str(tmp / "pool.yaml")],
+                              capture_output=True, text=True, timeout=60, check=True).stdout
+    _kubectl(kubeconfig, "apply", "-f", "-", stdin=children)
+    for role, replicas, ready in (("prefill", 2, 1), ("decode", 3, 3)):
+        _kubectl(kubeconfig, "scale", "deployment", f"{POOL}-{role}", "-n", NS,
+                 f"--replicas={replicas}")
+        _kubectl(kubeconfig, "patch", "deployment", f"{POOL}-{role}", "-n", NS,
+                 "--subresource=status", "--type=merge", "-p",
+                 json.dumps({"status": {"replicas": replicas, "readyReplicas": ready}}))
+    _kubectl(kubeconfig, "apply", "-f", "-", stdin=UNSCHEDULABLE_POD)
+    _kubectl(kubeconfig, "patch", "pod", f"{POOL}-prefill-pending", "-n", NS,
+             "--subresource=status", "--type=merge", "-p", UNSCHEDULABLE_STATUS)
+    scaler = start("autoscaler", [
+        *POOLPILOT, "autoscaler", "--prometheus", prometheus_url, "--all-namespaces",
+        "--kubeconfig", str(kubeconfig), "--interval", "1", "--rate-window", "5",
+        "--metrics-host", "127.0.0.1", "--metrics-port", "0",
+    ], r"metrics on (http://127\.0\.0\.1:\d+)")
+    procs.append(scaler)
+    return scaler.url.removeprefix("http://")
 
 
 def _has_number(result: list[dict[str, Any]]) -> bool:
