@@ -179,8 +179,14 @@ class EngineCore:
                       and not sp.loading and not sp.preempted)
         if decode_run:
             seqs = [s for s, _ in sp.items]
-            k = self._run_length(seqs)
-            ctx = sum(s.computed for s in seqs)
+            ctx = 0
+            k = self.config.max_chunk_steps
+            for s in seqs:
+                ctx += s.computed
+                r = s.max_output - s.generated
+                if r < k:
+                    k = r
+            k = self._run_length(seqs, k)
             durs = self.model.decode_run_times(len(seqs), ctx, k)
         else:
             k = 1
@@ -192,24 +198,34 @@ class EngineCore:
         self.chunk = ch
         return ch
 
-    def _run_length(self, seqs: list[Seq]) -> int:
-        """Most identical decode steps before a finish, within free KV blocks."""
-        k = min(self.config.max_chunk_steps, min(s.remaining_output for s in seqs))
+    def _run_length(self, seqs: list[Seq], k: int) -> int:
+        """Most identical decode steps (at most k: the next finish) within free KV blocks."""
         if k <= 1:
             return 1
         # blocks for step 1 are allocated; extend while the extra fits
         free = self.sched.free_blocks
-        if self.sched.extra_blocks_for_steps(seqs, k) > free:
-            lo, hi = 1, k  # lo fits, hi does not
-            while hi - lo > 1:
-                mid = (lo + hi) // 2
-                if self.sched.extra_blocks_for_steps(seqs, mid) <= free:
-                    lo = mid
-                else:
-                    hi = mid
-            k = lo
-        self.sched.reserve_steps(seqs, k)
-        return k
+        bs = self.sched.block_size
+        need = []
+        total = 0
+        for s in seqs:
+            n = -(-(s.computed + k) // bs) - s.blocks
+            if n > 0:
+                need.append((s, n))
+                total += n
+        if total <= free:
+            for s, n in need:
+                s.blocks += n
+            self.sched.free_blocks -= total
+            return k
+        lo, hi = 1, k  # lo fits, hi does not
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if self.sched.extra_blocks_for_steps(seqs, mid) <= free:
+                lo = mid
+            else:
+                hi = mid
+        self.sched.reserve_steps(seqs, lo)
+        return lo
 
     def truncate(self, t: float) -> float | None:
         """Something arrives at time t: the chunk stops after the step in flight at t.
@@ -288,9 +304,13 @@ class EngineCore:
         end0 = float(ends[0])
         last_idx = first_idx + j - 1
         track = self.config.track_token_steps
+        back_to_back = 0  # sequences whose previous token ended right where this run starts
         for s in seqs:
-            if s.last_token_at is not None:
-                itl.observe(end0 - s.last_token_at)
+            lt = s.last_token_at
+            if lt == prev:
+                back_to_back += 1
+            elif lt is not None:
+                itl.observe(end0 - lt)
             elif s.first_token_at is None:  # a resumed remote-prefill sequence
                 s.first_token_at = end0
                 out.first_tokens.append(s)
@@ -307,12 +327,16 @@ class EngineCore:
                     ts.append([first_idx, last_idx])
             if s.generated >= s.max_output:
                 self._finish(s, end, out)
+        if back_to_back:
+            itl.observe(end0 - prev, back_to_back)
         out.sampled.extend(seqs)
 
     def _commit_step(self, ch: Chunk, out: Outcome) -> None:
         end = float(ch.ends[0])
         idx = self._log_steps(ch.ends[:1])
         itl = self.stats.histograms[m.VLLM_ITL]
+        start = ch.start
+        back_to_back = 0
         for s, n in ch.items:
             if s.state is not SeqState.RUNNING:
                 continue
@@ -328,11 +352,15 @@ class EngineCore:
                 out.first_tokens.append(s)
                 self.stats.histograms[m.VLLM_TTFT].observe(end - s.arrival)
                 self.stats.counters[m.VLLM_PROMPT_TOKENS] += s.prompt
+            elif s.last_token_at == start:
+                back_to_back += 1
             elif s.last_token_at is not None:
                 itl.observe(end - s.last_token_at)
             s.last_token_at = end
             if s.generated >= s.max_output:
                 self._finish(s, end, out)
+        if back_to_back:
+            itl.observe(end - start, back_to_back)
 
     def _finish(self, s: Seq, end: float, out: Outcome) -> None:
         s.finished_at = end

@@ -187,13 +187,21 @@ class Scheduler:
         i = 0
         running = self.running
         items = plan.items
+        bs = self.block_size
+        all_decode = True
         while i < len(running) and budget > 0:
             seq = running[i]
             n = seq.prompt + seq.generated - seq.computed
             if n > budget:
                 n = budget
-            if n != 1 or seq.prompt + seq.generated - seq.computed != 1:
-                plan.all_decode = False
+                all_decode = False
+            elif n != 1:
+                all_decode = False
+            if seq.computed + n <= seq.blocks * bs:  # fast path: room in its last block
+                items.append((seq, n))
+                budget -= n
+                i += 1
+                continue
             while not self._grow(seq, seq.computed + n):
                 victim = self.running.pop()
                 self._preempt(victim)
@@ -204,6 +212,7 @@ class Scheduler:
                 items.append((seq, n))
                 budget -= n
                 i += 1
+        plan.all_decode = all_decode
         if plan.preempted:
             return plan
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
