@@ -149,9 +149,9 @@ def _burn(histogram: str, target: str, window: str) -> str:
 
 def _slo_alerts(p: RuleParams) -> list[Alert]:
     alerts = []
-    slos = (("TTFT", m.ROUTER_TTFT, p.ttft_seconds, "time to first token"),
-            ("ITL", m.ROUTER_ITL, p.itl_seconds, "inter-token latency"))
-    for short_name, hist, target, what in slos:
+    slos = (("TTFT", m.ROUTER_TTFT, p.ttft_seconds, "time to first token", "requests"),
+            ("ITL", m.ROUTER_ITL, p.itl_seconds, "inter-token latency", "tokens"))
+    for short_name, hist, target, what, unit in slos:
         for speed, factor, short, long_, severity, for_ in (
             ("Fast", p.fast_factor, p.fast_short, p.fast_long, "critical", "2m"),
             ("Slow", p.slow_factor, p.slow_short, p.slow_long, "warning", "15m"),
@@ -167,7 +167,7 @@ def _slo_alerts(p: RuleParams) -> list[Alert]:
                         f"budget burning {speed.lower()}",
                 description=(
                     f"More than {factor}x the error budget of the {what} SLO (objective "
-                    f"{p.objective} of requests within {target}s at the router) is being "
+                    f"{p.objective} of {unit} within {target}s at the router) is being "
                     f"spent over {short} and {long_}. Check the pool's queue depth per role "
                     "(Grafana: poolpilot / Pool) and whether the autoscaler is limited."
                 ),
