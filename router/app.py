@@ -241,7 +241,7 @@ class Router:
             raise
         finally:
             self.metrics.observe_request(code)
-            self.metrics.e2e.labels(self.config.pool).observe(self.clock() - start)
+            self.metrics.e2e_pool.observe(self.clock() - start)
             self.active -= 1
             if self.active == 0:
                 self._idle.set()
@@ -293,7 +293,7 @@ class Router:
         assert self.session is not None
         tried: list[str] = []
         last: UpstreamError | None = None
-        gauge = self.metrics.inflight.labels(self.config.pool, role)
+        gauge = self.metrics.inflight_role[role]
         for _ in range(self.config.max_attempts):
             endpoint = self.balancer.pick(role, self.clock(), exclude=tried)
             if endpoint is None:
@@ -316,7 +316,7 @@ class Router:
                         if resp.status in RETRYABLE_STATUS:
                             self.balancer.report_failure(endpoint.url, self.clock())
                         if role == "decode" and resp.status not in RETRYABLE_STATUS:
-                            self.metrics.kv_failures.labels(self.config.pool).inc()
+                            self.metrics.kv_failures_pool.inc()
                         last = UpstreamError(
                             endpoint.url, resp.status, f"{role} engine answered "
                             f"{resp.status}: {text}"
@@ -348,7 +348,7 @@ class Router:
             except (aiohttp.ClientError, TimeoutError) as exc:
                 self.balancer.report_failure(endpoint.url, self.clock())
                 if self.config.mode == DISAGGREGATED:
-                    self.metrics.kv_failures.labels(self.config.pool).inc()
+                    self.metrics.kv_failures_pool.inc()
                 return json_error(502, f"engine failed mid-response: {exc!r}",
                                   "upstream_error"), 502
             return web.Response(status=upstream.status, body=body,
@@ -359,7 +359,6 @@ class Router:
             headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"},
         )
         await response.prepare(request)
-        pool = self.config.pool
         last_event: float | None = None
         buffer = b""
         chunks = upstream.content.iter_any().__aiter__()
@@ -380,13 +379,13 @@ class Router:
             if events > 0:
                 # Events that arrive together reach the client together: gaps of 0.
                 if last_event is None:
-                    self.metrics.ttft.labels(pool).observe(now - start)
+                    self.metrics.ttft_pool.observe(now - start)
                     events -= 1
                 else:
-                    self.metrics.itl.labels(pool).observe(now - last_event)
+                    self.metrics.itl_pool.observe(now - last_event)
                     events -= 1
                 for _ in range(events):
-                    self.metrics.itl.labels(pool).observe(0.0)
+                    self.metrics.itl_pool.observe(0.0)
                 last_event = now
             try:
                 await response.write(complete)
@@ -407,7 +406,7 @@ class Router:
         gone already), in the shape OpenAI clients raise on, then end the stream."""
         self.balancer.report_failure(endpoint.url, self.clock())
         if self.config.mode == DISAGGREGATED:
-            self.metrics.kv_failures.labels(self.config.pool).inc()
+            self.metrics.kv_failures_pool.inc()
         log.warning("stream from %s broke: %r", endpoint.url, exc)
         err = error_body(502, f"engine failed mid-stream: {exc!r}", "upstream_error")
         with suppress(ConnectionError):

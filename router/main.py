@@ -16,6 +16,7 @@ import logging
 import signal
 import sys
 
+import uvloop
 from aiohttp import web
 from poolpilot.router.app import AGGREGATED, DISAGGREGATED, Router, RouterConfig
 from poolpilot.router.balancer import BalancerConfig
@@ -147,4 +148,5 @@ def run(args: argparse.Namespace) -> int:
     except UsageError as exc:
         print(f"poolpilot router: error: {exc}", file=sys.stderr)
         return 2
-    return asyncio.run(serve(args, config))
+    # uvloop (libuv) roughly halves the router's per-request CPU cost on the proxy path.
+    return uvloop.run(serve(args, config))

@@ -64,12 +64,22 @@ class RouterMetrics:
             ["pool"],
             registry=r,
         )
-        self.kv_failures.labels(pool)  # exported as 0 from the start
-        for role in ("prefill", "decode", "engine"):
-            self.inflight.labels(pool, role)
+        # Children bound to this pool once: labels() costs a lock and a dict lookup, and
+        # these are hit for every streamed chunk.
+        self.ttft_pool = self.ttft.labels(pool)
+        self.itl_pool = self.itl.labels(pool)
+        self.e2e_pool = self.e2e.labels(pool)
+        self.kv_failures_pool = self.kv_failures.labels(pool)  # exported as 0 from the start
+        self.inflight_role = {
+            role: self.inflight.labels(pool, role) for role in ("prefill", "decode", "engine")
+        }
+        self._codes: dict[int, Counter] = {}
 
     def observe_request(self, code: int) -> None:
-        self.requests.labels(self.pool, str(code)).inc()
+        child = self._codes.get(code)
+        if child is None:
+            child = self._codes[code] = self.requests.labels(self.pool, str(code))
+        child.inc()
 
 
 WAITING = "vllm:num_requests_waiting"
