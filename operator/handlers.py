@@ -112,6 +112,8 @@ def _outcome_events(outcome: reconcile.Outcome) -> list[status.EventSpec]:
 async def handle(body: kopf.Body, memo: kopf.Memo, logger: logging.Logger | Any, *,
                  from_timer: bool, config: OperatorConfig) -> None:
     """Reconcile one pool: children, then status. Shared by the change handler and the timer."""
+    if memo.get("closing"):
+        return  # shutting down: the API client is closed
     lock: asyncio.Lock = memo.setdefault("lock", asyncio.Lock())
     async with lock:
         await _handle_locked(body, memo, logger, from_timer=from_timer, config=config)
@@ -146,6 +148,9 @@ async def _handle_locked(body: kopf.Body, memo: kopf.Memo, logger: logging.Logge
         # Transient (409, 5xx, timeouts) or not, Kopf retries with backoff; every write is an
         # idempotent apply, so a retry finishes whatever a failed attempt left half done.
         raise kopf.TemporaryError(f"API error while reconciling: {exc}", delay=2) from None
+    if outcome.pool_gone:
+        logger.info("%s/%s: the pool is being deleted; nothing to do", namespace, name)
+        return
     _post(body, _outcome_events(outcome))
     if outcome.writes:
         logger.info("reconciled with %d writes: created=%s updated=%s repaired=%s deleted=%s",
@@ -191,6 +196,7 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
 
     @kopf.on.cleanup(registry=registry)
     async def cleanup(memo: kopf.Memo, **_: Any) -> None:
+        memo["closing"] = True
         kube = memo.get("kube")
         if kube is not None:
             await kube.close()

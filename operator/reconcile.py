@@ -20,7 +20,7 @@ from typing import Any, Protocol
 from poolpilot.operator import builders
 from poolpilot.operator.kubeapi import Discovered
 
-from poolpilot import names
+from poolpilot import api, names
 
 Obj = dict[str, Any]
 DIGEST_ANNOTATION = "poolpilot.dev/applied-digest"
@@ -47,6 +47,7 @@ class Cluster(Protocol):
     async def list(
         self, api_version: str, kind: str, namespace: str, selector: dict[str, str]
     ) -> list[Obj]: ...
+    async def get(self, api_version: str, kind: str, namespace: str, name: str) -> Obj | None: ...
     async def apply(self, obj: Obj) -> Obj: ...
     async def delete(self, obj: Obj) -> None: ...
     async def apply_size(self, namespace: str, name: str, replicas: int) -> None: ...
@@ -59,6 +60,7 @@ class Outcome:
     repaired: list[str] = field(default_factory=list)  # someone changed it (drift)
     deleted: list[str] = field(default_factory=list)
     waiting: str | None = None  # why stale children were kept
+    pool_gone: bool = False  # the pool was deleted while we looked: nothing was written
     deployments: dict[str, Obj] = field(default_factory=dict)  # role -> live Deployment
     writes: int = 0
 
@@ -182,6 +184,13 @@ async def reconcile(cluster: Cluster, pool: builders.Pool, caps: builders.Capabi
     out = Outcome()
     desired = [stamped(o) for o in builders.build_children(pool, caps)]
     live = await live_children(cluster, pool, caps)
+    if any(builders.object_key(o) not in live for o in desired):
+        # Children are missing: make sure the pool itself still exists, or re-creating them
+        # would race its garbage collection (a timer tick right after `kubectl delete`).
+        owner = await cluster.get(api.API_VERSION, api.KIND, pool.namespace, pool.name)
+        if owner is None or owner["metadata"].get("uid") != pool.uid:
+            out.pool_gone = True
+            return out
     for obj in desired:
         key = builders.object_key(obj)
         cur = live.get(key)

@@ -13,12 +13,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from poolpilot.operator.handlers import OperatorConfig
+from poolpilot.operator.testing import Kubectl, install, running_operator, wait_for
 
 from poolpilot import names
 from poolpilot.kube.emulator import KubeEmulator
 from poolpilot.kube.testing import cluster_from_env
-from poolpilot.operator.handlers import OperatorConfig
-from poolpilot.operator.testing import Kubectl, install, running_operator, wait_for
 
 pytestmark = [pytest.mark.adapter, pytest.mark.cluster]
 
@@ -82,8 +82,8 @@ class Cluster:
     def writes_for(self, pool: str, ns: str = "ops") -> int:
         emu = self.need_emulator()
         return sum(1 for r in list(emu.requests)
-                   if r.is_write and f"/namespaces/{ns}/" in r.path and f"/{pool}-" in r.path
-                   or r.is_write and r.path.endswith(f"/inferencepools/{pool}/status"))
+                   if (r.is_write and f"/namespaces/{ns}/" in r.path and f"/{pool}-" in r.path)
+                   or (r.is_write and r.path.endswith(f"/inferencepools/{pool}/status")))
 
 
 @pytest.fixture(scope="module")
