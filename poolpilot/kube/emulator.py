@@ -82,6 +82,16 @@ class _Route:
     watch: bool
 
 
+class _YamlLoader(yaml.SafeLoader):
+    """YAML as the API server reads it: timestamps stay strings (JSON has no dates)."""
+
+
+_YamlLoader.yaml_implicit_resolvers = {
+    k: [(tag, rx) for tag, rx in v if tag != "tag:yaml.org,2002:timestamp"]
+    for k, v in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+
+
 def _truthy(value: str | None) -> bool:
     return (value or "").lower() in ("1", "true", "yes")
 
@@ -471,7 +481,7 @@ class KubeEmulator:
             return {}
         try:
             if "yaml" in request.headers.get("Content-Type", ""):
-                return yaml.safe_load(text)
+                return yaml.load(text, Loader=_YamlLoader)
             return json.loads(text)
         except (ValueError, yaml.YAMLError) as exc:
             raise errors.bad_request(f"the request body is not valid: {exc}") from exc

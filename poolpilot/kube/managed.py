@@ -9,12 +9,11 @@ diff library does for the real API server.
 
 from __future__ import annotations
 
-import copy
 import json
 from dataclasses import dataclass
 from typing import Any
 
-from poolpilot.kube.patch import ListTypes, item_key
+from poolpilot.kube.patch import ListTypes, clone, item_key
 
 Elem = tuple[str, str]
 FPath = tuple[Elem, ...]
@@ -244,7 +243,7 @@ def apply(current: dict[str, Any] | None, config: dict[str, Any], list_types: Li
     for m in others:
         owned_by_others |= set(m.fields) - taken
     released = set(previous) - applied
-    obj = copy.deepcopy(current) if current else {}
+    obj = clone(current) if current else {}
     removable = {p for p in released
                  if not any(o[: len(p)] == p for o in owned_by_others)}
     # Remove whole subtrees at their top: a keyed item goes with its key fields at once.
@@ -279,13 +278,13 @@ def merge_applied(obj: Any, config: Any, lt: ListTypes, names: tuple[str, ...]) 
                 k = item_key(item, keys)
                 idx = next((i for i, c in enumerate(result) if item_key(c, keys) == k), None)
                 if idx is None:
-                    result.append(copy.deepcopy(item))
+                    result.append(clone(item))
                 else:
                     result[idx] = merge_applied(result[idx], item, lt, names)
             return result
         if kind == "set":
-            return list(obj) + [copy.deepcopy(i) for i in config if i not in obj]
-    return copy.deepcopy(config)
+            return list(obj) + [clone(i) for i in config if i not in obj]
+    return clone(config)
 
 
 def _remove_path(obj: Any, path: FPath, lt: ListTypes) -> None:

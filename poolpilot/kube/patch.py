@@ -4,7 +4,6 @@ patch (lists of known fields merged by key, `$patch`/`$retainKeys`/`$setElementO
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable
 from typing import Any
 
@@ -91,13 +90,22 @@ def _hashable(value: Any) -> Any:
     return repr(value) if isinstance(value, dict | list) else value
 
 
+def clone(value: Any) -> Any:
+    """Deep copy of JSON data (dicts, lists, scalars): several times faster than deepcopy."""
+    if isinstance(value, dict):
+        return {k: clone(v) if isinstance(v, dict | list) else v for k, v in value.items()}
+    if isinstance(value, list):
+        return [clone(v) if isinstance(v, dict | list) else v for v in value]
+    return value
+
+
 # --- JSON merge patch -----------------------------------------------------------------------
 
 
 def merge_patch(target: Any, patch: Any) -> Any:
     """RFC 7386: objects merge recursively, null deletes, anything else replaces."""
     if not isinstance(patch, dict):
-        return copy.deepcopy(patch)
+        return clone(patch)
     result = dict(target) if isinstance(target, dict) else {}
     for key, value in patch.items():
         if value is None:
@@ -116,10 +124,10 @@ def strategic_merge(target: Any, patch: Any, list_types: ListTypes = builtin_lis
                     path: Path = ()) -> Any:
     """Strategic merge patch as the API server applies it to built-in kinds."""
     if not isinstance(patch, dict):
-        return copy.deepcopy(patch)
+        return clone(patch)
     directive = patch.get("$patch")
     if directive == "replace":
-        return {k: copy.deepcopy(v) for k, v in patch.items() if k != "$patch"}
+        return {k: clone(v) for k, v in patch.items() if k != "$patch"}
     if directive == "delete":
         return _DELETE
     result = dict(target) if isinstance(target, dict) else {}
@@ -155,12 +163,12 @@ def _merge_list(target: Any, patch: list[Any], list_types: ListTypes, path: Path
         out = list(current)
         for item in patch:
             if item not in out:
-                out.append(copy.deepcopy(item))
+                out.append(clone(item))
         return out
     if kind != "map" or any(not isinstance(i, dict) for i in patch):
         if len(patch) == 1 and isinstance(patch[0], dict) and patch[0].get("$patch") == "replace":
             return []
-        return copy.deepcopy(patch)
+        return clone(patch)
     out = list(current)
     for item in patch:
         if item.get("$patch") == "replace":
@@ -205,7 +213,7 @@ def json_patch(doc: Any, ops: Any) -> Any:
     """RFC 6902: add, remove, replace, move, copy, test."""
     if not isinstance(ops, list):
         raise ApiError(400, "a JSON patch must be a list of operations")
-    doc = copy.deepcopy(doc)
+    doc = clone(doc)
     for op in ops:
         if not isinstance(op, dict) or "op" not in op or "path" not in op:
             raise ApiError(400, f"invalid JSON patch operation {op!r}: needs 'op' and 'path'")
@@ -217,18 +225,18 @@ def json_patch(doc: Any, ops: Any) -> Any:
             continue
         if name in ("move", "copy"):
             src = _pointer(op["from"])
-            value = copy.deepcopy(_walk(doc, src, op["from"]))
+            value = clone(_walk(doc, src, op["from"]))
             if name == "move":
                 doc = _remove(doc, src, op["from"])
             doc = _add(doc, parts, value, path)
         elif name == "add":
-            doc = _add(doc, parts, copy.deepcopy(op.get("value")), path)
+            doc = _add(doc, parts, clone(op.get("value")), path)
         elif name == "remove":
             doc = _remove(doc, parts, path)
         elif name == "replace":
             _walk(doc, parts, path)
             doc = _remove(doc, parts, path)
-            doc = _add(doc, parts, copy.deepcopy(op.get("value")), path)
+            doc = _add(doc, parts, clone(op.get("value")), path)
         else:
             raise ApiError(400, f"unknown JSON patch operation {name!r}")
     return doc
