@@ -102,6 +102,7 @@ class EngineCore:
         self.chunk: Chunk | None = None
         self.steps_run = 0
         self.started_loads: list[Seq] = []  # remote KV loads begun; the caller drains it
+        self._aborts: list[Seq] = []
 
     # ---- requests ----
     def validate(self, prompt: int, max_output: int) -> str | None:
@@ -118,6 +119,15 @@ class EngineCore:
 
     def add(self, seq: Seq) -> None:
         self.sched.add(seq)
+
+    def abort(self, seq: Seq) -> None:
+        """Abort between steps (as vLLM does): at once if idle, else before the next plan."""
+        if seq.state is SeqState.FINISHED and seq.rid not in self.sched.held:
+            return
+        if self.chunk is None:
+            self.sched.abort(seq)
+        else:
+            self._aborts.append(seq)
 
     def has_work(self) -> bool:
         return self.sched.has_work()
@@ -139,6 +149,10 @@ class EngineCore:
     def release_held(self, rid: Any) -> Seq | None:
         return self.sched.release_held(rid)
 
+    def next_expiry(self, timeout: float) -> float | None:
+        return min((s.finished_at + timeout for s in self.sched.held.values()
+                    if s.finished_at is not None), default=None)
+
     def expire_held(self, now: float, timeout: float) -> int:
         old = [rid for rid, s in self.sched.held.items()
                if s.finished_at is not None and now - s.finished_at >= timeout]
@@ -152,6 +166,10 @@ class EngineCore:
         """Plan the next chunk starting at max(now, end of the previous step)."""
         assert self.chunk is None, "commit the current chunk first"
         start = max(now, self.busy_until)
+        for s in self._aborts:
+            if s.state is not SeqState.FINISHED or s.rid in self.sched.held:
+                self.sched.abort(s)
+        self._aborts.clear()
         self.complete_loads(start)
         if not self.sched.has_work():
             return None

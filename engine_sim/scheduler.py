@@ -266,6 +266,19 @@ class Scheduler:
             ok = self._grow(s, s.computed + steps)
             assert ok, "reserve_steps called beyond free blocks"
 
+    def abort(self, seq: Seq) -> None:
+        """Drop a request wherever it is (the client went away) and free its blocks."""
+        for q in (self.waiting, self.ready):
+            if seq in q:
+                q.remove(seq)
+        for lst in (self.running, self.loading):
+            if seq in lst:
+                lst.remove(seq)
+        self.held.pop(seq.rid, None)
+        self.free(seq)
+        seq.state = SeqState.FINISHED
+        seq.finish_reason = "abort"
+
     def finish(self, seq: Seq) -> None:
         self.running.remove(seq)
         seq.state = SeqState.FINISHED

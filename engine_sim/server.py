@@ -1,0 +1,503 @@
+"""`poolpilot engine-sim`: an HTTP server that looks like vLLM's OpenAI server.
+
+    poolpilot engine-sim --model llama-3.1-8b --gpu h200 --role prefill --port 8000 \\
+        [--host 127.0.0.1] [--speed X] [--served-name NAME] [--max-model-len N]
+
+Endpoints: /v1/completions, /v1/chat/completions (streaming SSE in vLLM's chunk format),
+/v1/models, /health, /version, /metrics (vLLM's names, types, labels and buckets).
+
+Timing: one engine (engine.py) runs continuous-batching steps priced by the roofline model;
+`--speed X` runs X times faster than real time while every latency it reports (metrics,
+nothing else carries time) is in simulated seconds. `--speed inf` makes steps instantaneous
+(a zero-latency upstream, e.g. for measuring a router's own overhead).
+
+Prefill/decode disaggregation, as with vLLM's NixlConnector:
+* a request with `kv_transfer_params: {"do_remote_decode": true}` (and max_tokens 1) is
+  prefilled; its response carries `kv_transfer_params: {"do_remote_prefill": true,
+  "do_remote_decode": false, "remote_block_ids": [...], "remote_engine_id": ...,
+  "remote_request_id": ..., "remote_host": ..., "remote_port": ..., "tp_size": ...}` and the
+  engine keeps the prompt's KV blocks until a decode engine reads them (or 480 s pass, as
+  VLLM_NIXL_ABORT_REQUEST_TIMEOUT);
+* a request carrying those params allocates blocks, "reads" the KV from remote_host:remote_port
+  (here: POST /sim/kv/pull on the prefill simulator, which frees its blocks), waits the
+  transfer time (bytes / link bandwidth), skips the prompt's compute and decodes. If the read
+  fails (unknown request, prefill gone), it counts vllm:nixl_num_failed_transfers and
+  recomputes the prompt locally, like vLLM's recompute policy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import math
+import signal
+import sys
+import time
+import uuid
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+)
+
+from poolpilot import metrics as m
+
+from . import protocol as p
+from .engine import EngineConfig, EngineCore, Outcome, canonical_role
+from .hardware import StepModel, UnknownHardware, make_step_model
+from .scheduler import Seq
+from .stats import GAUGES, HELP
+
+KV_HOLD_TIMEOUT = 480.0  # vLLM's VLLM_NIXL_ABORT_REQUEST_TIMEOUT default, simulated seconds
+
+
+class Clock:
+    """Simulated seconds: wall time x speed; with infinite speed, a virtual clock that only
+    moves when the engine runs."""
+
+    def __init__(self, speed: float) -> None:
+        if not speed > 0:
+            raise ValueError(f"--speed must be > 0 (or inf), got {speed}")
+        self.speed = speed
+        self.instant = math.isinf(speed)
+        self.wall0 = time.monotonic()
+        self.virtual = 0.0
+
+    def now(self) -> float:
+        if self.instant:
+            return self.virtual
+        return (time.monotonic() - self.wall0) * self.speed
+
+    def wall_delay(self, sim_t: float) -> float:
+        if self.instant:
+            return 0.0
+        return max(0.0, (sim_t - self.now()) / self.speed)
+
+    async def sleep_until(self, sim_t: float) -> None:
+        if self.instant:
+            self.virtual = max(self.virtual, sim_t)
+            await asyncio.sleep(0)
+            return
+        delay = self.wall_delay(sim_t)
+        if delay > 0:
+            await asyncio.sleep(delay)
+
+
+@dataclass
+class Stream:
+    """Per-request state the engine loop fills and the HTTP handler drains."""
+
+    key: str
+    queue: asyncio.Queue[int] = field(default_factory=asyncio.Queue)  # new token counts
+    emitted: int = 0
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class SimEngine:
+    """The engine core driven by asyncio in (scaled) real time."""
+
+    def __init__(self, step_model: StepModel, role: str, config: EngineConfig,
+                 clock: Clock) -> None:
+        self.core = EngineCore(step_model, role, config)
+        self.clock = clock
+        self.finished: deque[dict[str, Any]] = deque(maxlen=10000)
+        self.wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._loop())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    def arrival_time(self) -> float:
+        """Stamp for a new request: now, but never past the engine's step in flight (when the
+        engine lags the clock it joins the next step, keeping time causal)."""
+        now = self.clock.now()
+        ch = self.core.chunk
+        if ch is not None:
+            return min(now, ch.end)
+        if self.core.sched.running:
+            return min(now, self.core.busy_until)
+        return now
+
+    def add(self, seq: Seq) -> None:
+        self.core.add(seq)
+        self.wake.set()
+
+    async def _loop(self) -> None:
+        core = self.core
+        while True:
+            # steps run back to back while sequences are running (as on a GPU); an idle
+            # engine starts at the clock's now
+            t = core.busy_until if core.sched.running else self.clock.now()
+            core.expire_held(t, KV_HOLD_TIMEOUT)
+            ch = core.plan(t)
+            core.started_loads.clear()
+            if ch is None:
+                self.wake.clear()
+                # blocked: wait for a KV load to land, held KV to expire, or a request
+                nxt = min((x for x in (core.next_load_at(), core.next_expiry(KV_HOLD_TIMEOUT))
+                           if x is not None), default=None)
+                if nxt is None:
+                    await self.wake.wait()
+                    continue
+                if self.clock.instant:
+                    self.clock.virtual = max(self.clock.virtual, nxt)
+                    await asyncio.sleep(0)
+                    continue
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.wake.wait(), self.clock.wall_delay(nxt))
+                continue
+            await self.clock.sleep_until(ch.end)
+            self._deliver(core.commit())
+
+    def _deliver(self, out: Outcome) -> None:
+        for s in out.sampled:
+            st: Stream = s.payload
+            new = s.generated - st.emitted
+            if new > 0:
+                st.emitted = s.generated
+                st.queue.put_nowait(new)
+        for s in out.finished:
+            self.finished.append({
+                "id": s.rid, "arrival": s.arrival, "first_token_at": s.first_token_at,
+                "finished_at": s.finished_at, "prompt_tokens": s.prompt,
+                "output_tokens": s.generated, "finish_reason": s.finish_reason,
+                "remote_prefill": s.remote_prefill, "preemptions": s.preemptions,
+            })
+            s.payload.done.set()
+            s.payload.queue.put_nowait(0)
+
+
+def build_collector(engine: SimEngine, served: str) -> Any:
+    class EngineCollector:
+        def collect(self) -> Any:
+            snap = engine.core.snapshot()
+            lv = [served, "0"]
+            names = list(m.VLLM_LABELS)
+            for name in GAUGES:
+                g = GaugeMetricFamily(name, HELP[name], labels=names)
+                g.add_metric(lv, snap.gauges[name])
+                yield g
+            for name, value in snap.counters.items():
+                c = CounterMetricFamily(name.removesuffix("_total"), HELP[name], labels=names)
+                c.add_metric(lv, value)
+                yield c
+            c = CounterMetricFamily(m.VLLM_REQUEST_SUCCESS.removesuffix("_total"),
+                                    HELP[m.VLLM_REQUEST_SUCCESS],
+                                    labels=[*names, "finished_reason"])
+            for reason, value in snap.success.items():
+                c.add_metric([*lv, reason], value)
+            yield c
+            for name, h in snap.histograms.items():
+                hf = HistogramMetricFamily(name, HELP[name], labels=names)
+                buckets = [("+Inf" if le == math.inf else repr(float(le)), cnt)
+                           for le, cnt in h.cumulative()]
+                hf.add_metric(lv, buckets, sum_value=h.sum)
+                yield hf
+
+    return EngineCollector()
+
+
+class SimServer:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.step_model = make_step_model(args.model, args.gpu, args.tensor_parallel)
+        self.role = canonical_role(args.role)
+        self.clock = Clock(args.speed)
+        config = EngineConfig(
+            max_num_batched_tokens=args.max_num_batched_tokens,
+            max_num_seqs=args.max_num_seqs,
+            gpu_memory_utilization=args.gpu_memory_utilization,
+            max_model_len=args.max_model_len,
+            max_chunk_steps=256 if self.clock.instant else 1,
+            track_token_steps=False,
+        )
+        self.engine = SimEngine(self.step_model, self.role, config, self.clock)
+        self.served = args.served_name or self.step_model.model.hf_id
+        self.engine_id = args.engine_id or str(uuid.uuid4())
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(build_collector(self.engine, self.served))
+        self.host = args.host
+        self.port = args.port
+        self._block_cursor = 0
+        self._session: aiohttp.ClientSession | None = None
+
+    # ---- app ----
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_get("/health", self.health)
+        app.router.add_get("/version", self.version)
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/metrics", self.metrics)
+        app.router.add_post("/v1/completions", self.completions)
+        app.router.add_post("/v1/chat/completions", self.chat)
+        app.router.add_post("/sim/kv/pull", self.kv_pull)
+        app.router.add_get("/sim/requests", self.sim_requests)
+        app.on_startup.append(self._startup)
+        app.on_cleanup.append(self._cleanup)
+        return app
+
+    async def _startup(self, app: web.Application) -> None:
+        self.engine.start()
+        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10))
+
+    async def _cleanup(self, app: web.Application) -> None:
+        await self.engine.stop()
+        if self._session is not None:
+            await self._session.close()
+
+    async def health(self, request: web.Request) -> web.Response:
+        return web.Response(status=200)
+
+    async def version(self, request: web.Request) -> web.Response:
+        return web.json_response({"version": "0.0.0-poolpilot-engine-sim"})
+
+    async def models(self, request: web.Request) -> web.Response:
+        created = int(time.time())
+        return web.json_response({"object": "list", "data": [{
+            "id": self.served, "object": "model", "created": created, "owned_by": "vllm",
+            "root": self.step_model.model.hf_id, "parent": None,
+            "max_model_len": self.engine.core.max_model_len,
+            "permission": [{"id": f"modelperm-{uuid.uuid4().hex}", "object": "model_permission",
+                            "created": created, "allow_create_engine": False,
+                            "allow_sampling": True, "allow_logprobs": True,
+                            "allow_search_indices": False, "allow_view": True,
+                            "allow_fine_tuning": False, "organization": "*", "group": None,
+                            "is_blocking": False}],
+        }]})
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        body = generate_latest(self.registry)
+        return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4; "
+                                                                "charset=utf-8"})
+
+    async def sim_requests(self, request: web.Request) -> web.Response:
+        """The simulator's own record of the last 10,000 finished requests (simulated s)."""
+        return web.json_response({"now": self.clock.now(), "requests": list(self.engine.finished)})
+
+    async def kv_pull(self, request: web.Request) -> web.Response:
+        """Side channel: a decode engine reads a finished prefill's KV, which frees it here."""
+        body = await request.json()
+        if body.get("remote_engine_id") != self.engine_id:
+            return web.json_response({"ok": False, "reason": "unknown engine"}, status=404)
+        seq = self.engine.core.release_held(body.get("remote_request_id"))
+        if seq is None:
+            return web.json_response({"ok": False, "reason": "unknown or expired request"},
+                                     status=404)
+        self.engine.wake.set()
+        return web.json_response({"ok": True, "blocks": -(-seq.prompt // 16)})
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, chat=False)
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, chat=True)
+
+    # ---- generation ----
+    async def _generate(self, request: web.Request, chat: bool) -> web.StreamResponse:
+        try:
+            body = await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return web.json_response(p.error_body("request body is not valid JSON", 400),
+                                     status=400)
+        if not isinstance(body, dict):
+            return web.json_response(p.error_body("request body must be a JSON object", 400),
+                                     status=400)
+        try:
+            model = body.get("model")
+            if model is not None and model != self.served:
+                raise p.BadRequest(f"The model `{model}` does not exist.", 404, "NotFoundError",
+                                   "model")
+            if chat:
+                prompt_n, key = p.chat_tokens(body.get("messages"))
+            else:
+                if "prompt" not in body:
+                    raise p.BadRequest("prompt is required", param="prompt")
+                prompt_n, key = p.prompt_tokens(body["prompt"])
+            core = self.engine.core
+            if prompt_n >= core.max_model_len:
+                raise p.BadRequest(core.validate(prompt_n, 1) or "prompt too long")
+            sampling = p.plan_output(body, prompt_n, core.max_model_len, chat, key,
+                                     self.args.mean_output_tokens, self.args.seed)
+            err = core.validate(prompt_n, sampling.max_tokens)
+            if err is not None:
+                raise p.BadRequest(err)
+            kv_in = body.get("kv_transfer_params") or {}
+            if not isinstance(kv_in, dict):
+                raise p.BadRequest("kv_transfer_params must be an object",
+                                   param="kv_transfer_params")
+        except p.BadRequest as exc:
+            return web.json_response(exc.body(), status=exc.status)
+
+        rid = p.new_id(chat)
+        remote_prefill = bool(kv_in.get("do_remote_prefill"))
+        remote_decode = bool(kv_in.get("do_remote_decode"))
+        if remote_prefill and kv_in.get("remote_block_ids") == []:
+            remote_prefill = False  # a prompt shorter than a block: nothing to read (as vLLM)
+        elif remote_prefill:
+            remote_prefill = await self._pull_kv(kv_in)
+        full_blocks = prompt_n // 16
+        seq = Seq(rid, prompt_n, sampling.output_tokens, self.engine.arrival_time(),
+                  remote_prefill=remote_prefill, hold_kv=remote_decode and full_blocks > 0,
+                  finish_reason=sampling.finish_reason, payload=Stream(key))
+        self.engine.add(seq)
+        kv_out = self._kv_params(rid, full_blocks) if remote_decode else None
+        stream = bool(body.get("stream", False))
+        try:
+            if stream:
+                return await self._stream(request, seq, chat, prompt_n, kv_out, body)
+            await seq.payload.done.wait()
+        except (asyncio.CancelledError, ConnectionResetError):
+            self.engine.core.abort(seq)  # the client went away: free its slot and blocks
+            self.engine.wake.set()
+            raise
+        text = p.token_text(key, 0, seq.generated)
+        make = p.chat_response if chat else p.completion_response
+        return web.json_response(make(rid, self.served, text, seq.finish_reason, prompt_n,
+                                      seq.generated, kv_out))
+
+    async def _pull_kv(self, kv: dict[str, Any]) -> bool:
+        """Read the prompt's KV from the prefill engine; False means recompute locally."""
+        host, port = kv.get("remote_host"), kv.get("remote_port")
+        ok = False
+        if host and port and self._session is not None:
+            url = f"http://{host}:{port}/sim/kv/pull"
+            payload = {"remote_request_id": kv.get("remote_request_id"),
+                       "remote_engine_id": kv.get("remote_engine_id")}
+            try:
+                async with self._session.post(url, json=payload) as r:
+                    ok = r.status == 200
+            except (aiohttp.ClientError, TimeoutError, OSError):
+                ok = False
+        if not ok:
+            self.engine.core.stats.counters[m.VLLM_NIXL_FAILED] += 1
+        return ok
+
+    def _kv_params(self, rid: str, full_blocks: int) -> dict[str, Any]:
+        n = self.engine.core.sched.num_blocks
+        ids = [(self._block_cursor + i) % n for i in range(full_blocks)]
+        self._block_cursor = (self._block_cursor + full_blocks) % n
+        return {
+            "do_remote_prefill": True, "do_remote_decode": False, "remote_block_ids": ids,
+            "remote_engine_id": self.engine_id, "remote_request_id": rid,
+            "remote_host": self.host, "remote_port": self.port,
+            "tp_size": self.step_model.tp,
+        }
+
+    async def _stream(self, request: web.Request, seq: Seq, chat: bool, prompt_n: int,
+                      kv_out: dict[str, Any] | None, body: dict[str, Any]
+                      ) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
+                                           "Cache-Control": "no-cache"})
+        await resp.prepare(request)
+        created = int(time.time())
+        st: Stream = seq.payload
+        sent = 0
+        opts = body.get("stream_options") or {}
+        include_usage = bool(opts.get("include_usage", False))
+        continuous = bool(opts.get("continuous_usage_stats", False))
+
+        async def send(obj: dict[str, Any]) -> None:
+            await resp.write(b"data: " + json.dumps(obj).encode() + b"\n\n")
+
+        if chat:
+            first = p.chat_chunk(seq.rid, self.served, created,
+                                 {"role": "assistant", "content": ""}, None)
+            await send(first)
+        while True:
+            await st.queue.get()
+            total = st.emitted
+            finished = st.done.is_set()
+            while not st.queue.empty():  # coalesce what is already there
+                st.queue.get_nowait()
+            n = total - sent
+            if n > 0 or finished:
+                text = p.token_text(st.key, sent, n)
+                sent = total
+                finish = seq.finish_reason if finished else None
+                if chat:
+                    chunk = p.chat_chunk(seq.rid, self.served, created, {"content": text}, finish)
+                else:
+                    chunk = p.completion_chunk(seq.rid, self.served, created, text, finish)
+                if finished and kv_out is not None:
+                    chunk["kv_transfer_params"] = kv_out
+                if continuous:
+                    chunk["usage"] = p.usage(prompt_n, sent)
+                await send(chunk)
+            if finished:
+                break
+        if include_usage:
+            obj = "chat.completion.chunk" if chat else "text_completion"
+            await send({"id": seq.rid, "object": obj, "created": created, "model": self.served,
+                        "choices": [], "usage": p.usage(prompt_n, sent)})
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default="llama-3.1-8b",
+                        help="model shape (llama-3.1-8b, llama-3.1-70b, qwen2.5-7b, ...)")
+    parser.add_argument("--gpu", default="h200", help="GPU (h100, h200, a100, l40s)")
+    parser.add_argument("--tensor-parallel", type=int, default=1, help="GPUs per engine")
+    parser.add_argument("--role", default="aggregated",
+                        help="prefill, decode or aggregated (alias: engine)")
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (loopback)")
+    parser.add_argument("--port", type=int, default=8000, help="port (0 = a free one)")
+    parser.add_argument("--speed", type=float, default=1.0,
+                        help="run X times faster than real time; 'inf' = instantaneous steps")
+    parser.add_argument("--served-name", default=None,
+                        help="model name clients send (default: the HF id)")
+    parser.add_argument("--max-model-len", type=int, default=None,
+                        help="context limit (default: the model's, capped by the KV cache)")
+    parser.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    parser.add_argument("--max-num-seqs", type=int, default=256)
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    parser.add_argument("--mean-output-tokens", type=float, default=256.0,
+                        help="mean 'natural' output length when ignore_eos is false")
+    parser.add_argument("--seed", type=int, default=0, help="seed for natural output lengths")
+    parser.add_argument("--engine-id", default=None, help="NIXL engine id (default: a uuid)")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        server = SimServer(args)
+    except (UnknownHardware, ValueError) as exc:
+        print(f"poolpilot engine-sim: {exc}", file=sys.stderr)
+        return 2
+    return asyncio.run(_serve(server))
+
+
+async def _serve(server: SimServer) -> int:
+    runner = web.AppRunner(server.app(), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, server.host, server.port)
+    await site.start()
+    if server.port == 0:
+        server.port = runner.addresses[0][1]
+    sm = server.step_model
+    print(f"engine-sim {server.role} {sm.model.name} on {sm.tp} x {sm.gpu.name} "
+          f"(KV {server.engine.core.memory.kv_tokens} tokens, max_model_len "
+          f"{server.engine.core.max_model_len}, speed {server.clock.speed:g}) "
+          f"listening on http://{server.host}:{server.port}", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await runner.cleanup()
+    return 0
