@@ -34,6 +34,7 @@ class Options:
     dry_run: bool = False  # decide and report in logs and metrics only: no write at all
     speed: float = 1.0  # sandbox time compression: every duration is divided by it
     status_refresh: float = 60.0  # rewrite an unchanged status (fresh message) this often
+    concurrency: int = 16  # pools acted on at the same time (API writes in flight)
 
 
 @dataclass
@@ -127,13 +128,19 @@ class Autoscaler:
         snap = await asyncio.to_thread(self.source.fetch, ttft_qs, itl_qs)
         res.queries = snap.queries
         now = self.clock()
-        for obj, spec in specs:
+        # Pools are independent: their writes overlap, a few at a time.
+        limit = asyncio.Semaphore(self.opt.concurrency)
+
+        async def one(obj: Obj, spec: api.InferencePoolSpec) -> None:
             key = (obj["metadata"]["namespace"], obj["metadata"]["name"])
-            try:
-                await self._pool(obj, spec, workloads, snap, now, res)
-            except Exception as exc:  # one pool's API error must not stop the others
-                log.exception("pool %s/%s: %s", *key, exc)
-                res.errors.append(f"{key[0]}/{key[1]}: {exc}")
+            async with limit:
+                try:
+                    await self._pool(obj, spec, workloads, snap, now, res)
+                except Exception as exc:  # one pool's API error must not stop the others
+                    log.exception("pool %s/%s: %s", *key, exc)
+                    res.errors.append(f"{key[0]}/{key[1]}: {exc}")
+
+        await asyncio.gather(*(one(obj, spec) for obj, spec in specs))
         self.metrics.cycle.observe(time.perf_counter() - t0)
         return res
 
