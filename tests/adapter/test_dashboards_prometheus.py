@@ -234,7 +234,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             for role in ("prefill", "decode"):
                 engines[role] = start(f"engine-{role}", [
                     *POOLPILOT, "engine-sim", "--host", "127.0.0.1", "--port", "0",
-                    "--role", role, "--served-model-name", "sim"], r"(http://127\.0\.0\.1:\d+)")
+                    "--role", role, "--served-name", "sim"],
+                    r"listening on (http://127\.0\.0\.1:\d+)")
                 procs.append(engines[role])
                 targets.append(Target(engines[role].url.removeprefix("http://"),
                                       {"namespace": NS, "pool": POOL, "role": role}))
@@ -390,3 +391,12 @@ def test_rule_file_loads_and_every_rule_evaluates(stack: Stack) -> None:
     wait_until(healthy, 30, "every rule evaluated with health ok")
     wait_until(lambda: _has_number(stack.query('poolpilot:queue_depth{role="prefill"}')), 30,
                "a recorded series")
+
+
+def test_a_misspelt_metric_shows_no_data(stack: Stack) -> None:
+    """The check above can fail: a panel on a metric nobody exports returns nothing."""
+    if "engine" in stack.missing:
+        pytest.skip(f"not exercised: {stack.missing['engine']}")
+    wait_until(lambda: _has_number(stack.query(substitute(QUERIES[0].expr))), 30, "data")
+    assert stack.query('sum by (namespace, pool, role) ({__name__=~"vllm[:_]num_request_wait"})'
+                       ) == []
