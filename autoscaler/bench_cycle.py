@@ -7,7 +7,8 @@ disaggregated pool's engines and router would (already carrying namespace/pool/r
 relabelling); the Kubernetes API emulator holds the pools and their Deployments. For each
 size it reports the queries per cycle, the wall time of a full cycle (first: every pool
 decided, with status writes, scales and Events; then cycles with nothing to write, run as
---dry-run: list, query, decide, report), its Prometheus and decision parts, and the same signals fetched with one query set per pool (what the autoscaler avoids).
+--dry-run: list, query, decide, report), its Prometheus and decision parts, and the same
+signals fetched with one query set per pool (what the autoscaler avoids).
 Times are medians; ratios are against the 1-pool run of the same invocation.
 """
 
