@@ -184,13 +184,20 @@ async def reconcile(cluster: Cluster, pool: builders.Pool, caps: builders.Capabi
     out = Outcome()
     desired = [stamped(o) for o in builders.build_children(pool, caps)]
     live = await live_children(cluster, pool, caps)
-    if any(builders.object_key(o) not in live for o in desired):
+    missing = [o for o in desired if builders.object_key(o) not in live]
+    if missing:
         # Children are missing: make sure the pool itself still exists, or re-creating them
         # would race its garbage collection (a timer tick right after `kubectl delete`).
         owner = await cluster.get(api.API_VERSION, api.KIND, pool.namespace, pool.name)
         if owner is None or owner["metadata"].get("uid") != pool.uid:
             out.pool_gone = True
             return out
+        for obj in missing:  # not found by label: maybe someone removed our labels
+            meta = obj["metadata"]
+            found = await cluster.get(obj["apiVersion"], obj["kind"], meta["namespace"],
+                                      meta["name"])
+            if found is not None:
+                live[builders.object_key(obj)] = found
     for obj in desired:
         key = builders.object_key(obj)
         cur = live.get(key)

@@ -52,7 +52,7 @@ class Cluster:
         obj = self.get("inferencepool", pool, ns) or {}
         for cond in (obj.get("status") or {}).get("conditions") or []:
             if cond["type"] == ctype:
-                return cond  # type: ignore[no-any-return]
+                return cond
         return None
 
     def events(self, pool: str, reason: str, ns: str = "ops") -> list[dict[str, Any]]:
@@ -157,9 +157,10 @@ def test_drift_is_repaired_within_a_timer_period_with_an_event(cluster: Cluster,
         dec = cluster.get("deployment", f"{name}-decode")
         pre = cluster.get("deployment", f"{name}-prefill")
         svc = cluster.get("service", f"{name}-router")
-        return bool(dec and pre and svc) and (
-            dec["spec"]["template"]["spec"]["containers"][0]["image"] != "evil:latest"
-            and pre["metadata"]["labels"].get(names.POOL_LABEL) == name)  # type: ignore[index]
+        if not (dec and pre and svc):
+            return False
+        return bool(dec["spec"]["template"]["spec"]["containers"][0]["image"] != "evil:latest"
+                    and pre["metadata"]["labels"].get(names.POOL_LABEL) == name)
 
     wait_for(repaired, timeout=4 * DRIFT + 5, what="drift repaired")
     wait_for(lambda: cluster.events(name, "DriftRepaired"), what="a DriftRepaired event")
