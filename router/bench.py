@@ -4,14 +4,15 @@
 
 (-P keeps the repository folder off sys.path: its operator/ would shadow the stdlib module.)
 
-Starts a zero-time upstream (a minimal vLLM-shaped OpenAI server in its own process: every
-token is ready at once, so all latency measured is HTTP, proxying and Python), the router in
-front of it (aggregated: one hop; disaggregated: prefill + decode hops, both to the same
-upstream), and a closed-loop load generator with C concurrent streams. For each C it reports
-the p50/p99 latency of a whole streamed completion (8 tokens) directly and through the router,
-the difference, and the completed requests per second. All three processes share the machine's
-cores, so the numbers are upper bounds on overhead; ratios against the direct run in the same
-process tree are what carry over.
+Starts zero-time upstreams: `poolpilot engine-sim --speed inf` (vLLM's API and P/D protocol,
+every step instantaneous; `--upstream minimal` uses a bare aiohttp server in this file
+instead), the router in front of them (aggregated: router -> engine; disaggregated:
+router -> prefill engine, then router -> decode engine, which pulls the KV from the prefill
+engine as with NIXL), and a closed-loop load generator with C concurrent streams. For each C it
+reports the p50/p99 latency of a whole streamed completion (8 tokens) directly against an
+aggregated engine and through the router, the difference, and completed requests per second.
+All processes share the machine's cores, so the numbers are upper bounds on overhead; the
+ratios against the direct run in the same session are what carry over.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -92,6 +94,8 @@ def _start(cmd: list[str], pattern: str) -> tuple[subprocess.Popen[str], int]:
             raise RuntimeError(f"{cmd[:3]} exited with {proc.returncode}")
         m = re.search(pattern, line)
         if m:
+            # Keep draining its output so a full pipe never blocks it.
+            threading.Thread(target=proc.stdout.read, daemon=True).start()
             return proc, int(m.group(1))
     raise TimeoutError(f"{cmd[:3]} did not start")
 
@@ -124,7 +128,8 @@ class Result:
 
 
 async def _load(url: str, concurrency: int, duration: float, warmup: float) -> Result:
-    body = {"model": "bench", "prompt": "hello " * 64, "max_tokens": TOKENS, "stream": True}
+    body = {"model": "bench", "prompt": "hello " * 64, "max_tokens": TOKENS, "stream": True,
+            "ignore_eos": True}
     latencies: list[float] = []
     errors = 0
     connector = aiohttp.TCPConnector(limit=0)
@@ -169,6 +174,8 @@ def main() -> int:
     p.add_argument("--duration", type=float, default=5.0, help="seconds measured per run")
     p.add_argument("--warmup", type=float, default=1.0)
     p.add_argument("--concurrency", default="1,64,256")
+    p.add_argument("--upstream", choices=("engine-sim", "minimal"), default="engine-sim",
+                   help="zero-time upstream: the engine simulator or a bare aiohttp server")
     p.add_argument("--serve-upstream", type=int, metavar="PORT", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.serve_upstream is not None:
@@ -176,26 +183,36 @@ def main() -> int:
         return 0
     levels = [int(c) for c in args.concurrency.split(",")]
     poolpilot = str(Path(sys.executable).parent / "poolpilot")
-    upstream, up_port = _start([sys.executable, "-P", "-m", "poolpilot.router.bench",
-                                "--serve-upstream", "0"], r"listening on (\d+)")
-    procs = [upstream]
+    procs: list[subprocess.Popen[str]] = []
+
+    def upstream(role: str) -> str:
+        if args.upstream == "minimal":
+            cmd = [sys.executable, "-P", "-m", "poolpilot.router.bench", "--serve-upstream", "0"]
+        else:
+            cmd = [poolpilot, "engine-sim", "--role", role, "--speed", "inf",
+                   "--served-name", "bench", "--port", "0"]
+        proc, port = _start(cmd, r"listening on (?:http://[\d.]+:)?(\d+)")
+        procs.append(proc)
+        return f"http://127.0.0.1:{port}"
+
     try:
-        up = f"http://127.0.0.1:{up_port}"
+        engine = upstream("aggregated")
+        prefill, decode = upstream("prefill"), upstream("decode")
         routers = {}
-        for mode, extra in (("aggregated", ["--engine", up]),
-                            ("disaggregated", ["--prefill", up, "--decode", up])):
+        for mode, extra in (("aggregated", ["--engine", engine]),
+                            ("disaggregated", ["--prefill", prefill, "--decode", decode])):
             proc, port = _start([poolpilot, "router", "--host", "127.0.0.1", "--port", "0",
                                  "--log-level", "WARNING", *extra],
                                 r"listening on http://[\d.]+:(\d+)")
             procs.append(proc)
             routers[mode] = f"http://127.0.0.1:{port}"
         print(f"router overhead, {os.cpu_count()} cores, {args.duration:.0f} s per run, "
-              f"streamed completions of {TOKENS} tokens from a zero-time upstream\n")
+              f"streamed completions of {TOKENS} tokens, upstream: {args.upstream}\n")
         print("| mode | streams | direct p50 ms | routed p50 ms | added p50 ms | direct p99 ms "
               "| routed p99 ms | added p99 ms | direct req/s | routed req/s | ratio | errors |")
         print("|---|---|---|---|---|---|---|---|---|---|---|---|")
         for c in levels:
-            direct = asyncio.run(_load(up, c, args.duration, args.warmup))
+            direct = asyncio.run(_load(engine, c, args.duration, args.warmup))
             for mode, url in routers.items():
                 routed = asyncio.run(_load(url, c, args.duration, args.warmup))
                 print(_row(mode, c, direct, routed), flush=True)
