@@ -38,14 +38,18 @@ class _Series:
 class PromView:
     """An in-memory TSDB filled by `scrape(t, samples)`, queried like Prometheus at time t.
 
-    Queries evaluate at the time of the latest scrape unless `at` is given; the windows are
-    left-open `(t - w, t]` like Prometheus's range selectors.
+    Queries evaluate at the time of the latest scrape unless `at` is given. Range selectors
+    are closed `[t - w, t]` as in Prometheus 2.x (the version installed here and tested
+    against); `left_open=True` gives Prometheus 3's `(t - w, t]`.
     """
 
-    def __init__(self, scrape_interval: float = 15.0, retention: float = 900.0) -> None:
+    def __init__(
+        self, scrape_interval: float = 15.0, retention: float = 900.0, left_open: bool = False
+    ) -> None:
         if scrape_interval <= 0:
             raise ValueError("scrape_interval must be > 0 seconds")
         self.scrape_interval = scrape_interval
+        self.left_open = left_open
         self.retention = max(retention, LOOKBACK_S + scrape_interval)
         self._series: dict[SeriesKey, _Series] = {}
         self.now = 0.0
@@ -87,9 +91,10 @@ class PromView:
                 out.append((labels, s))
         return out
 
-    @staticmethod
-    def _window(s: _Series, start: float, end: float) -> list[tuple[float, float]]:
-        return [(t, v) for t, v in s.points if start < t <= end]
+    def _window(self, s: _Series, start: float, end: float) -> list[tuple[float, float]]:
+        if self.left_open:
+            return [(t, v) for t, v in s.points if start < t <= end]
+        return [(t, v) for t, v in s.points if start <= t <= end]
 
     @staticmethod
     def _group(labels: Labels, by: tuple[str, ...]) -> tuple[str, ...]:
