@@ -110,10 +110,14 @@ class KubeClient:
         cfg = client.Configuration()
         path = kubeconfig or os.environ.get("KUBECONFIG")
         default = Path.home() / ".kube" / "config"
-        if path or default.exists():
-            await config.load_kube_config(config_file=path, client_configuration=cfg)
-        else:
-            config.load_incluster_config(client_configuration=cfg)
+        try:
+            if path or default.exists():
+                await config.load_kube_config(config_file=path, client_configuration=cfg)
+            else:
+                config.load_incluster_config(client_configuration=cfg)
+        except (config.ConfigException, OSError) as exc:
+            raise KubeError(0, f"no usable cluster configuration ({exc}); pass --kubeconfig, "
+                            "set KUBECONFIG, or run inside a cluster") from exc
         return cls(client.ApiClient(cfg), namespaces)
 
     async def close(self) -> None:
@@ -217,10 +221,9 @@ class KubeClient:
             "source": {"component": MANAGER},
             "reportingComponent": MANAGER,
             "reportingInstance": socket.gethostname(),
+            # Legacy-style timestamps (no eventTime), which every API server accepts.
             "firstTimestamp": now[:19] + "Z",
             "lastTimestamp": now[:19] + "Z",
-            "eventTime": now,
-            "action": "Scale",
             "count": 1,
         }
         await self.request("POST", f"/api/v1/namespaces/{meta['namespace']}/events", body=body)

@@ -55,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _main(args: argparse.Namespace) -> int:
-    from poolpilot.autoscaler.kube import KubeClient
+    from poolpilot.autoscaler.kube import KubeClient, KubeError
     from poolpilot.autoscaler.loop import Autoscaler, Options
     from poolpilot.autoscaler.metrics import AutoscalerMetrics
     from poolpilot.autoscaler.observe import PrometheusSource
@@ -69,7 +69,11 @@ async def _main(args: argparse.Namespace) -> int:
                                       registry=metrics.registry)
         print(f"autoscaler metrics on http://{args.metrics_host}:"
               f"{server.server_address[1]}/metrics", flush=True)
-    kube = await KubeClient.connect(args.kubeconfig, namespaces)
+    try:
+        kube = await KubeClient.connect(args.kubeconfig, namespaces)
+    except KubeError as exc:
+        print(f"poolpilot autoscaler: {exc}", file=sys.stderr)
+        return 2
     source = PrometheusSource(
         args.prometheus,
         queries.QuerySet(window_seconds=args.rate_window / args.speed, namespaces=namespaces),
