@@ -20,7 +20,9 @@ import contextlib
 import json
 import logging
 import os
+import shutil
 import socket
+import tempfile
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -95,7 +97,12 @@ class PodRuntime:
     terminating: bool = False
     gone: bool = False
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
-    status_written: str = ""
+    scratch: Path | None = None  # short-path scratch folder (vLLM's IPC sockets)
+
+    def cleanup(self) -> None:
+        if self.scratch is not None:
+            shutil.rmtree(self.scratch, ignore_errors=True)
+            self.scratch = None
 
 
 @dataclass
@@ -171,6 +178,7 @@ class Controller:
                 t.cancel()
             if rt.child is not None:
                 await self.procs.stop(rt.child, grace=3.0)
+            rt.cleanup()
         self.runtimes.clear()
         await self._http.aclose()
 
@@ -286,10 +294,14 @@ class Controller:
         }
         if self.cfg.mapping.engine == "vllm-cpu" and rt.is_engine:
             role = P._option(argv, "--role") or "aggregated"
+            # vLLM's ZeroMQ IPC sockets need a short path (sun_path holds 107 bytes).
+            if rt.scratch is None:
+                rt.scratch = Path(tempfile.mkdtemp(prefix="pp-"))
             env.update({
                 "HF_HUB_OFFLINE": "1",
                 "VLLM_CPU_KVCACHE_SPACE": "1",
-                "VLLM_RPC_BASE_PATH": str(tmp),
+                "TMPDIR": str(rt.scratch),
+                "VLLM_RPC_BASE_PATH": str(rt.scratch),
                 "VLLM_CACHE_ROOT": str(rt.workdir / "vllm-cache"),
                 "VLLM_CPU_OMP_THREADS_BIND": self.cfg.mapping.cpu_threads.get(role, "all"),
             })
@@ -396,6 +408,7 @@ class Controller:
             if rt.child is not None:
                 await self.procs.stop(rt.child, grace=max(1.0, grace / speed))
         finally:
+            rt.cleanup()
             self.addresses.release(rt.ip)
             self.runtimes.pop((rt.namespace, rt.name), None)
             if pod is not None:

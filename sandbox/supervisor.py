@@ -129,7 +129,7 @@ class Sandbox:
         self._infra_targets: list[Target] = []
         self._pod_targets: list[Target] = []
         self.autoscaler_metrics_port = 0
-        self.operator_metrics_port = 0
+        self.operator_health_port = 0
 
     # -- start --------------------------------------------------------------------------------
 
@@ -151,7 +151,7 @@ class Sandbox:
         shutil.rmtree(self.out / "prometheus", ignore_errors=True)
         shutil.rmtree(self.logs, ignore_errors=True)
         await self._start_emulator()
-        await self._apply_crd()
+        await self.apply_crd()
         self._start_prometheus()
         self._start_controller()
         self._start_operator()
@@ -207,7 +207,7 @@ class Sandbox:
         return await asyncio.to_thread(self.kubectl_run, *args, input_text=input_text,
                                        check=check)
 
-    async def _apply_crd(self) -> None:
+    async def apply_crd(self) -> None:
         from poolpilot.crd import build_crd
 
         crd_file = self.out / "crd.yaml"
@@ -257,7 +257,8 @@ class Sandbox:
 
         from poolpilot import tinymodel
 
-        python = tinymodel.vllm_python()
+        # absolute(), not resolve(): the venv's python is a symlink out of the venv.
+        python = tinymodel.vllm_python().absolute()
         if not python.exists():
             raise SandboxError(f"--engine vllm-cpu needs real vLLM in {python.parent.parent}; "
                                "run ./dev setup-vllm")
@@ -269,8 +270,14 @@ class Sandbox:
         return {**os.environ, "KUBECONFIG": str(self.kubeconfig), "PYTHONUNBUFFERED": "1"}
 
     def _start_operator(self) -> None:
+        # One replica, no peering; drift checks on the sandbox's clock.
+        self.operator_health_port = localprom.free_port()
         self.operator = self.procs.start(
-            "operator", [*POOLPILOT, "operator", "--all-namespaces"], env=self._env()
+            "operator",
+            [*POOLPILOT, "operator", "--all-namespaces", "--standalone",
+             "--liveness", f"http://127.0.0.1:{self.operator_health_port}/healthz",
+             "--drift-interval", f"{max(1.0, 30.0 / self.cfg.speed):g}"],
+            env=self._env(),
         )
 
     def _start_autoscaler(self) -> None:
@@ -314,6 +321,12 @@ class Sandbox:
         state: dict[str, str] = {}
         while time.monotonic() < deadline:
             self._check_alive()
+            crashing = [rt for rt in self.controller.runtimes.values()
+                        if rt.namespace == pool.namespace and rt.restarts >= 3]
+            if crashing:
+                raise SandboxError(
+                    f"pool {pool.namespace}/{pool.name}: pods keep crashing:\n"
+                    f"{self._pod_failures()}see the logs in {self.logs}")
             done = True
             for role in roles:
                 d = await self.kube.get("Deployment", pool.namespace,
