@@ -112,6 +112,9 @@ class SimEngine:
         self.finished: deque[dict[str, Any]] = deque(maxlen=10000)
         self.wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        # When an idle engine is woken, the simulated time it should have started at (the
+        # arrival, or a KV load's end): event-loop latency x speed must not leak into latencies.
+        self._wake_at: float | None = None
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._loop())
@@ -135,6 +138,8 @@ class SimEngine:
 
     def add(self, seq: Seq) -> None:
         self.core.add(seq)
+        if self._wake_at is None or seq.arrival < self._wake_at:
+            self._wake_at = seq.arrival
         self.wake.set()
 
     async def _loop(self) -> None:
@@ -142,7 +147,13 @@ class SimEngine:
         while True:
             # steps run back to back while sequences are running (as on a GPU); an idle
             # engine starts at the clock's now
-            t = core.busy_until if core.sched.running else self.clock.now()
+            if core.sched.running:
+                t = core.busy_until
+            elif self._wake_at is not None:
+                t = self._wake_at
+            else:
+                t = self.clock.now()
+            self._wake_at = None
             core.expire_held(t, KV_HOLD_TIMEOUT)
             ch = core.plan(t)
             core.started_loads.clear()
@@ -156,10 +167,13 @@ class SimEngine:
                     continue
                 if self.clock.instant:
                     self.clock.virtual = max(self.clock.virtual, nxt)
+                    self._wake_at = nxt
                     await asyncio.sleep(0)
                     continue
-                with contextlib.suppress(TimeoutError):
+                try:
                     await asyncio.wait_for(self.wake.wait(), self.clock.wall_delay(nxt))
+                except TimeoutError:
+                    self._wake_at = nxt if self._wake_at is None else min(self._wake_at, nxt)
                 continue
             await self.clock.sleep_until(ch.end)
             self._deliver(core.commit())

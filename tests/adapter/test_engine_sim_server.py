@@ -1,0 +1,222 @@
+"""The engine simulator over real HTTP: vLLM's OpenAI API, P/D protocol, /metrics."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import httpx
+import openai
+import pytest
+from poolpilot.engine_sim.protocol import count_text_tokens
+from poolpilot.engine_sim.testing import EngineSimProcess
+from prometheus_client.parser import text_string_to_metric_families
+
+from poolpilot import metrics as m
+
+pytestmark = pytest.mark.adapter
+NAME = "sim-llama"
+
+
+@pytest.fixture(scope="module")
+def engine() -> Iterator[EngineSimProcess]:
+    with EngineSimProcess(role="aggregated", speed=50, served_name=NAME,
+                          extra_args=["--max-model-len", "2048"]) as sim:
+        yield sim
+
+
+@pytest.fixture(scope="module")
+def pd() -> Iterator[tuple[EngineSimProcess, EngineSimProcess]]:
+    with EngineSimProcess(role="prefill", speed=50, served_name=NAME) as pre, \
+            EngineSimProcess(role="decode", speed=50, served_name=NAME,
+                             host="127.0.0.2") as dec:
+        yield pre, dec
+
+
+def client(sim: EngineSimProcess) -> openai.OpenAI:
+    return openai.OpenAI(base_url=sim.url + "/v1", api_key="none", max_retries=0)
+
+
+def scrape(sim: EngineSimProcess) -> dict[str, float]:
+    """Every sample of /metrics, parsed by Prometheus's own parser, keyed name{labels}."""
+    text = httpx.get(sim.url + "/metrics").text
+    out: dict[str, float] = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            extra = {k: v for k, v in s.labels.items() if k not in ("model_name", "engine")}
+            key = s.name + ("{" + ",".join(f"{k}={v}" for k, v in sorted(extra.items())) + "}"
+                            if extra else "")
+            out[key] = s.value
+    return out
+
+
+@dataclass(frozen=True)
+class PromptCase:
+    name: str
+    prompt: object
+    tokens: int
+
+
+PROMPTS = [
+    PromptCase("text", "The quick brown fox, jumps.", 1 + 5 + 2),  # BOS, 5 words, ',' and '.'
+    PromptCase("token-ids", list(range(100)), 100),
+]
+
+
+@pytest.mark.parametrize("case", PROMPTS, ids=lambda c: c.name)
+def test_completion_counts_tokens_and_honours_max_tokens(engine, case: PromptCase) -> None:
+    r = client(engine).completions.create(model=NAME, prompt=case.prompt, max_tokens=7,
+                                          extra_body={"ignore_eos": True})
+    assert r.usage.prompt_tokens == case.tokens
+    assert r.usage.completion_tokens == 7 and r.choices[0].finish_reason == "length"
+    assert count_text_tokens(r.choices[0].text) == 7
+
+
+def test_without_ignore_eos_some_requests_stop_early(engine) -> None:
+    c = client(engine)
+    reasons = set()
+    for i in range(12):
+        r = c.completions.create(model=NAME, prompt=f"question {i}", max_tokens=300)
+        assert 1 <= r.usage.completion_tokens <= 300
+        reasons.add(r.choices[0].finish_reason)
+        if r.choices[0].finish_reason == "stop":
+            assert r.usage.completion_tokens < 300
+    assert reasons == {"stop", "length"}  # mean natural length 256 vs a 300 cap
+
+
+def test_chat_streams_one_token_per_step_in_vllm_chunks(engine) -> None:
+    stream = client(engine).chat.completions.create(
+        model=NAME, messages=[{"role": "user", "content": "hello there"}], max_tokens=20,
+        stream=True, stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    content = [c for c in chunks if c.choices and c.choices[0].delta.content]
+    # a chunk per engine step; like vLLM's output collector, steps the reader has not caught
+    # up with are merged into one chunk (at --speed 50 a step is ~0.1 ms of wall time)
+    assert 1 <= len(content) <= 20
+    assert chunks[-2].choices[0].finish_reason == "length"
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 20
+    text = "".join(c.choices[0].delta.content for c in content)
+    assert count_text_tokens(text) == 20
+
+
+def test_completion_stream_and_non_stream_agree(engine) -> None:
+    c = client(engine)
+    full = c.completions.create(model=NAME, prompt="same prompt", max_tokens=9,
+                                extra_body={"ignore_eos": True})
+    parts = list(c.completions.create(model=NAME, prompt="same prompt", max_tokens=9,
+                                      stream=True, extra_body={"ignore_eos": True}))
+    assert "".join(p.choices[0].text for p in parts) == full.choices[0].text
+    assert parts[-1].choices[0].finish_reason == "length"
+
+
+def test_models_and_health(engine) -> None:
+    models = client(engine).models.list()
+    assert [m.id for m in models.data] == [NAME]
+    assert models.data[0].model_extra["max_model_len"] == 2048
+    assert httpx.get(engine.url + "/health").status_code == 200
+
+
+@dataclass(frozen=True)
+class BadCase:
+    name: str
+    body: dict
+    status: int
+    message: str
+
+
+BAD = [
+    BadCase("prompt-over-max-model-len", {"model": NAME, "prompt": list(range(3000))}, 400,
+            "maximum context length is 2048 tokens. However, your request has 3000 input tokens"),
+    BadCase("max-tokens-too-large", {"model": NAME, "prompt": list(range(2000)),
+                                     "max_tokens": 100}, 400, "'max_tokens' or"),
+    BadCase("unknown-model", {"model": "gpt-4", "prompt": "hi"}, 404,
+            "The model `gpt-4` does not exist."),
+    BadCase("no-prompt", {"model": NAME}, 400, "prompt is required"),
+]
+
+
+@pytest.mark.parametrize("case", BAD, ids=lambda c: c.name)
+def test_bad_requests_get_vllms_error_shape(engine, case: BadCase) -> None:
+    r = httpx.post(engine.url + "/v1/completions", json=case.body)
+    assert r.status_code == case.status
+    err = r.json()["error"]
+    assert case.message in err["message"] and err["code"] == case.status
+    assert set(err) == {"message", "type", "param", "code"}
+
+
+def test_openai_client_sees_the_400_as_bad_request(engine) -> None:
+    with pytest.raises(openai.BadRequestError, match="maximum context length"):
+        client(engine).completions.create(model=NAME, prompt=list(range(2100)), max_tokens=5)
+
+
+def test_metrics_count_what_was_served(engine) -> None:
+    before = scrape(engine)
+    c = client(engine)
+    done = [c.completions.create(model=NAME, prompt=list(range(50 + i)), max_tokens=5 + i,
+                                 extra_body={"ignore_eos": True}) for i in range(6)]
+    after = scrape(engine)
+
+    def delta(key: str) -> float:
+        return after.get(key, 0.0) - before.get(key, 0.0)
+
+    assert delta("vllm:request_success_total{finished_reason=length}") == 6
+    assert delta(m.VLLM_GENERATION_TOKENS) == sum(r.usage.completion_tokens for r in done)
+    assert delta(m.VLLM_PROMPT_TOKENS) == sum(r.usage.prompt_tokens for r in done)
+    assert delta(m.VLLM_TTFT + "_count") == 6
+    assert delta(m.VLLM_ITL + "_count") == sum(r.usage.completion_tokens - 1 for r in done)
+    assert delta(m.VLLM_TTFT + "_bucket{le=+Inf}") == 6
+    assert after[m.VLLM_RUNNING] == 0 and after[m.VLLM_WAITING] == 0
+    assert after[m.VLLM_KV_USAGE] == 0.0
+
+
+def test_prefill_hands_kv_to_decode_like_nixl(pd) -> None:
+    pre, dec = pd
+    prompt = list(range(1000))
+    p = httpx.post(pre.url + "/v1/completions", json={
+        "model": NAME, "prompt": prompt, "max_tokens": 1,
+        "kv_transfer_params": {"do_remote_decode": True}}).json()
+    kv = p["kv_transfer_params"]
+    assert kv["do_remote_prefill"] is True and kv["do_remote_decode"] is False
+    assert len(kv["remote_block_ids"]) == 1000 // 16
+    assert kv["remote_host"] == "127.0.0.1" and kv["remote_port"] == int(pre.url.rsplit(":", 1)[1])
+    assert {"remote_engine_id", "remote_request_id", "tp_size"} <= set(kv)
+    assert scrape(pre)[m.VLLM_KV_USAGE] > 0  # held for the decode side to read
+
+    before = scrape(dec)
+    d = httpx.post(dec.url + "/v1/completions", json={
+        "model": NAME, "prompt": prompt, "max_tokens": 30, "ignore_eos": True,
+        "kv_transfer_params": kv}).json()
+    assert d["usage"]["completion_tokens"] == 30
+    after = scrape(dec)
+    assert after[m.VLLM_NIXL_XFER_TIME + "_count"] - before.get(
+        m.VLLM_NIXL_XFER_TIME + "_count", 0) == 1
+    assert after[m.VLLM_NIXL_FAILED.removesuffix("_total") + "_total"] == before.get(
+        m.VLLM_NIXL_FAILED + "_total", 0.0)
+    assert scrape(pre)[m.VLLM_KV_USAGE] == 0  # the read freed the prefill's blocks
+    # the same params again: the KV is gone, the transfer fails, decode recomputes
+    again = httpx.post(dec.url + "/v1/completions", json={
+        "model": NAME, "prompt": prompt, "max_tokens": 3, "ignore_eos": True,
+        "kv_transfer_params": kv}).json()
+    assert again["usage"]["completion_tokens"] == 3
+    assert scrape(dec)["vllm:nixl_num_failed_transfers_total"] == after.get(
+        "vllm:nixl_num_failed_transfers_total", 0.0) + 1
+
+
+def test_decode_skips_prefill_compute(pd) -> None:
+    """With the KV handed over, decode's TTFT is the transfer plus one step, far below
+    a local prefill of the same 8k-token prompt."""
+    pre, dec = pd
+    prompt = list(range(8000))
+    kv = httpx.post(pre.url + "/v1/completions", json={
+        "model": NAME, "prompt": prompt, "max_tokens": 1,
+        "kv_transfer_params": {"do_remote_decode": True}}).json()["kv_transfer_params"]
+    httpx.post(dec.url + "/v1/completions", json={"model": NAME, "prompt": prompt,
+                                                    "max_tokens": 2, "kv_transfer_params": kv})
+    httpx.post(dec.url + "/v1/completions", json={"model": NAME, "prompt": prompt[::-1],
+                                                    "max_tokens": 2})
+    recs = httpx.get(dec.url + "/sim/requests").json()["requests"][-2:]
+    remote, local = recs
+    assert remote["remote_prefill"] and not local["remote_prefill"]
+    ttft = [r["first_token_at"] - r["arrival"] for r in recs]
+    assert ttft[0] < ttft[1] / 3
