@@ -29,6 +29,7 @@ from typing import Any
 
 import httpx
 import pytest
+import yaml
 
 from poolpilot.dashboards import grafana, rules
 from poolpilot.localprom import PrometheusProcess, Target
@@ -316,15 +317,13 @@ def _start_autoscaler(tmp: Path, procs: list[Proc], prometheus_url: str) -> str:
     procs.append(start("emulator", [*POOLPILOT, "emulator", "--host", "127.0.0.1", "--port",
                                     "0", "--kubeconfig", str(kubeconfig)],
                        r"(http://127\.0\.0\.1:\d+)"))
-    pool = (ROOT / "examples" / "sandbox-pool.yaml").read_text()
-    pool = (pool.replace("namespace: sandbox", f"namespace: {NS}")
-            .replace("name: demo", f"name: {POOL}")
-            .replace("scaleDown: {stabilizationWindowSeconds: 60, maxStep: 1, cooldownSeconds: 20}",
-                     "scaleDown: {stabilizationWindowSeconds: 0, maxStep: 1, cooldownSeconds: 0}")
-            .replace("decode: {replicas: 1,", "decode: {replicas: 3,")
-            .replace("prefill: {replicas: 1,", "prefill: {replicas: 2,"))
-    assert "cooldownSeconds: 0" in pool and "replicas: 3" in pool
-    (tmp / "pool.yaml").write_text(pool)
+    pool = yaml.safe_load((ROOT / "examples" / "sandbox-pool.yaml").read_text())
+    pool["metadata"] = {"name": POOL, "namespace": NS}
+    pool["spec"]["prefill"]["replicas"] = 2
+    pool["spec"]["decode"]["replicas"] = 3
+    pool["spec"]["autoscaling"]["scaleDown"].update(stabilizationWindowSeconds=0,
+                                                     cooldownSeconds=0)
+    (tmp / "pool.yaml").write_text(yaml.safe_dump(pool))
     _kubectl(kubeconfig, "apply", "-f", str(ROOT / "crds" / "inferencepool.yaml"))
     _kubectl(kubeconfig, "apply", "-f", str(tmp / "pool.yaml"))
     children = subprocess.run([*POOLPILOT, "render", "--no-rbac", str(tmp / "pool.yaml")],
