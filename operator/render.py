@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from poolpilot.operator import builders
+from poolpilot.operator import builders, peering
 
 from poolpilot import api
 from poolpilot.validate import InvalidPool, load_documents, parse_pool
@@ -63,7 +63,8 @@ def render(pools: list[builders.Pool], caps: builders.Capabilities, output: str)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("file", type=Path, help="manifest with one or more InferencePools")
+    parser.add_argument("file", type=Path, nargs="?",
+                        help="manifest with one or more InferencePools")
     parser.add_argument("-o", "--output", choices=("yaml", "json"), default="yaml")
     parser.add_argument(
         "--prometheus-operator",
@@ -77,9 +78,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "-n", "--namespace", default="default", help="namespace for pools that name none"
     )
+    parser.add_argument(
+        "--peering-crds", action="store_true",
+        help="also print Kopf's peering CRDs and the peering object (for two-replica HA)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.file is None:
+        if not args.peering_crds:
+            print("poolpilot render: give a FILE (or --peering-crds)", file=sys.stderr)
+            return 2
+        sys.stdout.write(_peering(args.output))
+        return 0
     try:
         pools = pools_from_file(args.file, args.namespace)
     except OSError as exc:
@@ -92,4 +103,13 @@ def run(args: argparse.Namespace) -> int:
         return 1
     caps = builders.Capabilities(monitoring=args.prometheus_operator, rbac=not args.no_rbac)
     sys.stdout.write(render(pools, caps, args.output))
+    if args.peering_crds:
+        sys.stdout.write(("---\n" if args.output == "yaml" else "") + _peering(args.output))
     return 0
+
+
+def _peering(output: str) -> str:
+    objs = [*peering.peering_crds(), peering.peering_object()]
+    if output == "json":
+        return json.dumps({"apiVersion": "v1", "kind": "List", "items": objs}, indent=2) + "\n"
+    return to_yaml(objs)
