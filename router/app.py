@@ -267,8 +267,8 @@ class Router:
                 status=exc.status, body=exc.body, content_type=exc.content_type
             ), exc.status
         except UpstreamError as exc:
-            status = 504 if exc.status == 504 else 502 if exc.status < 500 else exc.status
-            status = 503 if exc.status == 503 else status
+            # 503: no engine could take it (retry later); 504: timeout; else a bad gateway.
+            status = exc.status if exc.status in (503, 504) else 502
             return json_error(status, exc.message, "upstream_error"), status
 
     async def _prefill(self, path: str, body: dict[str, Any], tokens: int) -> dict[str, Any]:

@@ -76,6 +76,15 @@ def test_disaggregated_request_shapes_and_relay() -> None:
                             {"pool": "default", "code": "200"}) == 2
         assert metric_value(page, "poolpilot_router_time_to_first_token_seconds_count") == 1
         assert metric_value(page, "poolpilot_router_inter_token_latency_seconds_count") >= 1
+        assert metric_value(page, "poolpilot_router_kv_transfer_failures_total") == 0
+
+        # The decode engine fails after the prefill handed over: 502 with its message.
+        boom = completion(r.url, model="boom")
+        assert boom.status_code == 502
+        assert "engine exploded" in boom.json()["error"]["message"]
+        page = httpx.get(r.url + "/metrics").text
+        assert metric_value(page, "poolpilot_router_kv_transfer_failures_total") == 1
+        assert metric_value(page, "poolpilot_router_requests_total", {"code": "502"}) == 1
 
 
 def test_aggregated_forwards_and_passes_client_errors_back() -> None:

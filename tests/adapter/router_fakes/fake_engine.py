@@ -84,6 +84,8 @@ class FakeEngine:
                 {"error": {"message": "model bad does not exist", "code": 404}}, status=404
             )
         kv = body.get("kv_transfer_params") or {}
+        if body.get("model") == "boom" and not kv.get("do_remote_decode"):
+            return web.json_response({"error": {"message": "engine exploded"}}, status=500)
         if kv.get("do_remote_decode"):
             await asyncio.sleep(self.token_delay)
             self.stats["completed"] += 1
