@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 import yaml
 from aiohttp import web
 
-from poolpilot.kube import errors, openapi, tables
+from poolpilot.kube import errors, openapi, protobuf, tables
 from poolpilot.kube.errors import REASONS, ApiError
 from poolpilot.kube.faults import Fault, Faults
 from poolpilot.kube.resources import ResourceType
@@ -370,6 +370,11 @@ class KubeEmulator:
             return web.Response(text="ok")
         if parts[:2] == ["openapi", "v3"]:
             return self._openapi(parts[2:])
+        if parts == ["openapi", "v2"]:
+            # An empty protobuf message is a valid, empty OpenAPI v2 document: client-go's
+            # validators (helm, kubectl) download it first, then ask v3 about fieldValidation.
+            return web.Response(
+                body=b"", content_type="application/com.github.proto-openapi.spec.v2.v1.0+protobuf")
         if parts[0] == "api":
             if len(parts) == 1:
                 return self._json({
@@ -472,10 +477,7 @@ class KubeEmulator:
 
     async def _body(self, request: web.Request) -> Any:
         if "protobuf" in request.headers.get("Content-Type", ""):
-            # Clients (client-go, kubectl) fall back to JSON on 415, as with CRDs.
-            raise ApiError(415, "the body of the request was in an unknown format - accepted "
-                           "media types include: application/json, application/yaml",
-                           "UnsupportedMediaType")
+            return protobuf.decode_body(await request.read())
         text = await request.text()
         if not text.strip():
             return {}
@@ -565,6 +567,9 @@ class KubeEmulator:
             body = await self._body(request)
             opts = body if isinstance(body, dict) else {}
             propagation = q.get("propagationPolicy") or opts.get("propagationPolicy")
+            if propagation is None and (_truthy(q.get("orphanDependents"))
+                                        or opts.get("orphanDependents")):
+                propagation = "Orphan"
             dry = dry_run or "All" in (opts.get("dryRun") or [])
             obj = store.delete(rt, ns, name, propagation=propagation or "Background",
                                dry_run=dry, preconditions=opts.get("preconditions"))

@@ -166,14 +166,45 @@ def test_delete_pool_and_namespace(kubectl: Kubectl) -> None:
     kubectl.run("apply", "-f", str(ROOT / "examples/small-aggregated.yaml"))
     meta = yaml.safe_load((ROOT / "examples/small-aggregated.yaml").read_text())["metadata"]
     ns, name = meta.get("namespace", "default"), meta["name"]
-    # `kubectl create <kind>` sends protobuf, which the emulator does not decode; the
-    # generate-then-apply idiom sends JSON.
-    for args in (("namespace", "doomed"), ("configmap", "c", "-n", "doomed", "--from-literal=a=b")):
-        made = kubectl.run("create", *args, "--dry-run=client", "-o", "yaml").stdout
-        kubectl.run("apply", "-f", "-", stdin=made)
+    # Generator commands send protobuf bodies (decoded for these kinds).
+    kubectl.run("create", "namespace", "doomed")
+    kubectl.run("create", "configmap", "c", "-n", "doomed", "--from-literal=a=b")
+    kubectl.run("create", "secret", "generic", "s", "-n", "doomed", "--from-literal=k=v")
+    kubectl.run("create", "serviceaccount", "robot", "-n", "doomed")
+    assert kubectl.json("get", "secret", "s", "-n", "doomed")["data"] == {"k": "dg=="}
+    assert kubectl.json("get", "serviceaccount", "robot", "-n", "doomed")["kind"] == \
+        "ServiceAccount"
     assert kubectl.json("get", "configmap", "c", "-n", "doomed")["data"] == {"a": "b"}
     kubectl.run("delete", "namespace", "doomed")
     assert kubectl.run("get", "namespace", "doomed", ok=False).returncode != 0
     kubectl.run("delete", "-f", str(ROOT / "examples/small-aggregated.yaml"))
     names = kubectl.run("get", "ipool", "-n", ns, "-o", "name").stdout.split()
     assert f"inferencepool.poolpilot.dev/{name}" not in names
+
+
+def test_generator_for_an_undecoded_kind_says_what_to_do(kubectl: Kubectl) -> None:
+    proc = kubectl.run("create", "deployment", "d", "--image=x", ok=False)
+    assert proc.returncode != 0
+    assert "send Deployment as application/json" in proc.stderr
+
+
+HELM = ROOT / ".cache/bin/helm"
+
+
+@pytest.mark.skipif(not HELM.exists(), reason="helm is not installed: run ./dev setup")
+def test_helm_install_upgrade_uninstall(kubectl: Kubectl) -> None:
+    def helm(*args: str) -> str:
+        proc = subprocess.run([str(HELM), "--kubeconfig", str(kubectl.kubeconfig), *args],
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout
+
+    chart = str(ROOT / "charts/poolpilot")
+    helm("install", "pp", chart, "-n", "pp-system", "--create-namespace")
+    helm("upgrade", "pp", chart, "-n", "pp-system", "--set", "operator.replicas=3")
+    history = helm("history", "pp", "-n", "pp-system").splitlines()
+    assert [line.split()[0] for line in history[1:]] == ["1", "2"]
+    deploys = kubectl.json("get", "deployments", "-n", "pp-system")["items"]
+    assert 3 in [d["spec"]["replicas"] for d in deploys]
+    helm("uninstall", "pp", "-n", "pp-system")
+    assert kubectl.json("get", "deployments,secrets", "-n", "pp-system")["items"] == []
