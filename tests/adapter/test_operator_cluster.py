@@ -92,7 +92,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         c = Cluster(kubeconfig, emu)
         # The CRD without CEL rules: the invalid-spec test must get a bad spec past the server.
         install(c.kubectl, strict_crd=False, monitoring=emu is not None)
-        c.kubectl.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "ops"}})
+        for ns in ("ops", "serving"):
+            c.kubectl.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
         yield c
 
 
