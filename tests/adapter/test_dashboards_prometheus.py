@@ -399,3 +399,13 @@ def test_a_misspelt_metric_shows_no_data(stack: Stack) -> None:
     wait_until(lambda: _has_number(stack.query(substitute(QUERIES[0].expr))), 30, "data")
     assert stack.query('sum by (namespace, pool, role) ({__name__=~"vllm[:_]num_request_wait"})'
                        ) == []
+
+
+def test_scale_events_show_as_annotations(stack: Stack) -> None:
+    """The autoscaler scales the over-provisioned decode role down: the Pool dashboard's
+    annotation query marks it."""
+    if "autoscaler" in stack.missing or "engine" in stack.missing:
+        pytest.skip("not exercised: needs the autoscaler and the engines")
+    expr = substitute(grafana.SCALE_EVENTS)
+    wait_until(lambda: any(r["metric"].get("role") == "decode" for r in stack.query(expr)), 30,
+               f"a decode scale event from {expr}")
