@@ -101,8 +101,9 @@ class KubeEmulator:
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, *,
                  bookmark_interval: float = 5.0, history_limit: int = 100_000,
-                 auto_namespaces: bool = True) -> None:
+                 auto_namespaces: bool = True, request_log_limit: int | None = None) -> None:
         self.host = host
+        self.request_log_limit = request_log_limit  # None: keep every RequestRecord
         self.port = port
         self.bookmark_interval = bookmark_interval
         self.store = Store(history_limit=history_limit, auto_namespaces=auto_namespaces)
@@ -309,6 +310,9 @@ class KubeEmulator:
             request.headers.get("Content-Type", ""), request.headers.get("User-Agent", ""),
         )
         self.requests.append(record)
+        limit = self.request_log_limit
+        if limit is not None and len(self.requests) > 2 * limit:
+            del self.requests[: len(self.requests) - limit]  # amortised trimming
         fault = self.faults.take(request.method, request.path, is_watch)
         if fault is not None and fault.when == "before":
             resp = await self._fault(request, fault)
@@ -395,7 +399,7 @@ class KubeEmulator:
         if not rest:
             return self._json(self._resource_list(group, version))
         route = self._route(group, version, rest)
-        return await self._serve(request, route)
+        return await self._serve(request, route, record)
 
     # --- discovery --------------------------------------------------------------------------
 
@@ -495,7 +499,8 @@ class KubeEmulator:
         agent = request.headers.get("User-Agent", "")
         return agent.split("/")[0].strip() or "unknown"
 
-    async def _serve(self, request: web.Request, route: _Route) -> web.StreamResponse:
+    async def _serve(self, request: web.Request, route: _Route,
+                     record: RequestRecord) -> web.StreamResponse:
         q = request.query
         rt, ns, name, sub = route.rt, route.namespace or "", route.name, route.sub
         dry_run = q.get("dryRun") == "All"
@@ -511,7 +516,8 @@ class KubeEmulator:
                 fields = [*fields, *parse_field_selector(f"metadata.name={name}")]
                 name = None
             if watch:
-                return await self._watch(request, rt, route.namespace, labels, fields, as_table)
+                return await self._watch(request, rt, route.namespace, labels, fields, as_table,
+                                         record)
             if name is None:
                 items = store.select(rt, route.namespace, labels, fields)
                 rv = str(store.rv)
@@ -577,7 +583,8 @@ class KubeEmulator:
         raise ApiError(405, f"method {method} is not supported", "MethodNotAllowed")
 
     async def _watch(self, request: web.Request, rt: ResourceType, namespace: str | None,
-                     labels: list[Any], fields: list[Any], as_table: bool) -> web.StreamResponse:
+                     labels: list[Any], fields: list[Any], as_table: bool,
+                     record: RequestRecord) -> web.StreamResponse:
         q = request.query
         store = self.store
         watcher = Watcher(rt, namespace, labels, fields)
@@ -628,6 +635,7 @@ class KubeEmulator:
 
         try:
             await resp.prepare(request)
+            record.status = 200  # streaming
             if error is not None:
                 await send("ERROR", error.status())
                 return resp

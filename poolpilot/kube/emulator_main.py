@@ -21,12 +21,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="YAML file of CRDs (or any objects) to create at start; repeatable")
     parser.add_argument("--bookmark-interval", type=float, default=5.0,
                         help="seconds between BOOKMARK events on idle watches")
+    parser.add_argument("--request-log-limit", type=int, default=100_000,
+                        help="keep this many request records (memory stays bounded)")
 
 
 async def _serve(args: argparse.Namespace) -> int:
     import yaml
 
-    emu = KubeEmulator(args.host, args.port, bookmark_interval=args.bookmark_interval)
+    emu = KubeEmulator(args.host, args.port, bookmark_interval=args.bookmark_interval,
+                       request_log_limit=args.request_log_limit)
     await emu.start()
     try:
         for path in args.crd:

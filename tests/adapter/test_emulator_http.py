@@ -420,3 +420,14 @@ async def test_requests_are_recorded_and_writes_counted(emu: KubeEmulator, ns: s
     assert emu.count_writes(prefix) == before + 2
     mine = [(r.method, r.status) for r in emu.requests if r.path.startswith(prefix)]
     assert mine[-3:] == [("POST", 201), ("GET", 200), ("DELETE", 200)]
+
+
+async def test_async_lifecycle_and_bounded_request_log() -> None:
+    async with KubeEmulator(request_log_limit=5) as emu:
+        for _ in range(20):
+            status, _ = await raw(emu, "GET", "/api/v1/namespaces")
+            assert status == 200
+        assert 5 <= len(emu.requests) <= 10
+        assert emu.requests[-1].path == "/api/v1/namespaces"
+    with pytest.raises(aiohttp.ClientConnectionError):
+        await raw(emu, "GET", "/version")  # stopped
