@@ -71,7 +71,7 @@ def test_chart_crd_is_identical_to_the_generated_crd() -> None:
     chart_crd = (CHART / "crds" / "inferencepool.yaml").read_text()
     assert chart_crd == (ROOT / "crds" / "inferencepool.yaml").read_text(), (
         "charts/poolpilot/crds/inferencepool.yaml drifted; run: "
-        "cp crds/inferencepool.yaml charts/poolpilot/crds/"
+        "poolpilot dashboards --write"
     )
 
 
