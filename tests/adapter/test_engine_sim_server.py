@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -220,3 +221,22 @@ def test_decode_skips_prefill_compute(pd) -> None:
     assert remote["remote_prefill"] and not local["remote_prefill"]
     ttft = [r["first_token_at"] - r["arrival"] for r in recs]
     assert ttft[0] < ttft[1] / 3
+
+
+def test_infinite_speed_answers_at_once_but_reports_simulated_time() -> None:
+    """`--speed inf`: a zero-latency upstream (for router overhead benchmarks) whose metrics
+    still carry the simulated step times."""
+    with EngineSimProcess(role="decode", speed=float("inf"), served_name=NAME) as sim:
+        c = client(sim)
+        t0 = time.perf_counter()
+        for _ in range(3):
+            r = c.completions.create(model=NAME, prompt=list(range(4000)), max_tokens=4000,
+                                     extra_body={"ignore_eos": True})
+            assert r.usage.completion_tokens == 4000
+        wall = time.perf_counter() - t0
+        recs = httpx.get(sim.url + "/sim/requests").json()["requests"]
+        simulated = sum(r["finished_at"] - r["arrival"] for r in recs)
+        # 3 x (a 4k prefill + 3999 decode steps of ~3.5 ms) on an H200: ~40 simulated seconds
+        assert simulated > 30.0
+        assert wall < simulated / 4
+        assert scrape(sim)[m.VLLM_E2E + "_sum"] == pytest.approx(simulated, rel=1e-6)
