@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from poolpilot.kube.errors import ApiError
 from poolpilot.kube.managed import decode, encode, flatten
@@ -193,3 +195,31 @@ ROUND_TRIPS = [
 def test_fieldsv1_round_trips(case: RoundTrip) -> None:
     paths = set(flatten(copy.deepcopy(case.obj), builtin_list_type))
     assert decode(encode(paths)) == paths
+
+
+label_maps = st.dictionaries(st.sampled_from(["a", "b", "c", "d", "poolpilot.dev/role"]),
+                             st.sampled_from(["x", "y", "z"]), max_size=4)
+
+
+@given(label_maps, label_maps)
+def test_an_appliers_labels_are_exactly_what_it_applied_last(first: dict[str, str],
+                                                             second: dict[str, str]) -> None:
+    store = Store()
+    apply(store, deployment(labels=first), "op", force=True)
+    out = apply(store, deployment(labels=second), "op", force=True)
+    assert out["metadata"].get("labels", {}) == second
+    again = apply(store, deployment(labels=second), "op", force=True)
+    assert again["metadata"]["resourceVersion"] == out["metadata"]["resourceVersion"]
+
+
+@given(label_maps, label_maps, label_maps)
+def test_labels_of_another_manager_survive(mine: dict[str, str], later: dict[str, str],
+                                           theirs: dict[str, str]) -> None:
+    theirs = {f"other-{k}": v for k, v in theirs.items()}  # disjoint keys: no conflicts
+    store = Store()
+    apply(store, deployment(labels=mine), "op")
+    other = deployment(labels=theirs)
+    del other["spec"]
+    apply(store, other, "other")
+    out = apply(store, deployment(labels=later), "op")
+    assert out["metadata"].get("labels", {}) == {**theirs, **later}

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from poolpilot.kube.errors import ApiError
 from poolpilot.kube.selectors import (
@@ -101,3 +103,19 @@ def test_label_selector_object_round_trips_through_the_query_form() -> None:
     assert labels_match(reqs, {"app": "web", "tier": "x", "role": "a", "gpu": "1"})
     assert not labels_match(reqs, {"app": "web", "tier": "x", "role": "c", "gpu": "1"})
     assert not labels_match(reqs, {"app": "web", "tier": "x", "role": "a", "gpu": "1", "spot": ""})
+
+
+label_keys = st.sampled_from(["app", "poolpilot.dev/pool", "poolpilot.dev/role", "tier"])
+label_values = st.text(alphabet="abcxyz019-.", min_size=1, max_size=6).filter(
+    lambda v: v[0].isalnum() and v[-1].isalnum())
+
+
+@given(st.dictionaries(label_keys, label_values, min_size=1), label_values)
+def test_match_labels_select_exactly_objects_carrying_them(labels: dict[str, str],
+                                                           other: str) -> None:
+    reqs = parse_label_selector(selector_string({"matchLabels": labels}))
+    assert labels_match(reqs, {**labels, "extra": "1"})
+    key = sorted(labels)[0]
+    if other != labels[key]:
+        assert not labels_match(reqs, {**labels, key: other})
+    assert not labels_match(reqs, {k: v for k, v in labels.items() if k != key})
