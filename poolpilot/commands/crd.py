@@ -12,22 +12,29 @@ from poolpilot import crd
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--check", action="store_true", help="exit 1 with a diff if FILE drifted")
     p.add_argument("--write", action="store_true", help="regenerate FILE")
-    p.add_argument("--file", type=Path, default=crd.CRD_PATH, help="committed CRD (%(default)s)")
+    p.add_argument(
+        "--file",
+        type=Path,
+        action="append",
+        help=f"committed CRD file (default: {crd.CRD_PATH} and the chart's {crd.CHART_CRD_PATH})",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
+    files = args.file or [crd.CRD_PATH, crd.CHART_CRD_PATH]
     if args.check:
-        diff = crd.drift(args.file)
-        if diff:
-            sys.stdout.write(diff)
-            print(f"\n{args.file} is out of date; run: poolpilot crd --write", file=sys.stderr)
-            return 1
-        print(f"{args.file} matches the models")
-        return 0
+        stale = [f for f in files if crd.drift(f)]
+        for f in stale:
+            sys.stdout.write(crd.drift(f))
+            print(f"\n{f} is out of date; run: poolpilot crd --write", file=sys.stderr)
+        for f in set(files) - set(stale):
+            print(f"{f} matches the models")
+        return 1 if stale else 0
     if args.write:
-        args.file.parent.mkdir(parents=True, exist_ok=True)
-        args.file.write_text(crd.render_crd())
-        print(f"wrote {args.file}")
+        for f in files:
+            f.parent.mkdir(parents=True, exist_ok=True)
+            f.write_text(crd.render_crd())
+            print(f"wrote {f}")
         return 0
     sys.stdout.write(crd.render_crd())
     return 0
