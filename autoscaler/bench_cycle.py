@@ -39,8 +39,8 @@ from poolpilot.kube.emulator import KubeEmulator
 from poolpilot.localprom import PrometheusProcess, Target, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRAPE = 2.0
-WINDOW = 10.0
+SCRAPE = 3.0
+WINDOW = 15.0
 POOLS = f"/apis/{api.GROUP}/{api.VERSION}"
 
 
@@ -49,35 +49,63 @@ def pool_name(i: int) -> tuple[str, str]:
 
 
 class SyntheticExporter:
-    """Text exposition for N pools; counters grow with time at per-pool rates."""
+    """Text exposition for N pools; counters grow with time at per-pool rates.
+
+    The page (about 85 series per pool) is prepared once as static pieces plus a handful of
+    time-dependent values, so even 1,000 pools render well within a scrape interval.
+    """
 
     def __init__(self, pools: int) -> None:
         self.pools = pools
         self.started = time.time()
         self.port = free_port()
         self._server: ThreadingHTTPServer | None = None
+        self._rates: dict[str, float] = {}  # dynamic key -> per-second growth
+        self._pieces: list[bytes | str] = []  # bytes: static; str: a dynamic key
+        self._build()
+
+    def _counter(self, line_prefix: str, key: str, rate: float) -> None:
+        self._rates[key] = rate
+        self._pieces += [line_prefix.encode() + b" ", key, b"\n"]
+
+    def _static(self, line: str) -> None:
+        self._pieces.append(line.encode() + b"\n")
+
+    def _histogram(self, name: str, lab: str, buckets: tuple[float, ...], upper: float) -> None:
+        for b in buckets:
+            if b < upper:
+                self._static(f'{name}_bucket{{{lab},le="{b}"}} 0')
+            else:
+                self._counter(f'{name}_bucket{{{lab},le="{b}"}}', "hist", 10)
+        self._counter(f'{name}_bucket{{{lab},le="+Inf"}}', "hist", 10)
+        self._counter(f"{name}_count{{{lab}}}", "hist", 10)
+        self._counter(f"{name}_sum{{{lab}}}", f"sum{upper}", 10 * upper)
+
+    def _build(self) -> None:
+        for i in range(self.pools):
+            ns, pool = pool_name(i)
+            cls = i % 7
+            load = cls / 3.0  # 0 .. 2: some pools idle, some over target
+            for role in ("prefill", "decode"):
+                lab = f'namespace="{ns}",pool="{pool}",role="{role}"'
+                self._static(f"{m.VLLM_WAITING}{{{lab}}} {4 * load:.3f}")
+                self._static(f"{m.VLLM_RUNNING}{{{lab}}} {60 * load:.3f}")
+                self._static(f"{m.VLLM_KV_USAGE}{{{lab}}} {min(1.0, 0.45 * load):.3f}")
+                self._counter(f"{m.VLLM_PROMPT_TOKENS}{{{lab}}}", f"prompt{cls}", 500 * load)
+                self._counter(f"{m.VLLM_GENERATION_TOKENS}{{{lab}}}", f"gen{cls}", 80 * load)
+                if role == "prefill":
+                    self._histogram(m.VLLM_TTFT, lab, m.TTFT_BUCKETS, 0.5)
+                else:
+                    self._histogram(m.VLLM_ITL, lab, m.ITL_BUCKETS, 0.05)
+            lab = f'namespace="{ns}",pool="{pool}",role="router"'
+            self._static(f"{m.ROUTER_INFLIGHT}{{{lab}}} {5 * load:.3f}")
+            self._counter(f'{m.ROUTER_REQUESTS}{{{lab},code="200"}}', "requests", 2)
+            self._histogram(m.ROUTER_TTFT, lab, m.TTFT_BUCKETS, 0.75)
 
     def render(self) -> bytes:
         t = time.time() - self.started
-        out: list[str] = []
-        for i in range(self.pools):
-            ns, pool = pool_name(i)
-            load = (i % 7) / 3.0  # 0 .. 2: some pools idle, some over target
-            for role in ("prefill", "decode"):
-                lab = f'namespace="{ns}",pool="{pool}",role="{role}"'
-                out.append(f"{m.VLLM_WAITING}{{{lab}}} {4 * load:.3f}")
-                out.append(f"{m.VLLM_RUNNING}{{{lab}}} {60 * load:.3f}")
-                out.append(f"{m.VLLM_KV_USAGE}{{{lab}}} {min(1.0, 0.45 * load):.3f}")
-                out.append(f"{m.VLLM_PROMPT_TOKENS}{{{lab}}} {1e6 + 500 * load * t:.3f}")
-                out.append(f"{m.VLLM_GENERATION_TOKENS}{{{lab}}} {1e6 + 80 * load * t:.3f}")
-                hist, buckets = ((m.VLLM_TTFT, m.TTFT_BUCKETS) if role == "prefill"
-                                 else (m.VLLM_ITL, m.ITL_BUCKETS))
-                out += _histogram(hist, lab, buckets, 0.5 if role == "prefill" else 0.05, t)
-            lab = f'namespace="{ns}",pool="{pool}",role="router"'
-            out.append(f"{m.ROUTER_INFLIGHT}{{{lab}}} {5 * load:.3f}")
-            out.append(f"{m.ROUTER_REQUESTS}{{{lab},code=\"200\"}} {1e6 + 2 * t:.3f}")
-            out += _histogram(m.ROUTER_TTFT, lab, m.TTFT_BUCKETS, 0.75, t)
-        return ("\n".join(out) + "\n").encode()
+        values = {k: f"{1e6 + r * t:.3f}".encode() for k, r in self._rates.items()}
+        return b"".join(p if isinstance(p, bytes) else values[p] for p in self._pieces)
 
     def start(self) -> SyntheticExporter:
         exporter = self
@@ -102,16 +130,6 @@ class SyntheticExporter:
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
-
-
-def _histogram(name: str, lab: str, buckets: tuple[float, ...], upper: float, t: float
-               ) -> list[str]:
-    count = 1e6 + 10 * t
-    lines = [f'{name}_bucket{{{lab},le="{b}"}} {0 if b < upper else count:.3f}' for b in buckets]
-    lines.append(f'{name}_bucket{{{lab},le="+Inf"}} {count:.3f}')
-    lines.append(f"{name}_count{{{lab}}} {count:.3f}")
-    lines.append(f"{name}_sum{{{lab}}} {count * upper:.3f}")
-    return lines
 
 
 async def populate(kube: KubeClient, n: int) -> None:
