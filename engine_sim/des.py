@@ -139,7 +139,8 @@ class PoolSim:
         self._events: list[tuple[float, int, int, Any]] = []
         self._seq = itertools.count()
         self._ids = itertools.count()
-        self.replicas: dict[int, Replica] = {}
+        self.replicas: dict[int, Replica] = {}  # every replica ever (removed ones too)
+        self._live: dict[int, Replica] = {}  # not removed
         self._pending: dict[str, deque[tuple[_Job, Seq | None]]] = {r: deque() for r in self.roles}
         self._records: list[RequestRecord] = []
         self._retired_stats: dict[str, list[MetricsSnapshot]] = {r: [] for r in self.roles}
@@ -171,7 +172,7 @@ class PoolSim:
         if self.max_model_len is None:
             self.max_model_len = engine.max_model_len
         rid = next(self._ids)
-        self.replicas[rid] = Replica(rid, role, engine, ready)
+        self.replicas[rid] = self._live[rid] = Replica(rid, role, engine, ready)
         self._push(ready, _READY, rid)
         return rid
 
@@ -180,8 +181,7 @@ class PoolSim:
 
         Returns the replica id, or None if the role has none left to remove."""
         role = self._role(role)
-        live = [r for r in self.replicas.values()
-                if r.role == role and r.removed_at is None and not r.draining]
+        live = [r for r in self._live.values() if r.role == role and not r.draining]
         if replica_id is not None:
             live = [r for r in live if r.id == replica_id]
         if not live:
@@ -190,6 +190,7 @@ class PoolSim:
         if starting:
             victim = max(starting, key=lambda r: (r.ready_at, r.id))
             victim.removed_at = self.now
+            del self._live[victim.id]
             return victim.id
         victim = min(live, key=lambda r: (r.engine.load(), -r.id))
         victim.draining = True
@@ -199,8 +200,8 @@ class PoolSim:
     def replica_counts(self, role: str) -> ReplicaCounts:
         role = self._role(role)
         ready = starting = draining = 0
-        for r in self.replicas.values():
-            if r.role != role or r.removed_at is not None:
+        for r in self._live.values():
+            if r.role != role:
                 continue
             if r.draining:
                 draining += 1
@@ -238,7 +239,7 @@ class PoolSim:
                 else:
                     self._truncate(rep, self.now)
         self.now = max(self.now, t)
-        for rep in self.replicas.values():  # partial decode runs up to t (for metrics)
+        for rep in self._live.values():  # partial decode runs up to t (for metrics)
             if rep.engine.chunk is not None and rep.engine.chunk.decode_run:
                 self._absorb(rep, rep.engine.commit(upto=t))
 
@@ -256,12 +257,11 @@ class PoolSim:
         KV usage averaged over them). per_replica=True: {str(replica_id): MetricsSnapshot} of the
         live replicas instead."""
         if per_replica:
-            return {str(r.id): r.engine.snapshot() for r in self.replicas.values()
-                    if r.removed_at is None}
+            return {str(r.id): r.engine.snapshot() for r in self._live.values()}
         out: dict[str, Any] = {}
         for role in self.roles:
-            live = [r.engine.snapshot() for r in self.replicas.values()
-                    if r.role == role and r.removed_at is None and r.ready_at <= self.now]
+            live = [r.engine.snapshot() for r in self._live.values()
+                    if r.role == role and r.ready_at <= self.now]
             total = sum_snapshots([*live, *self._retired_stats[role]])
             if self._retired_stats[role]:
                 # retired engines add counts, not gauges: recompute gauges from live ones only
@@ -274,7 +274,7 @@ class PoolSim:
         return len(self._pending[self._role(role)])
 
     def in_flight(self) -> int:
-        return sum(r.engine.load() for r in self.replicas.values()) + sum(
+        return sum(r.engine.load() for r in self._live.values()) + sum(
             len(q) for q in self._pending.values())
 
     # ---- internals ----
@@ -291,7 +291,7 @@ class PoolSim:
     def _pick(self, role: str) -> Replica | None:
         best: Replica | None = None
         best_load = 0
-        for r in self.replicas.values():
+        for r in self._live.values():
             if r.role == role and r.is_ready(self.now):
                 load = r.engine.load()
                 if best is None or load < best_load:
@@ -383,4 +383,5 @@ class PoolSim:
         if rep.draining and rep.removed_at is None and rep.engine.load() == 0 \
                 and rep.engine.chunk is None and not rep.engine.sched.held:
             rep.removed_at = self.now
+            del self._live[rep.id]
             self._retired_stats[rep.role].append(rep.engine.snapshot())
