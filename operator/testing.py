@@ -139,6 +139,7 @@ def running_operator(
     standalone: bool = True,
     priority: int = 0,
     namespaces: tuple[str, ...] = (),
+    liveness: str | None = None,
 ) -> Iterator[KopfRunner]:
     """The operator in a thread (kopf.testing.KopfRunner), as `poolpilot operator` runs it."""
     os.environ["KUBECONFIG"] = str(kubeconfig)
@@ -147,6 +148,8 @@ def running_operator(
     args = ["run", "--standalone" if standalone else f"--peering={config.peering_name}",
             f"--priority={priority}"]
     args += [f"--namespace={ns}" for ns in namespaces] or ["--all-namespaces"]
+    if liveness:
+        args.append(f"--liveness={liveness}")
     with KopfRunner(args, registry=registry, settings=kopf.OperatorSettings(),
                     timeout=30) as runner:
         yield runner

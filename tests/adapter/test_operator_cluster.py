@@ -253,13 +253,21 @@ def test_replicas_ownership_with_autoscaling(cluster: Cluster, operator: None,
     k.apply(cluster.pool(name, autoscaling={"enabled": autoscaling}))
     wait_for(lambda: cluster.settled(name), what="first reconcile")
     k("scale", f"deployment/{name}-decode", "--replicas=5", "-n", "ops")  # as the autoscaler
+
+    def decode_replicas() -> int:
+        return int((cluster.get("deployment", f"{name}-decode") or {})["spec"]["replicas"])
+
     if cluster.emu is not None:
         cluster.wait_reconciles(name, 3)
-        replicas = (cluster.get("deployment", f"{name}-decode") or {})["spec"]["replicas"]
-        assert replicas == expected
+        assert decode_replicas() == expected
     else:
-        wait_for(lambda: (cluster.get("deployment", f"{name}-decode") or {})["spec"]["replicas"]
-                 == expected, what=f"decode replicas == {expected}")
+        wait_for(lambda: decode_replicas() == expected, what=f"decode replicas == {expected}")
+    # A spec change re-applies the Deployment: the size stays where its owner put it.
+    k.apply(cluster.pool(name, autoscaling={"enabled": autoscaling},
+                         runtime={"engineArgs": {"maxModelLen": 1024}}))
+    wait_for(lambda: "maxModelLen=1024" in (cluster.get("deployment", f"{name}-decode") or {})[
+        "spec"]["template"]["spec"]["containers"][0]["command"], what="the new engine args")
+    assert decode_replicas() == expected
 
 
 def test_turning_autoscaling_on_keeps_the_current_size(cluster: Cluster, operator: None) -> None:

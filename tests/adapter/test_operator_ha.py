@@ -6,12 +6,14 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 from poolpilot.operator.handlers import OperatorConfig
 from poolpilot.operator.testing import Kubectl, install, running_operator, wait_for
 
 from poolpilot.kube.emulator import KubeEmulator
 from poolpilot.kube.testing import cluster_from_env
+from poolpilot.localprom import free_port
 
 pytestmark = [pytest.mark.adapter, pytest.mark.cluster]
 
@@ -29,6 +31,14 @@ def _pool(name: str) -> dict[str, object]:
     return {"apiVersion": "poolpilot.dev/v1alpha1", "kind": "InferencePool",
             "metadata": {"name": name, "namespace": "ha"},
             "spec": {"model": {"name": "m"}, "prefill": {"gpus": 0}, "decode": {"gpus": 0}}}
+
+
+def _get_json(url: str) -> dict[str, object] | None:
+    try:
+        r = httpx.get(url, timeout=2)
+    except httpx.HTTPError:
+        return None
+    return r.json() if r.status_code == 200 else None
 
 
 def _writers(emu: KubeEmulator, pool: str) -> set[str]:
@@ -52,8 +62,13 @@ def test_only_the_active_replica_acts_and_the_standby_takes_over(
                           peering_mandatory=True)
     standby = OperatorConfig(**{**base.__dict__, "identity": "standby"})
     active = OperatorConfig(**{**base.__dict__, "identity": "active"})
+    health = f"http://127.0.0.1:{free_port()}/healthz"
     with running_operator(kubeconfig, standby, standalone=False, priority=10):
-        with running_operator(kubeconfig, active, standalone=False, priority=20):
+        with running_operator(kubeconfig, active, standalone=False, priority=20,
+                              liveness=health):
+            # The liveness endpoint answers once the operator runs (its probe lists API groups).
+            probe = wait_for(lambda: _get_json(health), what="the liveness endpoint")
+            assert "api" in probe
             # Both replicas announced themselves in the peering object.
             wait_for(lambda: len((k.get("clusterkopfpeering", "poolpilot") or {})
                                  .get("status") or {}) >= 2, what="both peers registered")
