@@ -588,6 +588,10 @@ class Store:
             names = (spec or {}).get("names") or {}
             names.setdefault("singular", str(names.get("kind", "")).lower())
             names.setdefault("listKind", f"{names.get('kind', '')}List")
+            previous = (old or {}).get("status") or {}
+            if previous.get("acceptedNames") == names:
+                obj["status"] = previous  # unchanged names: keep the conditions' times
+                return
             obj["status"] = {
                 "acceptedNames": names,
                 "storedVersions": [v["name"] for v in (spec or {}).get("versions", [])

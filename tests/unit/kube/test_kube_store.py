@@ -417,3 +417,16 @@ def test_listeners_see_every_event(store: Store) -> None:
     store.listeners.append(seen.append)
     store.create(rt(store, "configmaps"), "default", {"metadata": {"name": "a"}})
     assert [(e.type, e.obj["metadata"]["name"]) for e in seen] == [("ADDED", "a")]
+
+
+def test_rewriting_a_crd_keeps_its_status(store: Store) -> None:
+    crds = rt(store, "customresourcedefinitions")
+    name = CRD["metadata"]["name"]
+    store.create(crds, "", CRD)
+    status = store.get(crds, "", name)["status"]
+    for cond in status["conditions"]:
+        cond["lastTransitionTime"] = "2000-01-01T00:00:00Z"
+    written = store.patch(crds, "", name, "merge", {"status": status}, sub="status")
+    same = store.patch(crds, "", name, "merge", {"spec": {"group": "poolpilot.dev"}})
+    assert same["metadata"]["resourceVersion"] == written["metadata"]["resourceVersion"]
+    assert same["status"]["conditions"][0]["lastTransitionTime"] == "2000-01-01T00:00:00Z"
