@@ -612,10 +612,11 @@ class Store:
         if rt.crd is not None and rt.crd in self.crds:
             schema = crd_validation.version_schema(self.crds[rt.crd], rt.storage_version)
             dropped = prune(schema, obj)
-            if dropped and strict:
-                raise errors.invalid(rt.kind, rt.group, name,
-                                     [(".".join(p.split(".")), "field not declared in schema")
-                                      for p in dropped])
+            if dropped and strict:  # the real server's wording (400, kubectl prints it)
+                unknown = ", ".join(f'unknown field "{p}"' for p in dropped)
+                raise errors.bad_request(
+                    f'{rt.kind} in version "{rt.version}" cannot be handled as a {rt.kind}: '
+                    f"strict decoding error: {unknown}")
             self.warnings += [f'unknown field "{p}"' for p in dropped]
             if not self.validate_crds:
                 return
