@@ -172,3 +172,24 @@ def test_unknown_role_and_mode_are_rejected() -> None:
     sim = PoolSim(mode="aggregated")
     with pytest.raises(ValueError, match="roles: engine"):
         sim.add_replica("decode")
+
+
+def test_role_metrics_render_as_prometheus_text_the_parser_reads() -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    sim = PoolSim("llama-3.1-8b", "h200", prefill_replicas=1, decode_replicas=2)
+    reqs = poisson(5, 20)
+    sim.submit_many(reqs)
+    sim.run()
+    snap = sim.metrics()["decode"]
+    text = snap.exposition({"pool": "p", "role": "decode"})
+    samples = {(s.name, s.labels.get("le"), s.labels.get("finished_reason")): s.value
+               for fam in text_string_to_metric_families(text) for s in fam.samples}
+    assert samples[(m.VLLM_GENERATION_TOKENS, None, None)] == sum(r.output_tokens for r in reqs)
+    assert samples[(m.VLLM_TTFT + "_count", None, None)] == len(reqs)
+    assert samples[(m.VLLM_TTFT + "_bucket", "+Inf", None)] == len(reqs)
+    assert samples[("vllm:request_success_total", None, "length")] == len(reqs)
+    assert samples[(m.VLLM_NIXL_XFER_TIME + "_count", None, None)] == len(reqs)
+    # cumulative buckets never decrease
+    ttft = [v for (n, le, _), v in samples.items() if n == m.VLLM_TTFT + "_bucket"]
+    assert ttft == sorted(ttft)
