@@ -201,12 +201,16 @@ def bench_time_scaling(n: int = 40, rate: float = 4.0) -> dict[str, Any]:
     sim2 = PoolSim(mode="aggregated")
     sim2.submit_many(reqs)
     sim2.run()
-    recs2 = sim2.records()
+    recs2 = [r for r in sim2.records() if r.finished_at is not None
+             and r.first_token_at is not None]
+    ttft2 = [r.first_token_at - r.arrival for r in recs2 if r.first_token_at is not None]
     out["des"] = {
-        "ttft_p50": float(np.percentile([r.ttft for r in recs2], 50)),
-        "ttft_p90": float(np.percentile([r.ttft for r in recs2], 90)),
+        "ttft_p50": float(np.percentile(ttft2, 50)),
+        "ttft_p90": float(np.percentile(ttft2, 90)),
         "tpot_mean": float(np.mean([(r.finished_at - r.first_token_at)
-                                    / max(1, r.output_tokens - 1) for r in recs2])),
+                                    / max(1, r.output_tokens - 1) for r in recs2
+                                    if r.finished_at is not None
+                                    and r.first_token_at is not None])),
     }
     return out
 
