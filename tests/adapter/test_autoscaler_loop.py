@@ -23,9 +23,11 @@ from autoscaler_exporters import FakeExporter, engine
 from poolpilot.autoscaler import queries as q
 from poolpilot.autoscaler.kube import KubeClient, KubeError
 from poolpilot.autoscaler.loop import Autoscaler, CycleResult, Options
+from poolpilot.autoscaler.metrics import AutoscalerMetrics
 from poolpilot.autoscaler.observe import PrometheusSource
 
 from poolpilot import api, names
+from poolpilot import metrics as m
 from poolpilot.kube.emulator import KubeEmulator
 from poolpilot.kube.testing import cluster_from_env
 from poolpilot.localprom import PrometheusProcess, Target
@@ -265,12 +267,13 @@ def test_no_metrics_holds_and_says_so(env: Env) -> None:
     assert replicas(env, "as-apply", "dark-prefill") == 1
 
 
-async def two_cycles(env: Env, namespace: str) -> list[CycleResult]:
+async def two_cycles(env: Env, namespace: str, metrics: AutoscalerMetrics | None = None
+                     ) -> list[CycleResult]:
     kube = await KubeClient.connect(str(env.kubeconfig), [namespace])
     now = [time.time()]
     try:
         scaler = Autoscaler(kube, PrometheusSource(env.prom.url, q.QuerySet(WINDOW)),
-                            Options(), clock=lambda: now[0])
+                            Options(), metrics, clock=lambda: now[0])
         first = await scaler.cycle()
         now[0] += 5  # the next interval: same load, same decision
         return [first, await scaler.cycle()]
@@ -279,7 +282,14 @@ async def two_cycles(env: Env, namespace: str) -> list[CycleResult]:
 
 
 def test_advisory_writes_status_only_and_a_quiet_cycle_writes_nothing(env: Env) -> None:
-    first, second = run(two_cycles(env, "as-advice"))
+    met = AutoscalerMetrics()
+    first, second = run(two_cycles(env, "as-advice", met))
+    labels = {"namespace": "as-advice", "pool": "advice", "role": "prefill"}
+    assert met.registry.get_sample_value(m.AUTOSCALER_DESIRED, labels) == 5
+    assert met.registry.get_sample_value(
+        m.AUTOSCALER_DECISIONS, {**labels, "direction": "up", "reason": "QueueAboveTarget"}) == 2
+    assert met.registry.get_sample_value(m.AUTOSCALER_SIGNAL, {**labels, "signal": "Queue"}) == 10
+    assert met.registry.get_sample_value(f"{m.AUTOSCALER_CYCLE}_count") == 2
     assert (first.decided, first.scaled, first.status_writes) == (1, 0, 1)
     assert (second.decided, second.scaled, second.status_writes) == (1, 0, 0)
     st = pool_obj(env, "as-advice", "advice")["status"]
