@@ -3,7 +3,7 @@
 Every policy gets the same arrivals (the trace, after `--rate-scale`), the same simulator
 (`poolpilot.engine_sim.des.PoolSim`: router, prefill and decode engines, KV handoff), the same
 cold start and the same Prometheus emulation. The loop advances simulated time in ticks of
-`tick` seconds (1 s):
+`tick` seconds (5 s):
 
 - every tick: the simulator runs up to t; every ready GPU is sampled busy or idle (the DCGM
   exporter's utilization is a sampled duty cycle too); replicas that finished draining close
@@ -51,7 +51,7 @@ class BenchConfig:
     quantile: float = 0.9
     cold_start: float = 120.0
     scrape_interval: float = 15.0
-    tick: float = 1.0
+    tick: float = 5.0
     min_replicas: int = 1
     max_replicas: int = 32
     engine: EngineConfig = field(default_factory=EngineConfig)
