@@ -193,11 +193,16 @@ def bench_time_scaling(n: int = 40, rate: float = 4.0) -> dict[str, Any]:
             asyncio.run(_replay(sim.url + "/v1/completions", reqs, speed))
             recs = httpx.get(sim.url + "/sim/requests").json()["requests"]
         ttft = [r["first_token_at"] - r["arrival"] for r in recs]
+        # how faithfully the load generator kept the arrival times (simulated seconds)
+        stamps = np.sort([r["arrival"] for r in recs])
+        lag = (stamps - stamps[0]) - (arrivals - arrivals[0])
         tpot = [(r["finished_at"] - r["first_token_at"]) / max(1, r["output_tokens"] - 1)
                 for r in recs]
         out[f"server_speed_{speed:g}"] = {"ttft_p50": float(np.percentile(ttft, 50)),
                                           "ttft_p90": float(np.percentile(ttft, 90)),
-                                          "tpot_mean": float(np.mean(tpot))}
+                                          "tpot_mean": float(np.mean(tpot)),
+                                          "arrival_lag_p90": float(np.percentile(np.abs(lag),
+                                                                                 90))}
     sim2 = PoolSim(mode="aggregated")
     sim2.submit_many(reqs)
     sim2.run()
