@@ -70,7 +70,7 @@ class Kubectl:
         return items
 
 
-def wait_for(fn: Callable[[], T | None], timeout: float = 20.0, interval: float = 0.1,
+def wait_for(fn: Callable[[], T | None], timeout: float = 60.0, interval: float = 0.1,
              what: str = "condition") -> T:
     """Poll `fn` until it returns something truthy; fail with `what` after `timeout`."""
     deadline = time.monotonic() + timeout
