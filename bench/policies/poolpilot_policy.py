@@ -1,7 +1,8 @@
 """poolpilot's own autoscaler: the real decision core, `poolpilot.autoscaler.decide.decide`.
 
-Nothing here decides anything: it builds the `Observation` the autoscaler's Prometheus adapter
-would build (the same signals, from the same scraped series, by the same PromQL shapes) and a
+Nothing here decides anything: it evaluates the autoscaler's own query set (`QuerySet`: the
+same signals, PromQL shapes and 60 s window) on the scraped series, hands the results to the
+autoscaler's own `observe.observation()` to build the `Observation`, and builds a
 `Policy` from an InferencePool spec with the API's defaults (`Policy.from_spec`), then applies
 whatever `decide()` returns. The `History` it gets back is passed to the next call, as the
 autoscaler loop does. Cadence: the spec's `autoscaling.intervalSeconds`.
@@ -9,22 +10,19 @@ autoscaler loop does. Cadence: the spec's `autoscaling.intervalSeconds`.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
-from poolpilot.autoscaler.decide import (
-    History,
-    Observation,
-    RoleObservation,
-    decide,
-)
+from poolpilot.autoscaler import queries as q
+from poolpilot.autoscaler.decide import History, Observation, decide
 from poolpilot.autoscaler.decide import Policy as ScalerPolicy
+from poolpilot.autoscaler.observe import RoleState, Snapshot, observation
 from poolpilot.bench.policies.base import ROLES, Bounds, Decision, PoolView
 
 from poolpilot import metrics as m
 from poolpilot.validate import parse_spec
 
-RATE_WINDOW_S = 60.0  # rate() and histogram_quantile() window of the autoscaler's queries
+RATE_WINDOW_S = 60.0  # rate() and histogram_quantile() window (autoscaler.queries.QuerySet)
+NAMESPACE, POOL = "bench", "pool"
 
 
 def pool_spec(
@@ -73,33 +71,34 @@ class PoolpilotPolicy:
         return dict(self._initial)
 
     def observe(self, view: PoolView) -> Observation:
-        prom, w, q = view.prom, self.rate_window, self.quantile
-        roles: dict[str, RoleObservation] = {}
-        for role in ROLES:
-            sel = {"role": role}
-            st = view.roles[role]
+        """The autoscaler's query results (its own keys, `autoscaler.queries`), evaluated on
+        the scraped series, turned into an Observation by the autoscaler's own
+        `observe.observation()`."""
+        prom, w, qt = view.prom, self.rate_window, self.quantile
+        by = ("role",)
 
-            def one(d: dict[tuple[str, ...], float]) -> float | None:
-                v = next(iter(d.values()), None)
-                return None if v is None or math.isnan(v) else v
+        def grouped(d: dict[tuple[str, ...], float]) -> dict[tuple[str, str, str], float]:
+            return {(NAMESPACE, POOL, g[0]): v for g, v in d.items()}
 
-            roles[role] = RoleObservation(
-                replicas=st.target,
-                ready=st.ready,
-                starting=st.starting,
-                waiting=one(prom.gauge(m.VLLM_WAITING, sel)),
-                running=one(prom.gauge(m.VLLM_RUNNING, sel)),
-                kv_usage=one(prom.gauge(m.VLLM_KV_USAGE, sel, agg="avg")),
-                ttft=one(prom.histogram_quantile(q, m.VLLM_TTFT, w, sel)),
-                itl=one(prom.histogram_quantile(q, m.VLLM_ITL, w, sel)),
-                prompt_tokens_rate=one(prom.rate(m.VLLM_PROMPT_TOKENS, w, sel)),
-                generation_tokens_rate=one(prom.rate(m.VLLM_GENERATION_TOKENS, w, sel)),
-                sample_age=view.now - prom.now if prom.scrapes else None,
-            )
-        router_ttft = next(iter(prom.histogram_quantile(q, m.ROUTER_TTFT, w).values()), None)
-        if router_ttft is not None and math.isnan(router_ttft):
-            router_ttft = None
-        return Observation(roles=roles, router_ttft=router_ttft)
+        values = {
+            q.WAITING: grouped(prom.gauge(m.VLLM_WAITING, by=by)),
+            q.RUNNING: grouped(prom.gauge(m.VLLM_RUNNING, by=by)),
+            q.KV_USAGE: grouped(prom.gauge(m.VLLM_KV_USAGE, by=by, agg="avg")),
+            q.PROMPT_RATE: grouped(prom.rate(m.VLLM_PROMPT_TOKENS, w, by=by)),
+            q.GENERATION_RATE: grouped(prom.rate(m.VLLM_GENERATION_TOKENS, w, by=by)),
+            q.ttft_key(qt): grouped(prom.histogram_quantile(qt, m.VLLM_TTFT, w, by=by)),
+            q.itl_key(qt): grouped(prom.histogram_quantile(qt, m.VLLM_ITL, w, by=by)),
+            # max(timestamp(waiting)): every series of a scrape carries the scrape's time
+            q.SAMPLE_TIME: {(NAMESPACE, POOL, g[0]): prom.now
+                            for g in prom.gauge(m.VLLM_WAITING, by=by)},
+        }
+        snap = Snapshot(time=view.now, values=values)
+        states = {
+            r: RoleState(replicas=view.roles[r].target, ready=view.roles[r].ready,
+                         starting=view.roles[r].starting)
+            for r in ROLES
+        }
+        return observation(NAMESPACE, POOL, states, snap, qt, qt)
 
     def decide(self, view: PoolView) -> Decision:
         d = decide(self.observe(view), self.policy, self.history, view.now)
