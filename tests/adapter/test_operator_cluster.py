@@ -76,7 +76,7 @@ class Cluster:
 
     def wait_reconciles(self, pool: str, n: int = 2, ns: str = "ops") -> None:
         start = self.timer_ticks(pool, ns)
-        wait_for(lambda: self.timer_ticks(pool, ns) >= start + n, timeout=60, 
+        wait_for(lambda: self.timer_ticks(pool, ns) >= start + n, timeout=60,
                  what=f"{n} more reconciles of {pool}")
 
     def writes_for(self, pool: str, ns: str = "ops") -> int:
