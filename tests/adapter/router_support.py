@@ -194,7 +194,10 @@ def start_vllm(role: str, model: Path, scratch: Path, cpu: int, served_name: str
         cmd += ["--engine-arg", arg]
     env = {
         "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "TMPDIR": str(scratch),
-        "VLLM_RPC_BASE_PATH": str(scratch), "VLLM_CACHE_ROOT": str(scratch / "cache"),
+        "VLLM_RPC_BASE_PATH": str(scratch),
+        # Shared and kept: vLLM caches the model's inspection there, which saves every later
+        # engine a subprocess that imports torch and vLLM (written atomically).
+        "VLLM_CACHE_ROOT": str(REPO / ".cache" / "vllm-test-cache"),
         "VLLM_CPU_OMP_THREADS_BIND": str(cpu),
         # Each engine's NIXL side channel on its own port (the default 5600 would clash).
         "VLLM_NIXL_SIDE_CHANNEL_PORT": str(free_port()),
