@@ -431,3 +431,15 @@ async def test_async_lifecycle_and_bounded_request_log() -> None:
         assert emu.requests[-1].path == "/api/v1/namespaces"
     with pytest.raises(aiohttp.ClientConnectionError):
         await raw(emu, "GET", "/version")  # stopped
+
+
+async def test_apply_body_in_real_yaml_keeps_timestamps_as_strings(emu: KubeEmulator,
+                                                                   ns: str) -> None:
+    body = (f"apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: y\n  namespace: {ns}\n"
+            "data:\n  when: 2026-01-01T00:00:00Z\n")
+    async with aiohttp.ClientSession() as s, s.patch(
+        f"{emu.url}/api/v1/namespaces/{ns}/configmaps/y?fieldManager=t", data=body,
+        headers={"Content-Type": "application/apply-patch+yaml"},
+    ) as resp:
+        assert resp.status == 201
+        assert (await resp.json())["data"] == {"when": "2026-01-01T00:00:00Z"}
