@@ -443,3 +443,27 @@ async def test_apply_body_in_real_yaml_keeps_timestamps_as_strings(emu: KubeEmul
     ) as resp:
         assert resp.status == 201
         assert (await resp.json())["data"] == {"when": "2026-01-01T00:00:00Z"}
+
+
+async def test_watch_variants_table_legacy_path_and_initial_events(emu: KubeEmulator,
+                                                                   ns: str) -> None:
+    base = f"/api/v1/namespaces/{ns}/configmaps"
+    await raw(emu, "POST", base, {"metadata": {"name": "a"}})
+    # kubectl get -w: Table rows as watch objects.
+    out: list[dict[str, Any]] = []
+    async with aiohttp.ClientSession() as s, s.get(
+        f"{emu.url}{base}?watch=1", headers={"Accept": "application/json;as=Table;g=meta.k8s.io;"
+                                                       "v=v1"}) as resp, asyncio.timeout(5):
+        out.append(json.loads(await resp.content.readline()))
+    assert out[0]["object"]["kind"] == "Table"
+    assert out[0]["object"]["rows"][0]["cells"][0] == "a"
+    # The legacy /watch/ path of one object.
+    await raw(emu, "POST", base, {"metadata": {"name": "b"}})
+    events = await watch_lines(emu, f"/api/v1/watch/namespaces/{ns}/configmaps/b", 1)
+    assert events[0]["object"]["metadata"]["name"] == "b"
+    # Watch-list: the initial ADDED burst ends with the initial-events-end bookmark.
+    events = await watch_lines(
+        emu, f"{base}?watch=1&sendInitialEvents=true&allowWatchBookmarks=true"
+        "&resourceVersionMatch=NotOlderThan", 3)
+    assert [e["type"] for e in events] == ["ADDED", "ADDED", "BOOKMARK"]
+    assert events[2]["object"]["metadata"]["annotations"] == {"k8s.io/initial-events-end": "true"}
