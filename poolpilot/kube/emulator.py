@@ -100,7 +100,7 @@ class KubeEmulator:
     """An in-memory Kubernetes API server. See the module docstring and docs/kube-emulator.md."""
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, *,
-                 bookmark_interval: float = 5.0, history_limit: int = 100_000,
+                 bookmark_interval: float = 5.0, history_limit: int = 20_000,
                  auto_namespaces: bool = True, request_log_limit: int | None = None) -> None:
         self.host = host
         self.request_log_limit = request_log_limit  # None: keep every RequestRecord

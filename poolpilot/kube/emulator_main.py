@@ -21,6 +21,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="YAML file of CRDs (or any objects) to create at start; repeatable")
     parser.add_argument("--bookmark-interval", type=float, default=5.0,
                         help="seconds between BOOKMARK events on idle watches")
+    parser.add_argument("--history-limit", type=int, default=20_000,
+                        help="events kept for watches to resume from (older: 410 Gone)")
     parser.add_argument("--request-log-limit", type=int, default=100_000,
                         help="keep this many request records (memory stays bounded)")
 
@@ -29,7 +31,8 @@ async def _serve(args: argparse.Namespace) -> int:
     import yaml
 
     emu = KubeEmulator(args.host, args.port, bookmark_interval=args.bookmark_interval,
-                       request_log_limit=args.request_log_limit)
+                       request_log_limit=args.request_log_limit,
+                       history_limit=args.history_limit)
     await emu.start()
     try:
         for path in args.crd:

@@ -153,7 +153,7 @@ def prune(schema: dict[str, Any], value: Any, path: str = "") -> list[str]:
 
 
 class Store:
-    def __init__(self, history_limit: int = 100_000, auto_namespaces: bool = True) -> None:
+    def __init__(self, history_limit: int = 20_000, auto_namespaces: bool = True) -> None:
         self.registry = Registry()
         self.objects: dict[str, dict[tuple[str, str], dict[str, Any]]] = {}
         self.rv = 0
