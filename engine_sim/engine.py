@@ -193,8 +193,9 @@ class EngineCore:
         if not sp.items:
             return None  # only remote loads started, or nothing fits until a load completes
         # resumed (remote KV arrived) sequences compute one token like decode: they may join
+        # and loads that start do not change the batch (their completion cuts the run)
         decode_run = (self.config.max_chunk_steps > 1 and sp.all_decode and not sp.admitted
-                      and not sp.loading and not sp.preempted)
+                      and not sp.preempted)
         if decode_run:
             seqs = [s for s, _ in sp.items]
             ctx = 0
@@ -207,10 +208,19 @@ class EngineCore:
             k = self._run_length(seqs, k)
             durs = self.model.decode_run_times(len(seqs), ctx, k)
         else:
-            k = 1
-            durs = np.array([self.model.step_time([(n, s.computed) for s, n in sp.items],
-                                                  sampled=sum(1 for s, n in sp.items
-                                                              if s.computed + n == s.context))])
+            new = kv_read = sampled = 0
+            pairs = 0.0
+            for s, n in sp.items:
+                c = s.computed
+                new += n
+                kv_read += c
+                pairs += n * c + n * (n + 1) / 2
+                if c + n == s.prompt + s.generated:
+                    sampled += 1
+            ch = Chunk(start, np.array([start + self.model.step_time_from(
+                new, pairs, kv_read, sampled)]), sp.items, False, sp.preempted)
+            self.chunk = ch
+            return ch
         ends = start + np.cumsum(durs)
         ch = Chunk(start, ends, sp.items, decode_run, sp.preempted)
         self.chunk = ch
@@ -297,26 +307,16 @@ class EngineCore:
     def step_ends(self) -> np.ndarray:
         return self._ends[: self._n_ends]
 
-    def _mark_tokens(self, seq: Seq, first_idx: int, last_idx: int) -> None:
-        if not self.config.track_token_steps:
-            return
-        ts = seq.token_steps
-        if ts and ts[-1][1] == first_idx - 1:
-            ts[-1][1] = last_idx
-        else:
-            ts.append([first_idx, last_idx])
-
     def _commit_decode_run(self, ch: Chunk, a: int, b: int, out: Outcome) -> None:
         ends = ch.ends[a:b]
         prev = ch.start if a == 0 else float(ch.ends[a - 1])
-        durs = np.diff(ends, prepend=prev)
         j = b - a
         first_idx = self._log_steps(ends)
         seqs = [s for s, _ in ch.items]
         n = len(seqs)
         itl = self.stats.histograms[m.VLLM_ITL]
         if j > 1:
-            itl.observe_many(durs[1:], times=n)
+            itl.observe_many(ends[1:] - ends[:-1], times=n)
         self.stats.counters[m.VLLM_GENERATION_TOKENS] += n * j
         end = float(ends[-1])
         end0 = float(ends[0])
@@ -355,6 +355,7 @@ class EngineCore:
         itl = self.stats.histograms[m.VLLM_ITL]
         start = ch.start
         back_to_back = 0
+        track = self.config.track_token_steps
         for s, n in ch.items:
             if s.state is not SeqState.RUNNING:
                 continue
@@ -363,7 +364,12 @@ class EngineCore:
                 continue  # a prefill chunk that does not reach the end of the prompt
             s.generated += 1
             self.stats.counters[m.VLLM_GENERATION_TOKENS] += 1
-            self._mark_tokens(s, idx, idx)
+            if track:
+                ts = s.token_steps
+                if ts and ts[-1][1] == idx - 1:
+                    ts[-1][1] = idx
+                else:
+                    ts.append([idx, idx])
             out.sampled.append(s)
             if s.first_token_at is None:
                 s.first_token_at = end

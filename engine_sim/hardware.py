@@ -286,8 +286,15 @@ class StepModel:
         pairs = sum(n * c + n * (n + 1) / 2 for n, c in chunks)
         kv_read = sum(c for _, c in chunks)
         s = len(chunks) if sampled is None else sampled
-        b, f = self.step_terms(new, pairs, kv_read, s)
-        return float(self._time(b, f, new))
+        return self.step_time_from(new, pairs, kv_read, s)
+
+    def step_time_from(self, new: int, pairs: float, kv_read: int, sampled: int) -> float:
+        """step_time from aggregate counts (scalar fast path of _time)."""
+        b, f = self.step_terms(new, pairs, kv_read, sampled)
+        g = self.gpu
+        mem = b / self.tp / (g.mem_bandwidth * g.mem_efficiency)
+        comp = f / self.tp / (g.bf16_flops * g.compute_efficiency)
+        return float((mem if mem > comp else comp) + g.step_overhead + self._comm_time(new))
 
     def decode_step_time(self, batch: int, context: int) -> float:
         """A pure decode step: `batch` sequences, each with `context` tokens of KV."""
