@@ -28,6 +28,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from poolpilot.traces import FORMATS, TraceError, TraceRequest, load_trace
+from poolpilot.validate import InvalidPool, parse_spec
 
 POLICIES = ("poolpilot", "static-peak", "hpa", "keda-queue", "dynamo-sla")
 
@@ -56,6 +57,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="Prometheus scrape interval, seconds (15)")
     p.add_argument("--dynamo-predictor", choices=("constant", "arima"), default="constant",
                    help="Dynamo planner's load predictor (arima needs pmdarima installed)")
+    p.add_argument("--poolpilot-autoscaling", default=None, metavar="JSON",
+                   help="spec.autoscaling fields for the poolpilot policy, as in an "
+                        "InferencePool (camelCase JSON), e.g. "
+                        "'{\"scaleDown\": {\"stabilizationWindowSeconds\": 300, "
+                        "\"maxStep\": 4, \"cooldownSeconds\": 30}}'")
     p.add_argument("--seed", type=int, default=0, help="seed for --rate-scale copies (0)")
     p.add_argument("--jobs", type=int, default=1,
                    help="policies replayed in parallel processes (1)")
@@ -74,7 +80,8 @@ def parse_policies(text: str) -> list[str]:
 
 
 def build_policy(name: str, trace: Sequence[TraceRequest], cfg: BenchConfig,
-                 predictor: str = "constant") -> Policy:
+                 predictor: str = "constant",
+                 autoscaling: dict[str, Any] | None = None) -> Policy:
     """Policies are built where they run (each worker process builds its own)."""
     from poolpilot.bench.policies.dynamo_sla import DynamoSLA
     from poolpilot.bench.policies.hpa import HPAGpuUtil
@@ -90,7 +97,8 @@ def build_policy(name: str, trace: Sequence[TraceRequest], cfg: BenchConfig,
     if name == "static-peak":
         return StaticPeak(trace, cap, bounds)
     if name == "poolpilot":
-        return PoolpilotPolicy(bounds, initial, cfg.slo_ttft, cfg.slo_itl, cfg.quantile)
+        return PoolpilotPolicy(bounds, initial, cfg.slo_ttft, cfg.slo_itl, cfg.quantile,
+                               autoscaling=autoscaling)
     if name == "hpa":
         return HPAGpuUtil(bounds, initial)
     if name == "keda-queue":
@@ -102,7 +110,7 @@ def build_policy(name: str, trace: Sequence[TraceRequest], cfg: BenchConfig,
 
 
 def _worker(name: str, trace: list[TraceRequest], cfg: BenchConfig, predictor: str,
-            q: Any) -> RunResult:
+            autoscaling: dict[str, Any] | None, q: Any) -> RunResult:
     last = [0.0]
 
     def progress(t: float) -> None:
@@ -110,25 +118,27 @@ def _worker(name: str, trace: list[TraceRequest], cfg: BenchConfig, predictor: s
             last[0] = t
             q.put((name, t))
 
-    return replay(trace, build_policy(name, trace, cfg, predictor), cfg, progress)
+    return replay(trace, build_policy(name, trace, cfg, predictor, autoscaling), cfg, progress)
 
 
 def run_all(names: Sequence[str], trace: list[TraceRequest], cfg: BenchConfig,
             predictor: str = "constant", jobs: int = 1,
-            on_progress: Callable[[str, float], None] | None = None) -> list[RunResult]:
+            on_progress: Callable[[str, float], None] | None = None,
+            autoscaling: dict[str, Any] | None = None) -> list[RunResult]:
     if jobs <= 1:
         out = []
         for n in names:
             def cb(t: float, n: str = n) -> None:
                 if on_progress is not None:
                     on_progress(n, t)
-            out.append(replay(trace, build_policy(n, trace, cfg, predictor), cfg, cb))
+            out.append(replay(trace, build_policy(n, trace, cfg, predictor, autoscaling), cfg, cb))
         return out
     ctx = mp.get_context("spawn")
     with ctx.Manager() as mgr:
         q = mgr.Queue()
         with ctx.Pool(min(jobs, len(names))) as pool:
-            futs = [pool.apply_async(_worker, (n, trace, cfg, predictor, q)) for n in names]
+            futs = [pool.apply_async(_worker, (n, trace, cfg, predictor, autoscaling, q))
+                    for n in names]
             while not all(f.ready() for f in futs):
                 try:
                     n, t = q.get(timeout=0.2)
@@ -164,7 +174,8 @@ def run(args: argparse.Namespace) -> int:
         from poolpilot.engine_sim.des import PoolSim
 
         PoolSim(cfg.model, cfg.gpu, cfg.tensor_parallel, prefill_replicas=0, decode_replicas=0)
-    except TraceError as exc:
+        autoscaling = parse_autoscaling(args.poolpilot_autoscaling, cfg)
+    except (TraceError, InvalidPool) as exc:
         console.print(f"[red]poolpilot bench: {exc}[/red]")
         return 2
     except ValueError as exc:
@@ -187,7 +198,8 @@ def run(args: argparse.Namespace) -> int:
         def on_progress(n: str, t: float) -> None:
             prog.update(tasks[n], completed=t)
 
-        results = run_all(names, trace, cfg, args.dynamo_predictor, args.jobs, on_progress)
+        results = run_all(names, trace, cfg, args.dynamo_predictor, args.jobs, on_progress,
+                          autoscaling)
         for n in names:
             prog.update(tasks[n], completed=max(span, 1.0))
     wall = time.perf_counter() - started
@@ -199,6 +211,7 @@ def run(args: argparse.Namespace) -> int:
         "trace": {"file": str(args.trace), "requests": len(trace), "span_s": span,
                   "rate_scale": args.rate_scale, "duration": args.duration},
         "config": {k: v for k, v in asdict(replace(cfg)).items() if k != "engine"},
+        "poolpilot_autoscaling": autoscaling,
         "wall_seconds": round(wall, 2),
     }
     doc = report.as_json(results, meta)
@@ -209,6 +222,23 @@ def run(args: argparse.Namespace) -> int:
     if args.plot:
         report.plot(results, args.plot, title, cfg.slo_ttft)
     return 0
+
+
+def parse_autoscaling(text: str | None, cfg: BenchConfig) -> dict[str, Any] | None:
+    """`--poolpilot-autoscaling` JSON, checked by the InferencePool API's own validation."""
+    if not text:
+        return None
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"--poolpilot-autoscaling: not valid JSON: {exc.msg}") from None
+    if not isinstance(value, dict):
+        raise ValueError("--poolpilot-autoscaling: expected a JSON object of spec.autoscaling")
+    from poolpilot.bench.policies.poolpilot_policy import pool_spec
+
+    parse_spec(pool_spec(Bounds(cfg.min_replicas, cfg.max_replicas), cfg.slo_ttft, cfg.slo_itl,
+                         cfg.quantile, value))
+    return value
 
 
 def _json_default(o: object) -> object:
