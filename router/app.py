@@ -272,26 +272,43 @@ class Router:
             return json_error(status, exc.message, "upstream_error"), status
 
     async def _prefill(self, path: str, body: dict[str, Any], tokens: int) -> dict[str, Any]:
-        """Run the prefill step, retrying on other prefill engines; returns its JSON."""
-        async with self._open("prefill", path, pd.prefill_body(body), tokens) as (_, resp):
+        """Run the prefill step; a failure (before or while reading the answer) is retried on
+        another prefill engine. Returns the prefill's JSON answer."""
+        failed: list[str] = []
+        last: UpstreamError | None = None
+        for _ in range(self.config.max_attempts):
             try:
-                data = await resp.json(content_type=None)
-            except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
-                raise UpstreamError(str(resp.url), 502, f"prefill answer unreadable: {exc}") \
-                    from exc
-        if not isinstance(data, dict):
-            raise UpstreamError(str(resp.url), 502, "prefill answer is not a JSON object")
-        return data
+                async with self._open("prefill", path, pd.prefill_body(body), tokens,
+                                      exclude=failed) as (endpoint, resp):
+                    try:
+                        data = await resp.json(content_type=None)
+                    except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+                        self.balancer.report_failure(endpoint.url, self.clock())
+                        failed.append(endpoint.url)
+                        last = UpstreamError(endpoint.url, 502,
+                                             f"prefill answer unreadable: {exc!r}")
+                        continue
+                if not isinstance(data, dict):
+                    raise UpstreamError(str(resp.url), 502, "prefill answer is not an object")
+                return data
+            except UpstreamError as exc:
+                # _open already tried every endpoint it could: give up.
+                if last is None:
+                    raise
+                raise last from exc
+        assert last is not None
+        raise last
 
     @asynccontextmanager
     async def _open(
-        self, role: str, path: str, body: dict[str, Any], tokens: int
+        self, role: str, path: str, body: dict[str, Any], tokens: int,
+        exclude: list[str] | None = None,
     ) -> AsyncIterator[tuple[Endpoint, aiohttp.ClientResponse]]:
         """Send `body` to an endpoint of `role` and yield the open response once its status
         is 2xx. Connection failures and 502/503/504 are retried on other endpoints (nothing
         has reached the client yet); 4xx is the client's fault and is passed back."""
         assert self.session is not None
-        tried: list[str] = []
+        tried: list[str] = list(exclude or [])
         last: UpstreamError | None = None
         gauge = self.metrics.inflight_role[role]
         for _ in range(self.config.max_attempts):
