@@ -294,13 +294,15 @@ class EngineCore:
     def _log_steps(self, ends: np.ndarray) -> int:
         first = self._n_ends
         n = len(ends)
+        self.steps_run += n
+        if not self.config.track_token_steps:  # a long-running server keeps no step log
+            return first
         if first + n > len(self._ends):
             grown = np.zeros(max(2 * len(self._ends), first + n))
             grown[:first] = self._ends[:first]
             self._ends = grown
         self._ends[first : first + n] = ends
         self._n_ends = first + n
-        self.steps_run += n
         return first
 
     @property
