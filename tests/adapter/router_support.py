@@ -35,6 +35,7 @@ class Proc:
     popen: subprocess.Popen[str]
     port: int
     name: str = ""
+    output: Output | None = None  # its stdout and stderr, read in the background
 
     @property
     def url(self) -> str:
@@ -80,7 +81,9 @@ class Output:
         return "".join(self.lines)
 
 
-def wait_for_line(popen: subprocess.Popen[str], pattern: str, timeout: float) -> re.Match[str]:
+def wait_for_line(
+    popen: subprocess.Popen[str], pattern: str, timeout: float
+) -> tuple[re.Match[str], Output]:
     """Wait until a line of the process's stdout matches, with a deadline."""
     output = Output(popen)
     deadline = time.monotonic() + timeout
@@ -90,7 +93,7 @@ def wait_for_line(popen: subprocess.Popen[str], pattern: str, timeout: float) ->
             checked += 1
             m = re.search(pattern, line)
             if m:
-                return m
+                return m, output
         if popen.poll() is not None:
             time.sleep(0.2)
             raise RuntimeError(f"process exited ({popen.returncode}):\n{output.text()}")
@@ -110,14 +113,14 @@ def spawn(cmd: list[str], env: Mapping[str, str] | None = None, cwd: Path | None
 def start_fake_engine(name: str, token_delay: float = 0.0, port: int = 0) -> Proc:
     popen = spawn([PYTHON, str(FAKE_ENGINE), "--name", name, "--port", str(port),
                    "--token-delay", str(token_delay)])
-    m = wait_for_line(popen, r"listening on (\d+)", 20)
-    return Proc(popen, int(m.group(1)), name)
+    m, output = wait_for_line(popen, r"listening on (\d+)", 20)
+    return Proc(popen, int(m.group(1)), name, output)
 
 
 def start_router(*args: str) -> Proc:
     popen = spawn([POOLPILOT, "router", "--host", "127.0.0.1", "--port", "0", *args])
-    m = wait_for_line(popen, r"listening on http://[\d.]+:(\d+)", 30)
-    return Proc(popen, int(m.group(1)), "router")
+    m, output = wait_for_line(popen, r"listening on http://[\d.]+:(\d+)", 30)
+    return Proc(popen, int(m.group(1)), "router", output)
 
 
 @contextmanager
