@@ -61,7 +61,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="simulated seconds a new simulator pod takes to load weights")
     p.add_argument("--scrape-interval", type=float, default=5.0,
                    help="Prometheus scrape interval in simulated seconds")
-    p.add_argument("--gpu", default="h200", help="GPU the simulator models (h100, h200, ...)")
+    p.add_argument("--gpu", default="a100",
+                   help="GPU the simulator models: a100 (default), h100, h200, l40s")
     p.add_argument("--api-port", type=int, default=0,
                    help="port of the Kubernetes API emulator (default: a free one)")
     p.add_argument("--prometheus-port", type=int, default=0,
@@ -201,6 +202,7 @@ async def write_outputs(sandbox: Sandbox, pool: AppliedPool, results: list, t0: 
     samples = [s for s in ctl.samples if s.namespace == pool.namespace and s.pool == pool.name]
     changes = [c for c in ctl.scale_changes
                if c.namespace == pool.namespace and c.pool == pool.name and c.t >= t0]
+    R.attach_reasons(changes, await sandbox.scale_event_messages(pool))
     out = R.build_report(
         results=results, slo=slo, speed=cfg.speed, samples=samples, changes=changes, t0=t0,
         t_end=t_end,

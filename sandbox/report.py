@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -82,6 +83,24 @@ def replica_seconds(samples: Sequence[RoleSample], t0: float, t_end: float,
     return {role: round(step_integral(points, end), 1) for role, points in sorted(series.items())}
 
 
+_EVENT = re.compile(r"^(?P<role>\w+) (?P<frm>\d+) -> (?P<to>\d+): (?P<reason>\w+)")
+
+
+def attach_reasons(changes: Sequence[ScaleChange], messages: Iterable[str]) -> None:
+    """Give each observed replica change the reason of the autoscaler's Event for it (the
+    Event message starts "prefill 1 -> 3: QueueAboveTarget"); changes nobody announced (e.g.
+    a manual `kubectl scale`) keep what they had."""
+    parsed = [(m.group("role"), int(m.group("frm")), int(m.group("to")), m.group("reason"), msg)
+              for msg in messages if (m := _EVENT.match(msg))]
+    used: set[int] = set()
+    for c in changes:
+        for i, (role, frm, to, reason, msg) in enumerate(parsed):
+            if i not in used and (role, frm, to) == (c.role, c.from_replicas, c.to_replicas):
+                used.add(i)
+                c.reason, c.message = reason, msg
+                break
+
+
 def scale_events(changes: Iterable[ScaleChange], t0: float, speed: float) -> list[dict[str, Any]]:
     return [
         {
@@ -127,7 +146,9 @@ def build_report(*, results: Sequence[RequestResult], slo: Slo, speed: float,
                  t_end: float, meta: Mapping[str, Any]) -> dict[str, Any]:
     ok = [r for r in results if r.ok]
     ttfts = [t for r in ok if (t := r.ttft(speed)) is not None]
-    itls = [g for r in ok for g in r.itls(speed)]
+    # Per request, as its client sees it: (last token - first token) / (tokens - 1). Single
+    # gaps are not used: streamed chunks can bunch up on the way, the mean does not.
+    itls = [m for r in ok if (m := r.mean_itl(speed)) is not None]
     errors: dict[str, int] = {}
     for r in results:
         if not r.ok:

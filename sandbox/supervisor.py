@@ -57,6 +57,8 @@ class SandboxConfig:
     sim_gpu: str = "h200"
     sim_model: str | None = None  # None: the pool's model when the simulator knows it
     autoscaler: bool = True
+    autoscaler_tick_s: float = 2.0  # how often the loop wakes (each pool keeps its interval)
+    rate_window_s: float = 30.0  # rate() and latency-quantile window of its queries
     extra_autoscaler_args: list[str] = field(default_factory=list)
     log_level: str = "INFO"
 
@@ -282,13 +284,20 @@ class Sandbox:
 
     def _start_autoscaler(self) -> None:
         assert self.prometheus is not None
-        speed = self.cfg.speed
+        # Intervals and windows are simulated seconds; --speed divides them all (one clock).
+        self.autoscaler_metrics_port = localprom.free_port()
         self.autoscaler = self.procs.start(
             "autoscaler",
             [*POOLPILOT, "autoscaler", "--prometheus", self.prometheus.url, "--all-namespaces",
-             "--speed", f"{speed:g}", *self.cfg.extra_autoscaler_args],
+             "--speed", f"{self.cfg.speed:g}", "--interval", f"{self.cfg.autoscaler_tick_s:g}",
+             "--rate-window", f"{self.cfg.rate_window_s:g}",
+             "--metrics-port", str(self.autoscaler_metrics_port), "--metrics-host", "127.0.0.1",
+             *self.cfg.extra_autoscaler_args],
             env=self._env(),
         )
+        self._infra_targets.append(
+            Target(f"127.0.0.1:{self.autoscaler_metrics_port}", {"component": "autoscaler"}))
+        self._set_targets()
 
     async def _wait_infra(self) -> None:
         await asyncio.sleep(0)
@@ -371,6 +380,18 @@ class Sandbox:
             if rt.namespace == pool.namespace and rt.name.startswith(prefix) and rt.ready
             and not rt.terminating
         )
+
+    async def scale_event_messages(self, pool: AppliedPool) -> list[str]:
+        """Messages of the autoscaler's ScaledUp/ScaledDown Events for the pool, oldest first
+        (each reads "prefill 1 -> 3: QueueAboveTarget (...)")."""
+        assert self.kube is not None
+        events = await self.kube.list("Event", pool.namespace)
+        mine = [e for e in events
+                if (e.get("involvedObject") or {}).get("name") == pool.name
+                and e.get("reason") in ("ScaledUp", "ScaledDown")]
+        mine.sort(key=lambda e: (e.get("firstTimestamp") or e.get("eventTime") or "",
+                                 int(e["metadata"].get("resourceVersion") or 0)))
+        return [e.get("message", "") for e in mine]
 
     # -- Prometheus ---------------------------------------------------------------------------
 

@@ -34,6 +34,7 @@ def result(i: int, ttft: float | None, gaps: list[float], ok: bool = True,
             t += g
             r.token_times.append(t)
         r.finished_at = t
+        r.output_tokens = len(r.token_times)
     if not ok:
         r.error = "APIConnectionError: boom"
     return r
@@ -71,6 +72,8 @@ def test_ttft_and_itl_scale_with_speed() -> None:
     assert r.ttft(4) == pytest.approx(1.0)
     assert r.itls(2) == pytest.approx([0.02, 0.06])
     assert r.mean_itl(2) == pytest.approx(0.04)
+    r.output_tokens = 5  # two chunks carried 5 tokens: the mean counts tokens
+    assert r.mean_itl(2) == pytest.approx(0.02)
 
 
 def test_step_integral_and_replica_seconds() -> None:
@@ -115,7 +118,7 @@ def test_build_report_has_the_documented_fields(tmp_path: Path) -> None:
     assert rep["requests"]["errors"] == {"APIConnectionError: boom": 1}
     assert set(rep["ttft_seconds"]) >= {"p50", "p90", "p99", "target"}
     assert rep["ttft_seconds"]["p50"] == pytest.approx(1.1)  # 0.55 real x speed 2
-    assert rep["itl_seconds"]["p90"] == pytest.approx(0.02)
+    assert rep["itl_seconds"]["p90"] == pytest.approx(0.02)  # per request: 0.01 real x 2
     # TTFT <= 1s simulated: requests with 0.1..0.5 real (x2 = 0.2..1.0) -> 5 of 11
     assert rep["slo_attainment"] == pytest.approx(5 / 11, abs=1e-4)
     assert rep["scale_events"] == [{"t": 10.0, "role": "prefill", "from": 1, "to": 3,
@@ -156,3 +159,19 @@ def test_shipped_trace_is_a_burst_then_quiet() -> None:
     first_20s = sum(1 for r in trace if r.arrival_s < 20)
     assert first_20s > 0.4 * len(trace)  # the burst
     assert trace[-1].arrival_s < 100
+
+
+def test_reasons_come_from_the_autoscalers_events_in_order() -> None:
+    changes = [ScaleChange(1.0, "ns", "p", "prefill", 1, 3),
+               ScaleChange(2.0, "ns", "p", "decode", 1, 2),
+               ScaleChange(3.0, "ns", "p", "prefill", 3, 2, reason="Manual"),
+               ScaleChange(4.0, "ns", "p", "prefill", 1, 3)]
+    R.attach_reasons(changes, [
+        "prefill 1 -> 3: QueueAboveTarget (Queue 9 vs 2 -> 3)",
+        "decode 1 -> 2: SequencesAboveTarget (Sequences 9 vs 4 -> 2)",
+        "not a scale message",
+        "prefill 1 -> 3: TTFTAboveTarget (TTFT 2 vs 1 -> 3)",
+    ])
+    assert [c.reason for c in changes] == ["QueueAboveTarget", "SequencesAboveTarget", "Manual",
+                                           "TTFTAboveTarget"]
+    assert changes[0].message == "prefill 1 -> 3: QueueAboveTarget (Queue 9 vs 2 -> 3)"
