@@ -185,7 +185,10 @@ class KubeEmulator:
             "current-context": context,
             "preferences": {},
         }
-        path.write_text(yaml.safe_dump(config, sort_keys=False))
+        # Atomically: other processes poll for this file and must never read half of it.
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(yaml.safe_dump(config, sort_keys=False))
+        tmp.replace(path)
         return path
 
     # --- test helpers (callable from any thread) --------------------------------------------
