@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from poolpilot.engine_sim.des import PoolSim, SimRequest
 from poolpilot.engine_sim.engine import EngineConfig
 
@@ -193,3 +195,36 @@ def test_role_metrics_render_as_prometheus_text_the_parser_reads() -> None:
     # cumulative buckets never decrease
     ttft = [v for (n, le, _), v in samples.items() if n == m.VLLM_TTFT + "_bucket"]
     assert ttft == sorted(ttft)
+
+
+@settings(max_examples=15, deadline=None)
+@given(
+    actions=st.lists(st.tuples(st.sampled_from(["add-prefill", "add-decode", "rm-prefill",
+                                                 "rm-decode"]),
+                               st.floats(0, 20), st.floats(0, 10)), max_size=12),
+    seed=st.integers(0, 1000),
+)
+def test_scaling_under_load_loses_no_request(actions, seed) -> None:
+    """Random scale-ups (with cold starts) and scale-downs (drains) while requests flow:
+    every request finishes exactly once, and only on replicas that were ready."""
+    sim = PoolSim("llama-3.2-1b", "h100", prefill_replicas=1, decode_replicas=1)
+    reqs = poisson(4, 20, seed=seed, prompt=(50, 2000), out=(5, 200))
+    sim.submit_many(reqs)
+    for kind, at, cold in sorted(actions, key=lambda a: a[1]):
+        sim.run_until(at)
+        op, role = kind.split("-")
+        if op == "add":
+            sim.add_replica(role, ready_at=at + cold)
+        else:
+            sim.remove_replica(role)
+    for role in ("prefill", "decode"):  # make sure someone is left to finish the work
+        if sim.replica_counts(role).ready + sim.replica_counts(role).starting == 0:
+            sim.add_replica(role, ready_at=sim.now + 1.0)
+    sim.run()
+    recs = sim.records()
+    assert sorted(r.id for r in recs) == [r.id for r in reqs]
+    assert all(r.ok for r in recs)
+    for r in recs:
+        assert sim.replicas[r.decode_replica].ready_at <= r.first_token_at
+    assert sim.in_flight() == 0
+    assert all(rep.removed_at is not None or not rep.draining for rep in sim.replicas.values())
