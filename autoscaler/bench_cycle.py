@@ -22,6 +22,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from functools import partial
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -209,7 +210,7 @@ class Row:
     naive_prometheus: float | None = None
 
 
-async def measure(n: int, repeat: int, naive_max: int) -> Row:
+async def measure(n: int, repeat: int, naive_max: int, per_query: bool = False) -> Row:
     exporter = SyntheticExporter(n).start()
     emu = KubeEmulator()
     try:
@@ -253,6 +254,12 @@ async def measure(n: int, repeat: int, naive_max: int) -> Row:
                         core.decide(obs, policy, core.History.warm(), snap.time)
 
                 decide_s = median_time(decide_all, repeat)
+                if per_query:
+                    qs = source.query_set.build()
+                    for key, promql in qs.items():
+                        t = await asyncio.to_thread(
+                            median_time, partial(source._prom.custom_query, promql), repeat)
+                        print(f"  {n} pools, {key}: {t * 1000:.0f} ms", flush=True)
                 row = Row(n, first.queries, first_s, statistics.median(steady), prom_s,
                           decide_s, requests)
                 if n <= naive_max:
@@ -313,12 +320,13 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--pools", type=int, nargs="+", default=[1, 100, 1000])
     p.add_argument("--repeat", type=int, default=5)
+    p.add_argument("--per-query", action="store_true", help="also time each query alone")
     p.add_argument("--naive-max", type=int, default=100,
                    help="also time per-pool queries up to this many pools")
     args = p.parse_args()
     rows = []
     for n in args.pools:
-        rows.append(asyncio.run(measure(n, args.repeat, args.naive_max)))
+        rows.append(asyncio.run(measure(n, args.repeat, args.naive_max, args.per_query)))
         print(f"measured {n} pools", flush=True)
     print(table(rows))
 
