@@ -249,7 +249,7 @@ def apply(current: dict[str, Any] | None, config: dict[str, Any], list_types: Li
     # Remove whole subtrees at their top: a keyed item goes with its key fields at once.
     for p in sorted(removable, key=len):
         if not any(p[:i] in removable for i in range(1, len(p))):
-            _remove_path(obj, p, list_types)
+            _remove_path(obj, p)
     obj = merge_applied(obj, config, list_types, ())
     new_flat = flatten(obj, list_types)
     out = []
@@ -287,15 +287,14 @@ def merge_applied(obj: Any, config: Any, lt: ListTypes, names: tuple[str, ...]) 
     return clone(config)
 
 
-def _remove_path(obj: Any, path: FPath, lt: ListTypes) -> None:
+def _remove_path(obj: Any, path: FPath) -> None:
+    """Delete the field, keyed list item or set member at `path` (if it is there)."""
     node = obj
-    names: tuple[str, ...] = ()
     for i, (kind, value) in enumerate(path):
         last = i == len(path) - 1
         if kind == "f":
             if not isinstance(node, dict) or value not in node:
                 return
-            names = (*names, value)
             if last:
                 del node[value]
                 return

@@ -14,6 +14,7 @@ import json
 import random
 import re
 import string
+import uuid
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -25,7 +26,7 @@ from poolpilot.kube import errors, managed
 from poolpilot.kube import patch as patching
 from poolpilot.kube.errors import ApiError
 from poolpilot.kube.patch import clone
-from poolpilot.kube.resources import Registry, ResourceType
+from poolpilot.kube.resources import Registry, ResourceType, from_crd
 from poolpilot.kube.selectors import (
     FieldRequirement,
     Requirement,
@@ -656,8 +657,6 @@ class Store:
         name = crd["metadata"]["name"]
         self.registry.remove_crd(name)
         self.crds[name] = crd
-        from poolpilot.kube.resources import from_crd
-
         for rt in from_crd(crd):
             self.registry.add(rt)
 
@@ -821,8 +820,6 @@ class Store:
 
 
 def _uid() -> str:
-    import uuid
-
     return str(uuid.uuid4())
 
 
