@@ -78,22 +78,19 @@ def bench_des(trace_path: str, copies: int, pool: dict[str, Any]) -> dict[str, A
 
 async def _load(url: str, body: dict[str, Any], seconds: float, concurrency: int,
                 stream: bool) -> float:
-    import httpx
+    import aiohttp
 
     done = 0
     stop = time.perf_counter() + seconds
-    limits = httpx.Limits(max_connections=concurrency)
-    async with httpx.AsyncClient(timeout=30, limits=limits) as client:
+    payload = {**body, "stream": stream}
+    conn = aiohttp.TCPConnector(limit=concurrency)
+    async with aiohttp.ClientSession(connector=conn) as session:
         async def worker() -> None:
             nonlocal done
             while time.perf_counter() < stop:
-                if stream:
-                    async with client.stream("POST", url, json={**body, "stream": True}) as r:
-                        async for _ in r.aiter_lines():
-                            pass
-                else:
-                    r = await client.post(url, json=body)
+                async with session.post(url, json=payload) as r:
                     r.raise_for_status()
+                    await r.read()  # the whole body (every SSE chunk when streaming)
                 done += 1
 
         t0 = time.perf_counter()
