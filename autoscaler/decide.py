@@ -12,7 +12,8 @@ ratio rule couples the roles. For each role the steps are, in order, each naming
 2. one proposal per signal (latency signals only ever propose scale-ups: a latency below its
    target does not say how many replicas fewer would still meet it); a signal within the dead
    band of its target proposes the current size; with zero traffic every load signal proposes
-   0 (`NoTraffic`);
+   0 (`NoTraffic`); the router's TTFT goes to prefill, or to decode when the prefill engines
+   meet the target themselves while requests wait at decode (`ttft_owner`);
 3. the ratio floor (`RatioFloor`, see `ratio_floors`); then the maximum of the proposals;
 4. stabilization (HPA): scale up to the minimum of the up-window's recommendations, down to
    the maximum of the down-window's; after a restart no scale-down until the down-window has
@@ -413,15 +414,19 @@ def _propose(role: str, obs: Observation, p: Policy, capacity: dict[str, float])
             prop = None  # below target: latency cannot say how many fewer would do
         sig.append(Signal(name, value, target, prop, abs(u - 1) <= p.dead_band or prop is None))
 
+    owner = ttft_owner(obs, p)
     if role in (PREFILL, ENGINE):
-        ttft = obs.router_ttft if not _bad(obs.router_ttft) else o.ttft
-        latency("TTFT", ttft, p.ttft_target)
+        if role == ENGINE or owner == PREFILL:
+            ttft = obs.router_ttft if not _bad(obs.router_ttft) else o.ttft
+            latency("TTFT", ttft, p.ttft_target)
         load("Queue", waiting, p.prefill_queue_per_replica * ready)
     if role == PREFILL:
         cap = p.prefill_tokens_per_replica or capacity.get(PREFILL)
         if cap:
             load("PromptThroughput", float(o.prompt_tokens_rate or 0),
                  cap * (1 - p.headroom) * ready)
+    if role == DECODE and owner == DECODE:
+        latency("TTFT", obs.router_ttft, p.ttft_target)
     if role in (DECODE, ENGINE):
         latency("ITL", o.itl, p.itl_target)
         load("Sequences", running + waiting, p.decode_sequences_per_replica * ready)
@@ -444,6 +449,17 @@ def _propose(role: str, obs: Observation, p: Policy, capacity: dict[str, float])
         above = (best.proposal or 0) > o.replicas
         raw.reason = f"{best.name}{'Above' if above else 'Below'}Target"
     return raw
+
+
+def ttft_owner(obs: Observation, p: Policy) -> str:
+    """The role a TTFT breach at the router belongs to. The router's TTFT covers prefill, the
+    KV transfer and the first decode step: it is prefill's, unless the prefill engines meet
+    the target on their own while requests wait at decode (then decode is the bottleneck)."""
+    pre, dec = obs.roles.get(PREFILL), obs.roles.get(DECODE)
+    if pre is None or dec is None or _bad(obs.router_ttft) or _bad(pre.ttft):
+        return PREFILL
+    decode_queue = not _bad(dec.waiting) and (dec.waiting or 0) > 0
+    return DECODE if (pre.ttft or 0) <= p.ttft_target and decode_queue else PREFILL
 
 
 def _learn_capacity(role: str, o: RoleObservation, p: Policy, capacity: dict[str, float]) -> None:
