@@ -57,7 +57,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--report", type=Path, default=Path("sandbox-report"),
                    help="folder for report.json, plots and logs (default ./sandbox-report)")
     p.add_argument("--namespace", default=None, help="namespace (default: the pool's)")
-    p.add_argument("--cold-start", type=float, default=30.0,
+    p.add_argument("--cold-start", type=float, default=20.0,
                    help="simulated seconds a new simulator pod takes to load weights")
     p.add_argument("--scrape-interval", type=float, default=5.0,
                    help="Prometheus scrape interval in simulated seconds")
