@@ -164,15 +164,17 @@ def bench_http(seconds: float, concurrency: int) -> dict[str, Any]:
 
 
 async def _replay(url: str, reqs: list[SimRequest], speed: float) -> None:
-    import httpx
+    import aiohttp
 
-    async with httpx.AsyncClient(timeout=120) as client:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
         t0 = time.perf_counter()
 
         async def one(r: SimRequest) -> None:
             await asyncio.sleep(max(0.0, r.arrival / speed - (time.perf_counter() - t0)))
-            await client.post(url, json={"model": NAME, "prompt": list(range(r.prompt_tokens)),
-                                         "max_tokens": r.output_tokens, "ignore_eos": True})
+            body = {"model": NAME, "prompt": list(range(r.prompt_tokens)),
+                    "max_tokens": r.output_tokens, "ignore_eos": True}
+            async with session.post(url, json=body) as resp:
+                await resp.read()
 
         await asyncio.gather(*(one(r) for r in reqs))
 
@@ -185,7 +187,7 @@ def bench_time_scaling(n: int = 40, rate: float = 4.0) -> dict[str, Any]:
     reqs = [SimRequest(i, float(a), int(rng.integers(500, 4000)), int(rng.integers(20, 200)))
             for i, a in enumerate(arrivals)]
     out: dict[str, Any] = {}
-    for speed in (1.0, 20.0):
+    for speed in (1.0, 5.0, 20.0):
         with EngineSimProcess(role="aggregated", speed=speed, served_name=NAME) as sim:
             asyncio.run(_replay(sim.url + "/v1/completions", reqs, speed))
             recs = httpx.get(sim.url + "/sim/requests").json()["requests"]
