@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
@@ -25,18 +26,7 @@ from poolpilot import api, names
 Obj = dict[str, Any]
 DIGEST_ANNOTATION = "poolpilot.dev/applied-digest"
 
-# Kinds the operator makes, in apply order; (apiVersion, kind, needs-group).
-MANAGED_KINDS: tuple[tuple[str, str, str | None], ...] = (
-    ("v1", "ConfigMap", None),
-    ("v1", "ServiceAccount", None),
-    ("rbac.authorization.k8s.io/v1", "Role", "rbac.authorization.k8s.io"),
-    ("rbac.authorization.k8s.io/v1", "RoleBinding", "rbac.authorization.k8s.io"),
-    ("v1", "Service", None),
-    ("apps/v1", "Deployment", None),
-    ("policy/v1", "PodDisruptionBudget", None),
-    ("monitoring.coreos.com/v1", "PodMonitor", "monitoring.coreos.com"),
-    ("monitoring.coreos.com/v1", "ServiceMonitor", "monitoring.coreos.com"),
-)
+# Stale children are deleted workloads first, so nothing routes to a half-removed role.
 _DELETE_ORDER = ("Deployment", "PodDisruptionBudget", "Service", "PodMonitor", "ServiceMonitor",
                  "RoleBinding", "Role", "ServiceAccount", "ConfigMap")
 
@@ -44,9 +34,6 @@ _DELETE_ORDER = ("Deployment", "PodDisruptionBudget", "Service", "PodMonitor", "
 class Cluster(Protocol):
     """What the service needs from the API (KubeApi implements it)."""
 
-    async def list(
-        self, api_version: str, kind: str, namespace: str, selector: dict[str, str]
-    ) -> list[Obj]: ...
     async def get(self, api_version: str, kind: str, namespace: str, name: str) -> Obj | None: ...
     async def apply(self, obj: Obj) -> Obj: ...
     async def delete(self, obj: Obj) -> None: ...
@@ -144,20 +131,37 @@ def _owned_by(obj: Obj, uid: str | None) -> bool:
 # --- the service ------------------------------------------------------------------------------
 
 
+def possible_children(pool: builders.Pool, caps: builders.Capabilities) -> list[Obj]:
+    """Every child the pool could have in either mode: what we look up by name. Names are
+    deterministic, so GETs by name (cheap at any scale) replace label-selector LISTs, whose
+    cost grows with the number of objects in the namespace."""
+    seen: dict[tuple[str, str, str], Obj] = {}
+    all_on = builders.Capabilities(monitoring=caps.monitoring, rbac=caps.rbac)
+    for mode in (api.Mode.DISAGGREGATED, api.Mode.AGGREGATED):
+        spec = pool.spec.model_copy(update={"mode": mode})
+        variant = builders.Pool(pool.name, pool.namespace, spec, pool.uid)
+        for obj in builders.build_children(variant, all_on):
+            seen.setdefault(builders.object_key(obj), obj)
+    if caps.monitoring and not (pool.spec.monitoring.pod_monitor
+                                and pool.spec.monitoring.service_monitor):
+        monitors = builders.Pool(pool.name, pool.namespace, pool.spec.model_copy(
+            update={"monitoring": api.MonitoringSpec()}), pool.uid)
+        for obj in (builders.build_pod_monitor(monitors), builders.build_service_monitor(monitors)):
+            seen.setdefault(builders.object_key(obj), obj)
+    return list(seen.values())
+
+
 async def live_children(
     cluster: Cluster, pool: builders.Pool, caps: builders.Capabilities
 ) -> dict[tuple[str, str, str], Obj]:
-    """Every object labelled as this pool's, by (apiVersion, kind, name)."""
-    selector = {names.POOL_LABEL: pool.name, names.MANAGED_BY: names.MANAGER}
-    out: dict[tuple[str, str, str], Obj] = {}
-    for api_version, kind, group in MANAGED_KINDS:
-        if group == "rbac.authorization.k8s.io" and not caps.rbac:
-            continue
-        if group == "monitoring.coreos.com" and not caps.monitoring:
-            continue
-        for obj in await cluster.list(api_version, kind, pool.namespace, selector):
-            out[(api_version, kind, obj["metadata"]["name"])] = obj
-    return out
+    """The pool's existing children, by (apiVersion, kind, name), fetched concurrently."""
+    candidates = possible_children(pool, caps)
+    found = await asyncio.gather(*(
+        cluster.get(o["apiVersion"], o["kind"], pool.namespace, o["metadata"]["name"])
+        for o in candidates
+    ))
+    return {builders.object_key(o): live for o, live in zip(candidates, found, strict=True)
+            if live is not None}
 
 
 def _role_of(obj: Obj) -> str:
@@ -192,12 +196,6 @@ async def reconcile(cluster: Cluster, pool: builders.Pool, caps: builders.Capabi
         if owner is None or owner["metadata"].get("uid") != pool.uid:
             out.pool_gone = True
             return out
-        for obj in missing:  # not found by label: maybe someone removed our labels
-            meta = obj["metadata"]
-            found = await cluster.get(obj["apiVersion"], obj["kind"], meta["namespace"],
-                                      meta["name"])
-            if found is not None:
-                live[builders.object_key(obj)] = found
     for obj in desired:
         key = builders.object_key(obj)
         cur = live.get(key)

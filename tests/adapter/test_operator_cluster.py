@@ -67,12 +67,11 @@ class Cluster:
         return bool(gen) and (obj.get("status") or {}).get("observedGeneration") == gen
 
     def timer_ticks(self, pool: str, ns: str = "ops") -> int:
-        """How many times the operator listed the pool's Deployments (once per reconcile)."""
+        """How many times the operator read the pool's router Deployment (once per reconcile)."""
         emu = self.need_emulator()
-        sel = f"{names.POOL_LABEL}={pool}"
-        return sum(1 for r in list(emu.requests)
-                   if r.method == "GET" and r.path == f"/apis/apps/v1/namespaces/{ns}/deployments"
-                   and sel in r.query.get("labelSelector", ""))
+        path = f"/apis/apps/v1/namespaces/{ns}/deployments/{pool}-router"
+        return sum(1 for r in list(emu.requests) if r.method == "GET" and r.path == path
+                   and r.user_agent.startswith("poolpilot-operator"))
 
     def wait_reconciles(self, pool: str, n: int = 2, ns: str = "ops") -> None:
         start = self.timer_ticks(pool, ns)
