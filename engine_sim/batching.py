@@ -45,7 +45,8 @@ def output_lengths(seed: int) -> np.ndarray:
 def _run(sched: Scheduler, seqs: list[Seq]) -> int:
     """Run the scheduler until `seqs` have all finished; returns the number of steps."""
     steps = 0
-    while any(s.state is not SeqState.FINISHED for s in seqs):
+    left = sum(1 for s in seqs if s.state is not SeqState.FINISHED)
+    while left:
         plan = sched.schedule()
         assert not plan.preempted, "the KV cache is sized so that nothing is preempted"
         for s, n in plan.items:
@@ -54,6 +55,7 @@ def _run(sched: Scheduler, seqs: list[Seq]) -> int:
                 s.generated += 1
                 if s.generated >= s.max_output:
                     sched.finish(s)
+                    left -= 1
         steps += 1
     return steps
 
