@@ -46,19 +46,21 @@ def test_cli_serves_preloads_crds_writes_a_kubeconfig_and_stops_on_sigterm(
     assert code == 0
 
 
-def test_cli_reports_a_port_in_use(tmp_path: Path) -> None:
+def test_cli_reports_a_port_in_use(capsys: pytest.CaptureFixture[str]) -> None:
+    import argparse
     import socket
 
+    from poolpilot.kube import emulator_main
+
+    parser = argparse.ArgumentParser()
+    emulator_main.add_arguments(parser)
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        proc = subprocess.run(
-            [sys.executable, "-m", "poolpilot.cli", "emulator", "--port", str(port)],
-            capture_output=True, text=True, timeout=60,
-        )
-    assert proc.returncode == 1
-    assert f"cannot serve on 127.0.0.1:{port}" in proc.stderr
+        code = emulator_main.run(parser.parse_args(["--port", str(port)]))
+    assert code == 1
+    assert f"cannot serve on 127.0.0.1:{port}" in capsys.readouterr().err
 
 
 def test_cluster_from_env_starts_an_emulator_by_default(tmp_path: Path,

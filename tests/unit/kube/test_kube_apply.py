@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from poolpilot.kube.errors import ApiError
@@ -201,6 +201,7 @@ label_maps = st.dictionaries(st.sampled_from(["a", "b", "c", "d", "poolpilot.dev
                              st.sampled_from(["x", "y", "z"]), max_size=4)
 
 
+@settings(deadline=None, max_examples=50)  # no timing: CI is shared
 @given(label_maps, label_maps)
 def test_an_appliers_labels_are_exactly_what_it_applied_last(first: dict[str, str],
                                                              second: dict[str, str]) -> None:
@@ -212,6 +213,7 @@ def test_an_appliers_labels_are_exactly_what_it_applied_last(first: dict[str, st
     assert again["metadata"]["resourceVersion"] == out["metadata"]["resourceVersion"]
 
 
+@settings(deadline=None, max_examples=50)  # no timing: CI is shared
 @given(label_maps, label_maps, label_maps)
 def test_labels_of_another_manager_survive(mine: dict[str, str], later: dict[str, str],
                                            theirs: dict[str, str]) -> None:

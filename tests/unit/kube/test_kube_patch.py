@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from poolpilot.kube.errors import ApiError
@@ -160,12 +160,14 @@ def _no_nulls(value: Any) -> Any:
     return value
 
 
+@settings(deadline=None, max_examples=50)  # no timing: CI is shared
 @given(json_objects, json_objects)
 def test_merge_patch_is_idempotent(target: dict[str, Any], patch: dict[str, Any]) -> None:
     once = merge_patch(target, patch)
     assert merge_patch(once, patch) == once
 
 
+@settings(deadline=None, max_examples=50)  # no timing: CI is shared
 @given(json_objects)
 def test_merge_patch_with_itself_changes_nothing(obj: dict[str, Any]) -> None:
     obj = _no_nulls(obj)

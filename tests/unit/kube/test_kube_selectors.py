@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from poolpilot.kube.errors import ApiError
@@ -110,6 +110,7 @@ label_values = st.text(alphabet="abcxyz019-.", min_size=1, max_size=6).filter(
     lambda v: v[0].isalnum() and v[-1].isalnum())
 
 
+@settings(deadline=None, max_examples=50)  # no timing: CI is shared
 @given(st.dictionaries(label_keys, label_values, min_size=1), label_values)
 def test_match_labels_select_exactly_objects_carrying_them(labels: dict[str, str],
                                                            other: str) -> None:
