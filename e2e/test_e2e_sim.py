@@ -1,6 +1,7 @@
 """Scenarios 1-5 in one sandbox with simulated engines (issue: local sandbox and e2e suite).
 
-One burst from the Azure code trace is replayed through the OpenAI client against the pool's
+The sandbox's default burst from the Azure code trace is replayed through the OpenAI client
+against the pool's
 router (module fixture `burst`); scenarios 1, 2 and 5 assert on what it did. Scenarios 3 and
 4 then reuse the running sandbox. Budget: about two to three minutes on 2 cores.
 """
@@ -20,18 +21,17 @@ import yaml
 from poolpilot.sandbox.controller import ScaleChange
 from poolpilot.sandbox.data import DEFAULT_TRACE
 from poolpilot.sandbox.loadgen import Replayer, RequestResult
+from poolpilot.sandbox.report import attach_reasons
 from poolpilot.sandbox.supervisor import AppliedPool, SandboxConfig
 from poolpilot.sandbox.testing import SandboxThread, wait_for
 
 from conftest import pool_manifest, write_pool
-from poolpilot.traces import load_trace, scale_rate, window
+from poolpilot.traces import load_trace
 
-SPEED = 8.0
+SPEED = 4.0
 INTERVAL_S = 10.0  # the pool's autoscaling.intervalSeconds (simulated)
 SCRAPE_S = 5.0  # Prometheus scrape interval (simulated)
 DOWN_WINDOW_S, DOWN_COOLDOWN_S = 60.0, 20.0
-# The real burst, thinned in time so the client keeps up on 2 cores at this speed.
-RATE_SCALE = 0.5
 
 
 def real(sim_seconds: float) -> float:
@@ -83,7 +83,7 @@ def burst(sb: SandboxThread, tmp_path_factory: pytest.TempPathFactory) -> Burst:
     tmp = tmp_path_factory.mktemp("pools")
     pool = sb.call(sb.sandbox.apply(write_pool(tmp, pool_manifest("burst"))))
     sb.call(sb.sandbox.wait_ready(pool, timeout=120), timeout=150)
-    trace = scale_rate(window(load_trace(DEFAULT_TRACE), 0, 60), RATE_SCALE)
+    trace = load_trace(DEFAULT_TRACE)  # the real burst: 931 requests in 85 s
     replayer = Replayer(lambda: sb.sandbox.router_urls(pool), pool.spec.served_name(), SPEED)
     t0 = time.monotonic()
     try:
@@ -98,6 +98,8 @@ def burst(sb: SandboxThread, tmp_path_factory: pytest.TempPathFactory) -> Burst:
     settled = time.monotonic()
     assert sb.sandbox.controller is not None
     changes = [c for c in sb.sandbox.controller.scale_changes if c.pool == pool.name]
+    # The reasons, as the autoscaler announced them in its Events.
+    attach_reasons(changes, sb.call(sb.sandbox.scale_event_messages(pool)))
     return Burst(pool, len(trace), results, t0, load_end, settled, changes)
 
 

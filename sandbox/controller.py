@@ -554,7 +554,6 @@ class Controller:
 
     async def _record(self, deployments: list[Obj], pods: list[Obj], ready: Mapping[str, bool],
                       now: float) -> None:
-        pools: dict[tuple[str, str], Obj] | None = None
         for d in deployments:
             meta = d["metadata"]
             labels = meta.get("labels") or {}
@@ -576,21 +575,4 @@ class Controller:
                 self.scale_changes.append(
                     ScaleChange(now, meta["namespace"], pool, role, before, desired)
                 )
-        # The autoscaler writes its reason into the pool's status just after it scales.
-        pending = [c for c in self.scale_changes if c.reason is None and now - c.t < 30]
-        if pending:
-            pools = await self._pools()
-            for c in pending:
-                role_status = ((pools.get((c.namespace, c.pool)) or {}).get("status") or {}).get(
-                    c.role) or {}
-                if role_status.get("desiredReplicas") == c.to_replicas and role_status.get(
-                        "reason"):
-                    c.reason = role_status["reason"]
-                    c.message = role_status.get("message")
-
-    async def _pools(self) -> dict[tuple[str, str], Obj]:
-        try:
-            items = await self.kube.list("InferencePool")
-        except ApiError:
-            return {}
-        return {(p["metadata"]["namespace"], p["metadata"]["name"]): p for p in items}
+        # Reasons come from the autoscaler's Events (report.attach_reasons).

@@ -1,0 +1,76 @@
+"""Process groups and pod addresses: everything the sandbox starts is stopped, descendants
+included, and a pod never gets an address whose port another program holds."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from poolpilot.sandbox.controller import AddressPool
+from poolpilot.sandbox.processes import ProcessTable
+from poolpilot.sandbox.supervisor import SandboxError, check_port
+
+# A parent that starts a grandchild and ignores SIGTERM: only the group kill ends both.
+STUBBORN = """
+import os, signal, subprocess, sys, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+print(child.pid, flush=True)
+time.sleep(60)
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie still answers kill(0); it is gone for our purposes.
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_stop_all_kills_the_whole_group(tmp_path: Path) -> None:
+    table = ProcessTable(tmp_path)
+    child = table.start("stubborn", [sys.executable, "-c", STUBBORN])
+    deadline = time.monotonic() + 20
+    while not child.log_path.read_text().strip() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    grandchild = int(child.log_path.read_text().split()[0])
+    assert _alive(child.pid) and _alive(grandchild)
+    table.stop_all(grace=0.5)
+    deadline = time.monotonic() + 10
+    while (_alive(child.pid) or _alive(grandchild)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(child.pid)
+    assert not _alive(grandchild)
+    assert table.children == {}
+
+
+def test_address_pool_skips_taken_ports_and_never_reuses_early() -> None:
+    pool = AddressPool()
+    with socket.socket() as s:
+        s.bind(("127.0.0.2", 0))
+        port = s.getsockname()[1]
+        s.listen()
+        first = pool.allocate([port])
+    assert first == "127.0.0.3"  # 127.0.0.2 has the port taken
+    pool.release(first)
+    assert pool.allocate([port]) == "127.0.0.4"  # released addresses wait for the wrap
+
+
+def test_taken_port_is_a_clear_error() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        with pytest.raises(SandboxError, match=f"port {port} on 127.0.0.1 is taken.*--api-port 0"):
+            check_port("127.0.0.1", port, "--api-port")
+    check_port("127.0.0.1", 0, "--api-port")  # 0: a free port is picked, nothing to check
