@@ -332,7 +332,7 @@ class KubeEmulator:
             log.exception("emulator error on %s %s", request.method, request.path_qs)
             resp = web.json_response(ApiError(500, f"emulator error: {exc!r}").status(),
                                      status=500)
-        if fault is not None:
+        if fault is not None and not resp.prepared:  # "after": served, then the error
             resp = await self._fault(request, fault)
         record.status = resp.status
         return resp
