@@ -325,6 +325,9 @@ class EngineCore:
         last_idx = first_idx + j - 1
         track = self.config.track_token_steps
         back_to_back = 0  # sequences whose previous token ended right where this run starts
+        bs = self.sched.block_size
+        surplus = 0
+        in_flight = 1 if b < ch.steps else 0  # the next step of the run is under way
         for s in seqs:
             lt = s.last_token_at
             if lt == prev:
@@ -347,6 +350,14 @@ class EngineCore:
                     ts.append([first_idx, last_idx])
             if s.generated >= s.max_output:
                 self._finish(s, end, out)
+            else:
+                # hold exactly the blocks step-by-step scheduling would hold now (the run
+                # reserved its future blocks up front): KV usage and the next admissions
+                # see the same cache as without batching
+                exact = -(-(s.computed + in_flight) // bs)
+                surplus += s.blocks - exact
+                s.blocks = exact
+        self.sched.free_blocks += surplus
         if back_to_back:
             itl.observe(end0 - prev, back_to_back)
         out.sampled.extend(seqs)

@@ -136,20 +136,46 @@ def test_over_long_prompt_fails_with_vllms_message() -> None:
     assert recs["ok"].ok
 
 
-@pytest.mark.parametrize("mode", ["disaggregated", "aggregated"])
-def test_batched_decode_runs_match_step_by_step_simulation(mode: str) -> None:
-    """The fast path (many decode steps priced at once) changes nothing a user sees."""
+@dataclass(frozen=True)
+class FastPathCase:
+    name: str
+    mode: str
+    gpu: str
+    memory: float  # gpu_memory_utilization: 0.45 on an L40S leaves ~20k tokens of KV
+
+
+FAST_PATH = [
+    FastPathCase("disaggregated", "disaggregated", "h100", 0.9),
+    FastPathCase("aggregated", "aggregated", "h100", 0.9),
+    FastPathCase("kv-pressure-preempts", "aggregated", "l40s", 0.45),
+]
+
+
+@pytest.mark.parametrize("case", FAST_PATH, ids=lambda c: c.name)
+def test_batched_decode_runs_match_step_by_step_simulation(case: FastPathCase) -> None:
+    """The fast path (many decode steps priced at once) changes nothing a user sees, KV
+    usage and preemptions included."""
     reqs = poisson(6, 40, seed=5)
-    out = []
+    out, kv, preempt = [], [], []
     for steps in (4096, 1):
-        sim = PoolSim("llama-3.1-8b", "h100", mode=mode, prefill_replicas=1,
+        sim = PoolSim("llama-3.1-8b", case.gpu, mode=case.mode, prefill_replicas=1,
                       decode_replicas=2, engine_replicas=2,
-                      config=EngineConfig(max_chunk_steps=steps))
+                      config=EngineConfig(max_chunk_steps=steps,
+                                          gpu_memory_utilization=case.memory))
         sim.submit_many(reqs)
+        usage = []
         for t in range(0, 60, 5):
             sim.run_until(float(t))
+            usage.append(sorted(s.gauges[m.VLLM_KV_USAGE]
+                                for s in sim.metrics(per_replica=True).values()))
         sim.run()
         out.append(sorted(sim.records(), key=lambda r: r.id))
+        kv.append(usage)
+        preempt.append(sum(s.counters[m.VLLM_PREEMPTIONS] for s in sim.metrics().values()))
+    assert kv[0] == kv[1]
+    assert preempt[0] == preempt[1]
+    if case.name == "kv-pressure-preempts":
+        assert preempt[0] > 0
     fast, slow = out
     for a, b in zip(fast, slow, strict=True):
         assert a.first_token_at == pytest.approx(b.first_token_at, rel=1e-9)
