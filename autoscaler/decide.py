@@ -14,7 +14,8 @@ ratio rule couples the roles. For each role the steps are, in order, each naming
    band of its target proposes the current size; with zero traffic every load signal proposes
    0 (`NoTraffic`); the router's TTFT goes to prefill, or to decode when the prefill engines
    meet the target themselves while requests wait at decode (`ttft_owner`);
-3. the ratio floor (`RatioFloor`, see `ratio_floors`); then the maximum of the proposals;
+3. the ratio floor (`RatioFloor`, see `ratio_floors`); then the maximum of the proposals,
+   brought within [minReplicas, maxReplicas] (`ClampedToMin`, `ClampedToMax`);
 4. stabilization (HPA): scale up to the minimum of the up-window's recommendations, down to
    the maximum of the down-window's; after a restart no scale-down until the down-window has
    filled (`StabilizationWindowFilling`);
@@ -560,6 +561,11 @@ def _finish(
     if floor is not None and floor > desired:
         desired, reason = floor, "RatioFloor"
         steps.append(Step("ratio", desired, reason, "prefill:decode ratio floor"))
+    # Recommendations live within the bounds (a pool idling at its minimum is "clamped", not
+    # "stabilized"); the final clamp below still guards every path.
+    wanted = desired
+    if not lo <= desired <= hi:
+        desired, reason = _clamp(desired, lo, hi, reason, steps)
     rec = desired
 
     # Stabilization (HPA): up to the min of the up-window, down to the max of the down-window.
@@ -614,7 +620,6 @@ def _finish(
         steps.append(Step("guard", desired, reason,
                           f"{o.starting} replica(s) still starting count as capacity"))
 
-    wanted = desired
     desired, reason = _clamp(desired, lo, hi, reason, steps)
     if wanted > hi and limited is None:
         limited, limited_msg = "MaxReplicasReached", f"{role} wants {wanted}, maxReplicas is {hi}"

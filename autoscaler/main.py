@@ -37,7 +37,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="window of rate() and latency quantiles in the queries (default 60)")
     p.add_argument("--speed", type=float, default=1.0,
                    help="time compression of the local sandbox: intervals, windows, "
-                   "cooldowns and the rate window are divided by it (default 1)")
+                   "cooldowns and the rate window are divided by it, token rates and the "
+                   "router's wall-clock TTFT multiplied (engines report simulated seconds) "
+                   "(default 1)")
     p.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING (default INFO)")
 
 

@@ -104,8 +104,9 @@ CASES = [
          pool(pre(4, waiting=0.0, prompt_tokens_rate=500.0)),
          {"prefill": (1, "PromptThroughputBelowTarget")},
          policy=policy(prefill_tokens_per_replica=1000.0, scale_down=FAST_DOWN)),
-    Case("prefill-ttft-scale-up-rate-limited",
-         pool(router_ttft=10.0), {"prefill": (6, "ScaleUpRateLimited")}),
+    Case("prefill-ttft-scale-up-rate-limited-wanting-more-than-max",
+         pool(router_ttft=10.0), {"prefill": (6, "ScaleUpRateLimited")},
+         scaling_limited="MaxReplicasReached"),
     # --- decode proposals ---------------------------------------------------------------
     Case("decode-itl-above-target-scales-up",
          pool(decode=dec(itl=0.1)),
@@ -250,7 +251,8 @@ CASES = [
          policy=policy(prefill_tokens_per_replica=2000.0, decode_tokens_per_replica=200.0)),
     Case("ratio-skipped-while-throughput-unknown",
          pool(pre(4, waiting=40.0), dec(4, running=64.0, kv_usage=0.1)),
-         {"prefill": (8, "ScaleUpRateLimited"), "decode": (3, "ScaleDownRateLimited")}),
+         {"prefill": (8, "ClampedToMax"), "decode": (3, "ScaleDownRateLimited")},
+         scaling_limited="MaxReplicasReached"),
     # --- aggregated mode ----------------------------------------------------------------
     Case("aggregated-engine-uses-ttft-and-sequences",
          Observation(roles={"engine": dec(2, waiting=4.0)}, router_ttft=3.0),
@@ -277,7 +279,7 @@ def test_case_table_is_large_and_unique() -> None:
 
 def test_message_names_every_step_and_input() -> None:
     d = decide(pool(router_ttft=10.0), policy(), WARM, NOW).roles["prefill"]
-    assert [s.name for s in d.steps] == ["proposal", "rate"]
+    assert [s.name for s in d.steps] == ["proposal", "clamp", "rate"]
     assert "TTFT 10 vs 1" in d.message and "ScaleUpRateLimited" in d.message
     assert d.message.startswith("prefill 2 -> 6:")
 
@@ -405,13 +407,16 @@ def test_missing_data_never_changes_replicas(
     s: tuple[Observation, Policy, History], what: str, bad: float | None
 ) -> None:
     obs, pol, h = s
+    # KV-cache usage is a decode signal only; the others every role needs.
+    hit = {"decode"} if what == "kv_usage" else {"prefill", "decode"}
     if what == "prom":
         obs = replace(obs, prometheus_error="timeout")
     else:
         value = 1e9 if what == "sample_age" else (NAN if bad == 1e9 else bad)
-        obs = replace(obs, roles={r: replace(o, **{what: value}) for r, o in obs.roles.items()})
+        obs = replace(obs, roles={r: replace(o, **{what: value}) if r in hit else o
+                                  for r, o in obs.roles.items()})
     d = decide(obs, pol, h, NOW)
-    for rd in d.roles.values():
+    for rd in (d.roles[r] for r in hit):
         if rd.current > 0:  # a role at zero only wakes on the router's requests
             assert rd.replicas == rd.current, rd.message
             if rd.reason != "NoReadyReplicas":
