@@ -13,13 +13,9 @@ there; the operator and autoscaler suites cover a real cluster.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
-import yaml
-from poolpilot.sandbox.data import DEFAULT_POOL
 
 E2E = Path(__file__).resolve().parent
 
@@ -31,19 +27,3 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             if os.environ.get("KUBECONFIG_E2E"):
                 item.add_marker(pytest.mark.skip(
                     reason="sandbox scenarios run their own control plane; not on a real cluster"))
-
-
-def pool_manifest(name: str, edit: Callable[[dict[str, Any]], None] | None = None,
-                  namespace: str = "e2e") -> dict[str, Any]:
-    """The shipped sandbox pool under another name, optionally edited."""
-    manifest: dict[str, Any] = yaml.safe_load(DEFAULT_POOL.read_text())
-    manifest["metadata"] = {"name": name, "namespace": namespace}
-    if edit is not None:
-        edit(manifest["spec"])
-    return manifest
-
-
-def write_pool(tmp: Path, manifest: dict[str, Any]) -> Path:
-    path = tmp / f"{manifest['metadata']['name']}.yaml"
-    path.write_text(yaml.safe_dump(manifest, sort_keys=False))
-    return path

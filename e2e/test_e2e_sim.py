@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 import yaml
+from e2e_support import pool_manifest, write_pool
 from poolpilot.sandbox.controller import ScaleChange
 from poolpilot.sandbox.data import DEFAULT_TRACE
 from poolpilot.sandbox.loadgen import Replayer, RequestResult
@@ -25,7 +26,6 @@ from poolpilot.sandbox.report import attach_reasons
 from poolpilot.sandbox.supervisor import AppliedPool, SandboxConfig
 from poolpilot.sandbox.testing import SandboxThread, wait_for
 
-from conftest import pool_manifest, write_pool
 from poolpilot.traces import load_trace
 
 SPEED = 4.0

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import httpx
 import pytest
+from e2e_support import pool_manifest, write_pool
 from poolpilot.sandbox.loadgen import Replayer
 from poolpilot.sandbox.supervisor import SandboxConfig
 from poolpilot.sandbox.testing import SandboxThread
 
-from conftest import pool_manifest, write_pool
 from poolpilot import tinymodel
 from poolpilot.traces import TraceRequest
 
