@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
+import os
 import signal
 import sys
+from pathlib import Path
 
 import uvloop
 from aiohttp import web
@@ -41,7 +44,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     src.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, then ~/.kube)")
     src.add_argument(
         "--mode", choices=(DISAGGREGATED, AGGREGATED),
-        help="with --discover: which Services to use (default disaggregated)",
+        help="with --discover: which Services to use (default: the config file's, else "
+        "disaggregated)",
+    )
+    src.add_argument(
+        "--config", default=os.environ.get("POOLPILOT_ROUTER_CONFIG"),
+        help="JSON file the operator mounts (pool, namespace, mode); flags override it "
+        "(default $POOLPILOT_ROUTER_CONFIG)",
     )
     parser.add_argument("--pool", help="pool name: the metrics label; required with --discover")
     lim = parser.add_argument_group("limits")
@@ -63,7 +72,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-level", default="INFO")
 
 
+def apply_config_file(args: argparse.Namespace) -> None:
+    """Fill --pool, --namespace and --mode from the operator's router config file when the
+    flags do not set them."""
+    if not args.config:
+        return
+    try:
+        data = json.loads(Path(args.config).read_text())
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"--config {args.config}: cannot read it as JSON ({exc})") from exc
+    if not isinstance(data, dict):
+        raise UsageError(f"--config {args.config}: must hold a JSON object")
+    args.pool = args.pool or data.get("pool")
+    args.namespace = args.namespace or data.get("namespace")
+    if args.discover and not args.mode and data.get("mode"):
+        mode = str(data["mode"]).lower()
+        if mode not in (DISAGGREGATED, AGGREGATED):
+            raise UsageError(f"--config {args.config}: mode {data['mode']!r} is not "
+                             "Disaggregated or Aggregated")
+        args.mode = mode
+
+
 def config_from_args(args: argparse.Namespace) -> RouterConfig:
+    apply_config_file(args)
     static = {k: parse_urls(getattr(args, k)) for k in ("prefill", "decode", "engine")}
     if args.discover:
         if any(static.values()):

@@ -195,3 +195,32 @@ def test_selection_and_request_shaping_do_no_io(module: str) -> None:
             imported.add(node.module.split(".")[0])
     assert not imported & {"aiohttp", "httpx", "kubernetes_asyncio", "prometheus_client",
                            "socket", "asyncio", "time"}
+
+
+@pytest.mark.parametrize(
+    ("content", "flags", "expect"),
+    [
+        ('{"pool": "llama", "namespace": "serving", "mode": "Aggregated"}', [],
+         ("aggregated", "llama", "serving")),
+        ('{"pool": "llama", "namespace": "serving", "mode": "Disaggregated"}',
+         ["--mode", "aggregated", "--pool", "other"], ("aggregated", "other", "serving")),
+        ('{"pool": "llama", "namespace": "serving", "mode": "Mixed"}', [],
+         "mode 'Mixed' is not Disaggregated or Aggregated"),
+        ("{nope", [], "cannot read it as JSON"),
+    ],
+    ids=["from file", "flags override", "bad mode", "bad json"],
+)
+def test_router_config_file_from_the_operator(
+    tmp_path: Any, content: str, flags: list[str], expect: Any
+) -> None:
+    path = tmp_path / "router.json"
+    path.write_text(content)
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(["--discover", "kubernetes", "--config", str(path), *flags])
+    if isinstance(expect, str):
+        with pytest.raises(UsageError, match=expect):
+            config_from_args(args)
+        return
+    config = config_from_args(args)
+    assert (config.mode, config.pool, args.namespace) == expect
