@@ -137,8 +137,16 @@ class SimEngine:
 
     def add(self, seq: Seq) -> None:
         self.core.add(seq)
+        # a decode run in progress stops after the step in flight, so the request joins the
+        # next step (as in vLLM, where every step re-schedules)
+        self.core.truncate(seq.arrival)
         if self._wake_at is None or seq.arrival < self._wake_at:
             self._wake_at = seq.arrival
+        self.wake.set()
+
+    def abort(self, seq: Seq) -> None:
+        self.core.abort(seq)
+        self.core.truncate(self.clock.now())
         self.wake.set()
 
     async def _loop(self) -> None:
@@ -174,8 +182,15 @@ class SimEngine:
                 except TimeoutError:
                     self._wake_at = nxt if self._wake_at is None else min(self._wake_at, nxt)
                 continue
-            await self.clock.sleep_until(ch.end)
-            self._deliver(core.commit())
+            if self.clock.instant:
+                await self.clock.sleep_until(ch.end)
+                self._deliver(core.commit())
+                continue
+            # a decode run is priced at once but delivered step by step, in (scaled) time
+            while core.chunk is ch:
+                nxt_end = float(ch.ends[ch.done])
+                await self.clock.sleep_until(nxt_end)
+                self._deliver(core.commit(upto=nxt_end if core.chunk is ch else None))
 
     def _deliver(self, out: Outcome) -> None:
         for s in out.sampled:
@@ -236,7 +251,7 @@ class SimServer:
             max_num_seqs=args.max_num_seqs,
             gpu_memory_utilization=args.gpu_memory_utilization,
             max_model_len=args.max_model_len,
-            max_chunk_steps=256 if self.clock.instant else 1,
+            max_chunk_steps=256 if self.clock.instant else 64,
             track_token_steps=False,
         )
         self.engine = SimEngine(self.step_model, self.role, config, self.clock)
@@ -375,8 +390,7 @@ class SimServer:
                 return await self._stream(request, seq, chat, prompt_n, kv_out, body)
             await seq.payload.done.wait()
         except (asyncio.CancelledError, ConnectionResetError):
-            self.engine.core.abort(seq)  # the client went away: free its slot and blocks
-            self.engine.wake.set()
+            self.engine.abort(seq)  # the client went away: free its slot and blocks
             raise
         text = p.token_text(key, 0, seq.generated)
         make = p.chat_response if chat else p.completion_response
