@@ -391,7 +391,7 @@ def _propose(role: str, obs: Observation, p: Policy, capacity: dict[str, float])
                         f"newest sample is {o.sample_age}s old (max {p.max_metric_age:g}s)")
         return raw
 
-    _learn_capacity(role, o, p, capacity)
+    _learn_capacity(role, o, p, capacity, _latency_breach(role, obs, p))
     sig = raw.signals
     waiting, running = float(o.waiting or 0), float(o.running or 0)
 
@@ -463,18 +463,32 @@ def ttft_owner(obs: Observation, p: Policy) -> str:
     return DECODE if (pre.ttft or 0) <= p.ttft_target and decode_queue else PREFILL
 
 
-def _learn_capacity(role: str, o: RoleObservation, p: Policy, capacity: dict[str, float]) -> None:
-    """Learn per-replica throughput from saturated moments: a prefill queue above its target
-    means prefill runs flat out; decode above its sequence or KV target likewise (beyond the
-    dead band, so a pool sitting at its targets does not count)."""
+def _latency_breach(role: str, obs: Observation, p: Policy) -> bool:
+    """The role's latency signal is above its target band (TTFT for prefill, ITL for decode)."""
+    o = obs.roles[role]
+    if role == PREFILL and ttft_owner(obs, p) == PREFILL:
+        ttft = obs.router_ttft if not _bad(obs.router_ttft) else o.ttft
+        return not _bad(ttft) and (ttft or 0) > p.ttft_target * (1 + p.dead_band)
+    if role == DECODE:
+        return not _bad(o.itl) and (o.itl or 0) > p.itl_target * (1 + p.dead_band)
+    return False
+
+
+def _learn_capacity(role: str, o: RoleObservation, p: Policy, capacity: dict[str, float],
+                    latency_breach: bool = False) -> None:
+    """Learn per-replica throughput from saturated moments: a prefill queue above its target,
+    or a TTFT above it, means prefill runs at what it can do within the SLO; decode above its
+    sequence or KV target, or its ITL above target, likewise (beyond the dead band, so a pool
+    sitting at its targets does not count)."""
     ready = o.ready_replicas
     waiting, running = float(o.waiting or 0), float(o.running or 0)
+    busy = 1 + p.dead_band
     if role == PREFILL:
-        saturated = waiting > p.prefill_queue_per_replica * ready * (1 + p.dead_band)
+        saturated = latency_breach or waiting > p.prefill_queue_per_replica * ready * busy
         rate = o.prompt_tokens_rate
     elif role == DECODE:
-        busy = 1 + p.dead_band
-        saturated = (running + waiting > p.decode_sequences_per_replica * ready * busy) or (
+        saturated = latency_breach or (
+            running + waiting > p.decode_sequences_per_replica * ready * busy) or (
             float(o.kv_usage or 0) > min(1.0, p.kv_cache_usage * busy)
         )
         rate = o.generation_tokens_rate

@@ -458,3 +458,19 @@ def test_core_imports_no_io_library() -> None:
     }
     allowed = {"__future__", "math", "collections.abc", "dataclasses", "typing", "poolpilot.api"}
     assert imported <= allowed, imported - allowed
+
+
+def test_capacity_learned_at_a_ttft_breach_keeps_prefill_sized_for_its_load() -> None:
+    pol = policy(scale_down=Behavior(300, 4, 0), scale_up=Behavior(0, 4, 0))
+    breach = pool(pre(2, waiting=0.0, prompt_tokens_rate=2000.0), router_ttft=2.0)
+    d1 = decide(breach, pol, WARM, NOW)
+    assert d1.replicas["prefill"] == 4 and d1.history.capacity["prefill"] == 1000.0
+    # Later: 4 replicas, TTFT fine, no queue, the same prompt load. The queue alone would
+    # shrink prefill to 1 and breach again; the learned capacity keeps what the load needs
+    # with 20% headroom: 2000 / (1000 * 0.8) -> 3.
+    calm = pool(pre(4, waiting=0.0, prompt_tokens_rate=2000.0), router_ttft=0.3)
+    d2 = decide(calm, pol, d1.history, NOW + 400)
+    assert (d2.replicas["prefill"], d2.roles["prefill"].reason) == (
+        3, "PromptThroughputBelowTarget")
+    forgetful = decide(calm, pol, replace(d1.history, capacity={}), NOW + 400)
+    assert forgetful.replicas["prefill"] == 1
