@@ -167,7 +167,19 @@ class Router:
                             self.balancer.update_waiting(url, waiting)
         except (aiohttp.ClientError, TimeoutError):
             pass
-        self.balancer.report_health(url, ok, self.clock())
+        ejected, readmitted = self.balancer.report_health(url, ok, self.clock())
+        self._log_ejections(ejected)
+        for e in readmitted:
+            log.info("re-admitted %s endpoint %s (health check passed)", e.role, e.url)
+
+    def _failed(self, url: str) -> None:
+        self._log_ejections(self.balancer.report_failure(url, self.clock()))
+
+    def _log_ejections(self, ejected: list[Endpoint]) -> None:
+        for e in ejected:
+            assert e.ejected_until is not None
+            log.warning("ejected %s endpoint %s for %.1f s after %d consecutive failures",
+                        e.role, e.url, e.ejected_until - self.clock(), e.failures)
 
     # -- small endpoints ---------------------------------------------------------------------
 
@@ -206,7 +218,7 @@ class Router:
                     if resp.status == 200:
                         return web.Response(body=body, content_type="application/json")
             except (aiohttp.ClientError, TimeoutError):
-                self.balancer.report_failure(endpoint.url, self.clock())
+                self._failed(endpoint.url)
         return json_error(503, f"no {role} engine answered /v1/models", "unavailable")
 
     # -- generation --------------------------------------------------------------------------
@@ -283,7 +295,7 @@ class Router:
                     try:
                         data = await resp.json(content_type=None)
                     except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
-                        self.balancer.report_failure(endpoint.url, self.clock())
+                        self._failed(endpoint.url)
                         failed.append(endpoint.url)
                         last = UpstreamError(endpoint.url, 502,
                                              f"prefill answer unreadable: {exc!r}")
@@ -322,7 +334,7 @@ class Router:
                 try:
                     resp = await self.session.post(endpoint.url + path, json=body)
                 except (aiohttp.ClientError, TimeoutError) as exc:
-                    self.balancer.report_failure(endpoint.url, self.clock())
+                    self._failed(endpoint.url)
                     status = 504 if isinstance(exc, TimeoutError) else 502
                     last = UpstreamError(endpoint.url, status, f"{role} engine failed: {exc!r}")
                     log.warning("%s", last)
@@ -331,7 +343,7 @@ class Router:
                     if resp.status in RETRYABLE_STATUS or resp.status >= 500:
                         text = (await resp.read())[:500].decode(errors="replace")
                         if resp.status in RETRYABLE_STATUS:
-                            self.balancer.report_failure(endpoint.url, self.clock())
+                            self._failed(endpoint.url)
                         if role == "decode" and resp.status not in RETRYABLE_STATUS:
                             self.metrics.kv_failures_pool.inc()
                         last = UpstreamError(
@@ -363,7 +375,7 @@ class Router:
             try:
                 body = await upstream.read()
             except (aiohttp.ClientError, TimeoutError) as exc:
-                self.balancer.report_failure(endpoint.url, self.clock())
+                self._failed(endpoint.url)
                 if self.config.mode == DISAGGREGATED:
                     self.metrics.kv_failures_pool.inc()
                 return json_error(502, f"engine failed mid-response: {exc!r}",
@@ -421,7 +433,7 @@ class Router:
     ) -> web.StreamResponse:
         """The engine died or stalled mid-stream: tell the client in-band (the status line is
         gone already), in the shape OpenAI clients raise on, then end the stream."""
-        self.balancer.report_failure(endpoint.url, self.clock())
+        self._failed(endpoint.url)
         if self.config.mode == DISAGGREGATED:
             self.metrics.kv_failures_pool.inc()
         log.warning("stream from %s broke: %r", endpoint.url, exc)

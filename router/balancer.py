@@ -135,7 +135,9 @@ class Balancer:
                 e.failures = 0
                 e.ejections = 0
 
-    def report_failure(self, url: str, now: float) -> None:
+    def report_failure(self, url: str, now: float) -> list[Endpoint]:
+        """Count a failure; returns the endpoints this ejected (for logging)."""
+        ejected = []
         for e in self.by_url(url):
             e.failures += 1
             if e.failures >= self.config.eject_after and not e.ejected():
@@ -143,18 +145,25 @@ class Balancer:
                               self.config.base_eject_s * 2**e.ejections)
                 e.ejections += 1
                 e.ejected_until = now + backoff
+                ejected.append(e)
+        return ejected
 
-    def report_health(self, url: str, ok: bool, now: float) -> None:
+    def report_health(
+        self, url: str, ok: bool, now: float
+    ) -> tuple[list[Endpoint], list[Endpoint]]:
         """An active health check result: failure counts like a failed request; success
-        re-admits an ejected endpoint once its back-off is over."""
+        re-admits an ejected endpoint once its back-off is over. Returns (ejected,
+        re-admitted) endpoints, for logging."""
         if not ok:
-            self.report_failure(url, now)
-            return
+            return self.report_failure(url, now), []
+        readmitted = []
         for e in self.by_url(url):
             if e.ejected_until is None:
                 e.failures = 0
             elif now >= e.ejected_until:
                 self._readmit(e, now)
+                readmitted.append(e)
+        return [], readmitted
 
     def update_waiting(self, url: str, waiting: float) -> None:
         for e in self.by_url(url):

@@ -234,9 +234,14 @@ def test_dead_endpoint_is_ejected_and_readmitted_when_back() -> None:
                 # All requests succeed on B while A is down (ejected: not even tried).
                 for _ in range(6):
                     assert completion(r.url, max_tokens=1).status_code == 200
+                assert r.output is not None
+                url = a.url
+                wait_until(lambda: f"ejected engine endpoint {url}" in r.output.text(), 5,
+                           "A ejected")
                 a = start_fake_engine("A", port=port)  # back on the same address
                 wait_until(lambda: [completion(r.url, max_tokens=1) for _ in range(4)] and
                            stats(a)["requests"] > 0, 20, "A re-admitted")
+                assert f"re-admitted engine endpoint {url}" in r.output.text()
         finally:
             a.stop()
 
