@@ -143,7 +143,12 @@ async def _handle_locked(body: kopf.Body, memo: kopf.Memo, logger: logging.Logge
     pool = builders.Pool(name=name, namespace=namespace, spec=spec, uid=meta.get("uid"))
     try:
         outcome = await reconcile.reconcile(kube, pool, reconcile.capabilities(memo["discovered"]))
-        pods = await kube.list("v1", "Pod", namespace, {names.POOL_LABEL: name})
+        roles = [*spec.engine_roles(), "router"]
+        observations = [status.RoleObservation.from_deployment(r, outcome.deployments.get(r))
+                        for r in roles]
+        # Pods only explain why a role is not settled; a settled pool skips the LIST.
+        pods = ([] if all(o.settled for o in observations) else
+                await kube.list("v1", "Pod", namespace, {names.POOL_LABEL: name}))
     except ApiError as exc:
         # Transient (409, 5xx, timeouts) or not, Kopf retries with backoff; every write is an
         # idempotent apply, so a retry finishes whatever a failed attempt left half done.
@@ -156,9 +161,6 @@ async def _handle_locked(body: kopf.Body, memo: kopf.Memo, logger: logging.Logge
         logger.info("reconciled with %d writes: created=%s updated=%s repaired=%s deleted=%s",
                     outcome.writes, outcome.created, outcome.updated, outcome.repaired,
                     outcome.deleted)
-    roles = [*spec.engine_roles(), "router"]
-    observations = [status.RoleObservation.from_deployment(r, outcome.deployments.get(r))
-                    for r in roles]
     stale = tuple(r for r in names.ENGINE_ROLES if r not in roles)
     result = status.compute_status(generation=generation, roles=observations, pods=pods,
                                    previous=previous, endpoint=endpoint, now=_now(),
