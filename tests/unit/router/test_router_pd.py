@@ -224,3 +224,26 @@ def test_router_config_file_from_the_operator(
         return
     config = config_from_args(args)
     assert (config.mode, config.pool, args.namespace) == expect
+
+
+_KEYS = st.sampled_from(["model", "prompt", "messages", "max_tokens", "max_completion_tokens",
+                         "stream", "stream_options", "n", "logprobs", "temperature", "seed",
+                         "kv_transfer_params", "ignore_eos"])
+_VALUES = st.one_of(st.none(), st.booleans(), st.integers(-5, 5000), st.text(max_size=20),
+                    st.dictionaries(st.text(max_size=5), st.integers(), max_size=3))
+
+
+@given(st.dictionaries(_KEYS, _VALUES, max_size=10))
+def test_prefill_generates_one_token_and_decode_keeps_the_request(body: dict[str, Any]) -> None:
+    pre = pd.prefill_body(body)
+    assert pre["max_tokens"] == 1 and pre["stream"] is False
+    assert pre["kv_transfer_params"]["do_remote_decode"] is True
+    assert not {"stream_options", "n", "logprobs"} & set(pre)
+    assert {k: v for k, v in pre.items() if k not in
+            {"max_tokens", "max_completion_tokens", "stream", "kv_transfer_params"}} == \
+        {k: v for k, v in body.items() if k not in
+         {"max_tokens", "max_completion_tokens", "stream", "kv_transfer_params",
+          "stream_options", "n", "logprobs"}}
+    params = {"remote_engine_id": "e"}
+    dec = pd.decode_body(body, params)
+    assert dec == {**body, "kv_transfer_params": params}
