@@ -208,6 +208,25 @@ def launch_env(spec: LaunchSpec, base: Mapping[str, str]) -> dict[str, str]:
     return env
 
 
+def vllm_cpu_env(
+    scratch: str, cpu: int, side_channel_port: int, cache_root: str | None = None
+) -> dict[str, str]:
+    """Environment for one vLLM-on-CPU engine on a shared machine (tests, the sandbox):
+    offline, 1 GiB of KV cache, pinned to one core, private scratch and RPC paths, its own
+    NIXL side-channel port (two engines on one host would clash on the default 5600).
+    Pass `cache_root` shared between engines to cache vLLM's model inspection."""
+    return {
+        "HF_HUB_OFFLINE": "1",
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "VLLM_CPU_OMP_THREADS_BIND": str(cpu),
+        "TMPDIR": scratch,
+        "VLLM_RPC_BASE_PATH": scratch,
+        "VLLM_CACHE_ROOT": cache_root or os.path.join(scratch, "vllm-cache"),
+        "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1",
+        "VLLM_NIXL_SIDE_CHANNEL_PORT": str(side_channel_port),
+    }
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--role", required=True, choices=ROLES, help="engine role")
     parser.add_argument("--model", required=True, help="Hugging Face model name or local folder")

@@ -184,6 +184,7 @@ def start_vllm(role: str, model: Path, scratch: Path, cpu: int, served_name: str
         -> Proc:
     """Start vLLM for a role through `poolpilot launch` (the runtime image's entrypoint).
     Returns once it is listening; call wait_vllm_ready() before use (start two, then wait)."""
+    from poolpilot.launcher import vllm_cpu_env
     from poolpilot.localprom import free_port
 
     scratch.mkdir(parents=True, exist_ok=True)
@@ -195,17 +196,10 @@ def start_vllm(role: str, model: Path, scratch: Path, cpu: int, served_name: str
         cmd += ["--kv-connector", connector, "--kv-config", json.dumps(kv_config or {})]
     for arg in ENGINE_ARGS:
         cmd += ["--engine-arg", arg]
-    env = {
-        "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "TMPDIR": str(scratch),
-        "VLLM_RPC_BASE_PATH": str(scratch),
-        # Shared and kept: vLLM caches the model's inspection there, which saves every later
-        # engine a subprocess that imports torch and vLLM (written atomically).
-        "VLLM_CACHE_ROOT": str(REPO / ".cache" / "vllm-test-cache"),
-        "VLLM_CPU_OMP_THREADS_BIND": str(cpu),
-        # Each engine's NIXL side channel on its own port (the default 5600 would clash).
-        "VLLM_NIXL_SIDE_CHANNEL_PORT": str(free_port()),
-        "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1",
-    }
+    # Shared and kept cache root: vLLM caches the model's inspection there, which saves
+    # every later engine a subprocess that imports torch and vLLM (written atomically).
+    env = vllm_cpu_env(str(scratch), cpu, free_port(),
+                       cache_root=str(REPO / ".cache" / "vllm-test-cache"))
     popen = spawn(cmd, env=env, cwd=scratch, log=scratch / "vllm.log")
     return Proc(popen, port, f"{role}:{scratch / 'vllm.log'}")
 
