@@ -20,6 +20,7 @@ import contextlib
 import json
 import logging
 import os
+import random
 import shutil
 import socket
 import tempfile
@@ -53,22 +54,28 @@ def _bindable(ip: str, port: int) -> bool:
 
 
 class AddressPool:
-    """Loopback addresses for pods: 127.0.0.2, .3, ... (127.0.0.1 is the sandbox's own).
+    """Loopback addresses for pods: 127.B.0.2, 127.B.0.3, ... (the whole 127/8 is local).
 
+    Each sandbox draws its own second octet B at random, so two sandboxes on one machine (two
+    test runs, say) do not hand out the same address: a pod's port is only bound once its
+    process starts, so a bind check alone cannot see the other sandbox's pods coming.
     Addresses are not reused until the range wraps, so a client never reaches a new pod at an
     old pod's address; one whose port is taken (another program) is skipped.
     """
 
-    def __init__(self, first: int = 2) -> None:
-        self._next = first
+    def __init__(self, second_octet: int | None = None) -> None:
+        self.octet = second_octet if second_octet is not None else random.randint(1, 254)
+        self._next = 2
         self.in_use: set[str] = set()
 
     def allocate(self, ports: list[int]) -> str:
-        for _ in range(255 * 254):
+        for _ in range(256 * 256):
             n = self._next
-            self._next = n + 1 if n + 1 < 255 * 256 else 2
-            ip = f"127.0.{n // 255}.{n % 255}"
-            if n % 255 in (0, 1) or ip in self.in_use:
+            self._next = n + 1 if n + 1 < 256 * 256 else 2
+            if n % 256 in (0, 1, 255):
+                continue
+            ip = f"127.{self.octet}.{n // 256}.{n % 256}"
+            if ip in self.in_use:
                 continue
             if all(_bindable(ip, p) for p in ports):
                 self.in_use.add(ip)

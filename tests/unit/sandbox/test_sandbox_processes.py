@@ -14,6 +14,8 @@ from poolpilot.sandbox.controller import AddressPool
 from poolpilot.sandbox.processes import ProcessTable
 from poolpilot.sandbox.supervisor import SandboxError, check_port
 
+from poolpilot.localprom import free_port
+
 # A parent that starts a grandchild and ignores SIGTERM: only the group kill ends both.
 STUBBORN = """
 import os, signal, subprocess, sys, time
@@ -55,7 +57,7 @@ def test_stop_all_kills_the_whole_group(tmp_path: Path) -> None:
 
 
 def test_address_pool_skips_taken_ports_and_never_reuses_early() -> None:
-    pool = AddressPool()
+    pool = AddressPool(second_octet=0)
     with socket.socket() as s:
         s.bind(("127.0.0.2", 0))
         port = s.getsockname()[1]
@@ -64,6 +66,13 @@ def test_address_pool_skips_taken_ports_and_never_reuses_early() -> None:
     assert first == "127.0.0.3"  # 127.0.0.2 has the port taken
     pool.release(first)
     assert pool.allocate([port]) == "127.0.0.4"  # released addresses wait for the wrap
+
+
+def test_two_sandboxes_draw_different_address_ranges() -> None:
+    octets = {AddressPool().octet for _ in range(20)}
+    assert len(octets) > 1 and all(1 <= o <= 254 for o in octets)
+    ip = AddressPool(second_octet=42).allocate([free_port()])
+    assert ip == "127.42.0.2"
 
 
 def test_taken_port_is_a_clear_error() -> None:
