@@ -174,8 +174,13 @@ def test_observation_feeds_the_decision(snapshot: Snapshot) -> None:
                snapshot.time)
     # Router TTFT 2.35 s vs 1 s target: prefill 2 -> ceil(2 * 2.35) = 5.
     assert (d.replicas["prefill"], d.roles["prefill"].reason) == (5, "TTFTAboveTarget")
-    # ITL 0.0725 vs 0.05: decode 2 -> ceil(2 * 1.45) = 3.
-    assert (d.replicas["decode"], d.roles["decode"].reason) == (3, "ITLAboveTarget")
+    # ITL 0.0725 vs 0.05: decode 2 -> ceil(2 * 1.45) = 3 ...
+    assert d.roles["decode"].signals[0].proposal == 3
+    # ... but both roles breached, so their throughputs were learned (prefill 400/2 = 200,
+    # decode 100/2 = 50 tokens/s per replica): ratio r* = (400/200) / (100/50) = 1, and
+    # decode may not fall below ceil(5 / (1 * 1.5)) = 4 while prefill goes to 5.
+    assert d.history.capacity["prefill"] == pytest.approx(200, rel=0.2)
+    assert (d.replicas["decode"], d.roles["decode"].reason) == (4, "RatioFloor")
     assert d.metrics_available.status
 
 
