@@ -24,7 +24,14 @@ from poolpilot.traces import TraceError, TraceRequest, clamp_tokens, load_trace,
 
 from . import report as R
 from .data import DEFAULT_POOL, DEFAULT_TRACE
-from .supervisor import AppliedPool, Sandbox, SandboxConfig, SandboxError, load_pool
+from .supervisor import (
+    AppliedPool,
+    Sandbox,
+    SandboxConfig,
+    SandboxError,
+    load_pool,
+    sigterm_as_keyboard_interrupt,
+)
 
 console = Console(stderr=True)
 
@@ -118,7 +125,8 @@ def run(args: argparse.Namespace) -> int:
         trace[-1].arrival_s + DEFAULT_TAIL_S)
     sandbox = Sandbox(cfg)
     try:
-        return asyncio.run(_main(sandbox, args, trace, duration))
+        with sigterm_as_keyboard_interrupt():
+            return asyncio.run(_main(sandbox, args, trace, duration))
     except KeyboardInterrupt:
         console.print("[yellow]interrupted: stopping every process the sandbox started")
         sandbox.stop_sync()
