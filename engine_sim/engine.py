@@ -125,9 +125,14 @@ class EngineCore:
         if seq.state is SeqState.FINISHED and seq.rid not in self.sched.held:
             return
         if self.chunk is None:
-            self.sched.abort(seq)
+            self._abort_now(seq)
         else:
             self._aborts.append(seq)
+
+    def _abort_now(self, seq: Seq) -> None:
+        if seq.state is not SeqState.FINISHED:
+            self.stats.success["abort"] += 1  # vLLM counts them, finished_reason="abort"
+        self.sched.abort(seq)
 
     def has_work(self) -> bool:
         return self.sched.has_work()
@@ -168,7 +173,7 @@ class EngineCore:
         start = max(now, self.busy_until)
         for s in self._aborts:
             if s.state is not SeqState.FINISHED or s.rid in self.sched.held:
-                self.sched.abort(s)
+                self._abort_now(s)
         self._aborts.clear()
         self.complete_loads(start)
         if not self.sched.has_work():

@@ -510,7 +510,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _serve(server: SimServer) -> int:
-    runner = web.AppRunner(server.app(), access_log=None)
+    # cancel a handler whose client went away, so its request is aborted (as vLLM does)
+    runner = web.AppRunner(server.app(), access_log=None, handler_cancellation=True)
     await runner.setup()
     site = web.TCPSite(runner, server.host, server.port)
     await site.start()

@@ -240,3 +240,27 @@ def test_infinite_speed_answers_at_once_but_reports_simulated_time() -> None:
         assert simulated > 30.0
         assert wall < simulated / 4
         assert scrape(sim)[m.VLLM_E2E + "_sum"] == pytest.approx(simulated, rel=1e-6)
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "json"])
+def test_client_going_away_aborts_its_request(stream: bool) -> None:
+    """A disconnected client's request leaves the batch and frees its KV (vLLM aborts it)."""
+    with EngineSimProcess(role="aggregated", speed=1, served_name=NAME) as sim:
+        body = {"model": NAME, "prompt": list(range(500)), "max_tokens": 100_000,
+                "ignore_eos": True, "stream": stream}
+        if stream:  # read a few chunks, then hang up
+            with httpx.stream("POST", sim.url + "/v1/completions", json=body) as r:
+                lines = r.iter_lines()
+                assert next(lines).startswith("data: ")
+        else:  # give up waiting for the whole answer
+            with pytest.raises(httpx.ReadTimeout):
+                httpx.post(sim.url + "/v1/completions", json=body, timeout=1.0)
+        deadline = time.monotonic() + 20
+        while True:
+            got = scrape(sim)
+            if got.get("vllm:request_success_total{finished_reason=abort}") == 1:
+                break
+            assert time.monotonic() < deadline, got
+            time.sleep(0.1)
+        assert got[m.VLLM_RUNNING] == 0 and got[m.VLLM_KV_USAGE] == 0
+        assert 0 < got[m.VLLM_GENERATION_TOKENS] < 100_000
