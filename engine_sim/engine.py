@@ -108,6 +108,8 @@ class EngineCore:
     def validate(self, prompt: int, max_output: int) -> str | None:
         """None if acceptable; else vLLM's 400 message."""
         n = self.max_model_len
+        if max_output < 1:
+            return f"max_tokens must be at least 1, got {max_output}"
         if prompt >= n or prompt <= 0:
             return (f"This model's maximum context length is {n} tokens. However, your request "
                     f"has {prompt} input tokens. Please reduce the length of the input messages.")

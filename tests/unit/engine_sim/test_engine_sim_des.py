@@ -254,3 +254,11 @@ def test_scaling_under_load_loses_no_request(actions, seed) -> None:
         assert sim.replicas[r.decode_replica].ready_at <= r.first_token_at
     assert sim.in_flight() == 0
     assert all(rep.removed_at is not None or not rep.draining for rep in sim.replicas.values())
+
+
+def test_zero_output_request_fails_like_vllms_max_tokens_check() -> None:
+    sim = PoolSim("llama-3.1-8b", "h200", mode="aggregated")
+    sim.submit(SimRequest("none", 0.0, 100, 0))
+    sim.run()
+    (rec,) = sim.records()
+    assert not rec.ok and "max_tokens must be at least 1" in rec.error
