@@ -33,7 +33,7 @@ from .supervisor import (
     sigterm_as_keyboard_interrupt,
 )
 
-console = Console(stderr=True)
+console = Console(stderr=True, soft_wrap=True)  # error lines stay whole (FILE:LINE: ...)
 
 DEFAULT_SPEED = 4.0
 DEFAULT_TAIL_S = 240.0  # idle after the last request: the stabilization window and scale-down
