@@ -11,7 +11,9 @@ from pathlib import Path
 
 import httpx
 import pytest
-from e2e_support import pool_manifest, write_pool
+import yaml
+from e2e_support import write_pool
+from poolpilot.sandbox.data import VLLM_POOL
 from poolpilot.sandbox.loadgen import Replayer
 from poolpilot.sandbox.supervisor import SandboxConfig
 from poolpilot.sandbox.testing import SandboxThread
@@ -33,13 +35,6 @@ def metric(text: str, name: str) -> float:
                if line.startswith(name) and line[len(name):len(name) + 1] in ("{", " "))
 
 
-def _static(spec: dict) -> None:  # type: ignore[type-arg]
-    # One engine per role on 2 cores: sizes fixed (autoscaling off), one router.
-    spec["autoscaling"] = {"enabled": False}
-    spec["prefill"].update(replicas=1, minReplicas=1, maxReplicas=1)
-    spec["decode"].update(replicas=1, minReplicas=1, maxReplicas=1)
-
-
 @pytest.fixture(scope="module")
 def sb(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SandboxThread]:
     tinymodel.ensure_tiny_model(Path(".cache") / "tiny-llama")
@@ -51,7 +46,10 @@ def sb(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SandboxThread]:
 
 def test_disaggregated_pool_on_real_vllm_serves_through_the_router(
         sb: SandboxThread, tmp_path: Path) -> None:
-    pool = sb.call(sb.sandbox.apply(write_pool(tmp_path, pool_manifest("tiny", _static))))
+    # The shipped vllm-cpu pool: one engine per role, sizes fixed, one router.
+    manifest = yaml.safe_load(VLLM_POOL.read_text())
+    manifest["metadata"] = {"name": "tiny", "namespace": "e2e"}
+    pool = sb.call(sb.sandbox.apply(write_pool(tmp_path, manifest)))
     sb.call(sb.sandbox.wait_ready(pool, timeout=300), timeout=330)
     assert sb.sandbox.controller is not None
     decode = next(rt for rt in sb.sandbox.controller.runtimes.values()

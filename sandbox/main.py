@@ -23,7 +23,7 @@ from rich.console import Console
 from poolpilot.traces import TraceError, TraceRequest, clamp_tokens, load_trace, scale_rate, window
 
 from . import report as R
-from .data import DEFAULT_POOL, DEFAULT_TRACE
+from .data import DEFAULT_POOL, DEFAULT_TRACE, VLLM_POOL
 from .supervisor import (
     AppliedPool,
     Sandbox,
@@ -41,9 +41,10 @@ VLLM_MAX_INPUT, VLLM_MAX_OUTPUT = 300, 48  # the tiny model runs with max-model-
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--pool", type=Path, default=DEFAULT_POOL,
+    p.add_argument("--pool", type=Path, default=None,
                    help="InferencePool manifest (default: the shipped sandbox pool, "
-                   "examples/sandbox-pool.yaml)")
+                   "examples/sandbox-pool.yaml; with --engine vllm-cpu one prefill and one "
+                   "decode engine, autoscaling off)")
     p.add_argument("--trace", type=Path, default=DEFAULT_TRACE,
                    help="trace file: Azure CSV, Mooncake JSONL or arrival_s,input_tokens,"
                    "output_tokens CSV (default: a burst from the Azure code trace)")
@@ -109,6 +110,8 @@ def run(args: argparse.Namespace) -> int:
     if speed <= 0:
         console.print(f"[red]poolpilot sandbox: --speed {speed}: must be > 0")
         return 2
+    if args.pool is None:
+        args.pool = VLLM_POOL if args.engine == "vllm-cpu" else DEFAULT_POOL
     try:
         _, spec = load_pool(args.pool)
         max_len = int(spec.runtime.engine_args.get("maxModelLen", 8192))

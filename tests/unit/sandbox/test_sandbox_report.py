@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from poolpilot.sandbox import report as R
 from poolpilot.sandbox.controller import RoleSample, ScaleChange
-from poolpilot.sandbox.data import DEFAULT_POOL, DEFAULT_TRACE
+from poolpilot.sandbox.data import DEFAULT_POOL, DEFAULT_TRACE, VLLM_POOL
 from poolpilot.sandbox.loadgen import RequestResult, prompt_tokens
 
 from poolpilot.traces import load_trace
@@ -151,6 +151,7 @@ def test_prompts_have_exact_token_counts_within_every_vocab() -> None:
 
 def test_shipped_pool_is_valid_and_matches_the_example() -> None:
     assert validate_file(DEFAULT_POOL) == []
+    assert validate_file(VLLM_POOL) == []
     assert (REPO / "examples" / "sandbox-pool.yaml").read_text() == DEFAULT_POOL.read_text()
 
 
