@@ -40,6 +40,9 @@ class OperatorConfig:
     peering_name: str = "poolpilot"  # KopfPeering/ClusterKopfPeering object shared by replicas
     peering_mandatory: bool = False  # False: peer when the kopf.dev CRDs exist, else standalone
     identity: str = ""  # appended to the User-Agent (tells HA replicas apart in API logs)
+    # Pools reconciled at once. Unbounded, 1,000 new pools would put 20,000 requests in flight,
+    # every one would time out in the API server's queue and every retry start over.
+    max_concurrent_reconciles: int = 16
 
 
 def configure(settings: kopf.OperatorSettings, config: OperatorConfig) -> None:
@@ -115,7 +118,7 @@ async def handle(body: kopf.Body, memo: kopf.Memo, logger: logging.Logger | Any,
     if memo.get("closing"):
         return  # shutting down: the API client is closed
     lock: asyncio.Lock = memo.setdefault("lock", asyncio.Lock())
-    async with lock:
+    async with lock, memo["slots"]:
         await _handle_locked(body, memo, logger, from_timer=from_timer, config=config)
 
 
@@ -194,6 +197,8 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
         kube = await KubeApi.from_kubeconfig(config.kubeconfig, timeout=config.request_timeout)
         kube.set_user_agent(f"{names.FIELD_MANAGER}/{config.identity or 'main'}")
         memo["kube"] = kube
+        # Shared by every pool's memo (each is a shallow copy of this one).
+        memo["slots"] = asyncio.Semaphore(config.max_concurrent_reconciles)
         memo["discovered"] = await kube.discover()
 
     @kopf.on.cleanup(registry=registry)

@@ -39,6 +39,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--drift-interval", type=float, default=30.0,
                         help="seconds between drift checks of each pool")
     parser.add_argument("--request-timeout", type=float, default=10.0)
+    parser.add_argument("--max-concurrent-reconciles", type=int, default=16,
+                        help="pools reconciled at once (bounds the load on the API server)")
     parser.add_argument("-v", "--verbose", action="store_true")
 
 
@@ -57,6 +59,7 @@ def run(args: argparse.Namespace) -> int:
         peering_lifetime=args.peering_lifetime,
         peering_name=args.peering,
         peering_mandatory=args.require_peering,
+        max_concurrent_reconciles=args.max_concurrent_reconciles,
     )
     registry = kopf.OperatorRegistry()
     register(registry, config)
