@@ -1,10 +1,10 @@
 """A plain Kubernetes HPA on GPU utilization (DCGM exporter + prometheus-adapter).
 
-The recipe most GPU clusters start from (NVIDIA's DCGM exporter documentation, "Autoscaling
-with DCGM metrics"; the GKE and EKS guides list it before warning about it): the DCGM
-exporter reports `DCGM_FI_DEV_GPU_UTIL` per GPU (percent of the sample period a kernel ran),
-prometheus-adapter turns it into a Pods metric, and an autoscaling/v2 HPA per Deployment
-targets an average value of it (here 80 %, `TARGET_UTIL`).
+The recipe GPU clusters commonly start from: NVIDIA's DCGM exporter reports
+`DCGM_FI_DEV_GPU_UTIL` per GPU (percent of the sample period a kernel ran), prometheus-adapter
+turns it into a Pods metric, and an autoscaling/v2 HPA per Deployment targets an average
+value of it (here 80 %, `TARGET_UTIL`). GKE's guidance for LLM inference recommends queue or
+batch size over GPU utilization; this policy shows why.
 
 The algorithm is the HPA's own (`hpa_core`): `ceil(current * avg / target)` outside the 10%
 tolerance, starting pods (no metric yet) counted as 0 on scale-up and as at-target on
