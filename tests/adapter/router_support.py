@@ -84,7 +84,18 @@ class Output:
 def wait_for_line(
     popen: subprocess.Popen[str], pattern: str, timeout: float
 ) -> tuple[re.Match[str], Output]:
-    """Wait until a line of the process's stdout matches, with a deadline."""
+    """Wait until a line of the process's stdout matches, with a deadline; kills the process
+    when it never does (the caller gets no Proc to stop)."""
+    try:
+        return _wait_for_line(popen, pattern, timeout)
+    except BaseException:
+        Proc(popen, 0).kill()
+        raise
+
+
+def _wait_for_line(
+    popen: subprocess.Popen[str], pattern: str, timeout: float
+) -> tuple[re.Match[str], Output]:
     output = Output(popen)
     deadline = time.monotonic() + timeout
     checked = 0
