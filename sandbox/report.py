@@ -294,4 +294,6 @@ def summary_tables(report: Mapping[str, Any]) -> list[Any]:
         ev.add_column(col)
     for e in report["scale_events"]:
         ev.add_row(f"{e['t']:.0f}", e["role"], str(e["from"]), str(e["to"]), e["reason"])
+    if not report["scale_events"]:
+        ev.add_row("-", "none", "", "", "no replica changed during the run")
     return [t, ev]
