@@ -158,6 +158,11 @@ async def _main(sandbox: Sandbox, args: argparse.Namespace, trace: list[TraceReq
         with console.status(f"kubectl apply -f {args.pool}; waiting for the pool to be ready"):
             pool = await sandbox.apply(args.pool, args.namespace)
             await sandbox.wait_ready(pool, timeout=300 if cfg.engine == "vllm-cpu" else 120)
+        warm = sandbox.warmup_seconds(pool)
+        if warm:
+            with console.status(f"pool ready; letting it run {warm:.0f}s (simulated) before "
+                                 "the trace, as a pool in service would have"):
+                await sandbox.warm_up(pool)
         console.print(f"  pool {pool.namespace}/{pool.name} ready; replaying the trace")
         replayer = Replayer(lambda: sandbox.router_urls(pool), pool.spec.served_name(),
                             cfg.speed)

@@ -354,6 +354,19 @@ class Sandbox:
             + f"\n{self._pod_failures()}see the logs in {self.logs}"
         )
 
+    def warmup_seconds(self, pool: AppliedPool) -> float:
+        """Simulated seconds to let a freshly started pool run before load: the autoscaler
+        treats replicas that just became ready as settling for 1.5 metric ages (its rates
+        still cover the time before), and two scrapes make the first samples. A trace then
+        meets a pool that has been running, as in production."""
+        if not self.cfg.autoscaler or not pool.spec.autoscaling.enabled:
+            return 0.0
+        return 1.5 * pool.spec.autoscaling.metrics_max_age_seconds + 2 * self.cfg.scrape_interval_s
+
+    async def warm_up(self, pool: AppliedPool) -> None:
+        # Simulated time passing on an idle pool (the scenario's history), not a readiness wait.
+        await asyncio.sleep(self.warmup_seconds(pool) / self.cfg.speed)
+
     def _pod_failures(self) -> str:
         assert self.controller is not None
         lines = []
