@@ -193,13 +193,16 @@ class History:
     `started_at`: when this autoscaler's memory began (a fresh process has no window, so it
     does not scale down before `started_at + scaleDown.window`). `last_scale`: role -> time of
     its last scale (recovered from status.<role>.lastScaleTime after a restart).
-    `capacity`: learned throughput per replica, role -> tokens/s.
+    `capacity`: learned throughput per replica, role -> tokens/s. `ready_seen`: role ->
+    (ready replicas, since when): a rate over a window in which that count changed is no
+    measure of per-replica capacity.
     """
 
     started_at: float | None = None
     recommendations: tuple[Recommendation, ...] = ()
     last_scale: Mapping[str, float] = field(default_factory=dict)
     capacity: Mapping[str, float] = field(default_factory=dict)
+    ready_seen: Mapping[str, tuple[int, float]] = field(default_factory=dict)
 
     @classmethod
     def fresh(cls, now: float, last_scale: Mapping[str, float] | None = None) -> History:
@@ -214,6 +217,14 @@ class History:
 
     def window(self, role: str, since: float) -> list[int]:
         return [r.replicas for r in self.recommendations if r.role == role and r.time > since]
+
+    def ready_change(self, role: str, ready: int, now: float) -> tuple[int, float]:
+        """(ready, since): the ready count now and since when it holds. A role seen for the
+        first time counts as settled (no change observed)."""
+        seen = self.ready_seen.get(role)
+        if seen is None:
+            return ready, -math.inf
+        return seen if seen[0] == ready else (ready, now)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -290,9 +301,11 @@ def decide(observation: Observation, policy: Policy, history: History, now: floa
     """Decide the size of every engine role of one pool. Pure: same inputs, same output."""
     roles = [r for r in policy.bounds if r in observation.roles]
     capacity = dict(history.capacity)
+    seen = {r: history.ready_change(r, observation.roles[r].ready_replicas, now) for r in roles}
     raw: dict[str, _Raw] = {}
     for role in roles:
-        raw[role] = _propose(role, observation, policy, capacity)
+        settled = now - seen[role][1] >= settle_seconds(policy)
+        raw[role] = _propose(role, observation, policy, capacity, settled)
     floors = ratio_floors(observation, policy, capacity, raw)
 
     recs = list(history.recommendations)
@@ -309,7 +322,8 @@ def decide(observation: Observation, policy: Policy, history: History, now: floa
     keep = max(policy.scale_up.window, policy.scale_down.window)
     pruned = tuple(r for r in recs if r.time > now - keep - _EPS) if keep > 0 else ()
     new_history = replace(
-        history, recommendations=pruned, last_scale=last_scale, capacity=capacity
+        history, recommendations=pruned, last_scale=last_scale, capacity=capacity,
+        ready_seen={**history.ready_seen, **seen},
     )
     return Decision(
         roles=decisions,
@@ -350,7 +364,15 @@ _REQUIRED = {
 }
 
 
-def _propose(role: str, obs: Observation, p: Policy, capacity: dict[str, float]) -> _Raw:
+def settle_seconds(p: Policy) -> float:
+    """How long after the ready count changes the rates and queues reflect the new pool: the
+    rate() window (60 s by default, the same as the metrics age limit, which the loop scales
+    with the sandbox's --speed) plus half of it for the new pods' first scrapes."""
+    return 1.5 * p.max_metric_age
+
+
+def _propose(role: str, obs: Observation, p: Policy, capacity: dict[str, float],
+             settled: bool = True) -> _Raw:
     o = obs.roles[role]
     raw = _Raw(current=o.replicas)
     ready = o.ready_replicas
@@ -391,7 +413,8 @@ def _propose(role: str, obs: Observation, p: Policy, capacity: dict[str, float])
                         f"newest sample is {o.sample_age}s old (max {p.max_metric_age:g}s)")
         return raw
 
-    _learn_capacity(role, o, p, capacity, _latency_breach(role, obs, p))
+    if settled:  # a rate over a window in which the ready count changed is no capacity
+        _learn_capacity(role, o, p, capacity, _latency_breach(role, obs, p))
     sig = raw.signals
     waiting, running = float(o.waiting or 0), float(o.running or 0)
 
@@ -479,7 +502,13 @@ def _learn_capacity(role: str, o: RoleObservation, p: Policy, capacity: dict[str
     """Learn per-replica throughput from saturated moments: a prefill queue above its target,
     or a TTFT above it, means prefill runs at what it can do within the SLO; decode above its
     sequence or KV target, or its ITL above target, likewise (beyond the dead band, so a pool
-    sitting at its targets does not count)."""
+    sitting at its targets does not count).
+
+    Between saturated moments the estimate only rises: replicas that served more per replica
+    than the estimate (within their latency target, over a window with a steady ready count)
+    can do at least that. A saturated sample is a 60 s mean that may hold idle seconds around
+    a burst, so it moves the estimate by CAPACITY_ALPHA only; an estimate that only fell would
+    size every later decision for a pool slower than it is."""
     ready = o.ready_replicas
     waiting, running = float(o.waiting or 0), float(o.running or 0)
     busy = 1 + p.dead_band
@@ -494,11 +523,14 @@ def _learn_capacity(role: str, o: RoleObservation, p: Policy, capacity: dict[str
         rate = o.generation_tokens_rate
     else:
         return
-    if not saturated or _bad(rate) or not rate:
+    if _bad(rate) or not rate:
         return
     sample = float(rate) / ready
     old = capacity.get(role)
-    capacity[role] = sample if old is None else old + CAPACITY_ALPHA * (sample - old)
+    if old is not None and sample > old and not latency_breach:
+        capacity[role] = sample  # served that much: a lower bound on what it can serve
+    elif saturated:
+        capacity[role] = sample if old is None else old + CAPACITY_ALPHA * (sample - old)
 
 
 def ratio_floors(
@@ -528,18 +560,24 @@ def ratio_floors(
     if not cp or not cd or _bad(prompt) or _bad(gen) or not prompt or not gen:
         return {}
     assert prompt is not None and gen is not None
-    ratio = (prompt / cp) / (gen / cd)
+    ratio = (prompt * cd) / (gen * cp) if gen * cp > 0 else math.inf  # (P/Cp) / (G/Cd)
     if not 1e-6 < ratio < 1e6:  # degenerate (tiny rates): no meaningful ratio
         return {}
     band = 1 + p.ratio_band
 
-    def other(r: _Raw) -> int:
-        return r.hold.replicas if r.hold is not None else (r.proposal or 0)
+    def growth(r: _Raw) -> int | None:
+        # Only a scale-up of the other role carries news (more work is coming); its size at
+        # rest holds slack (minReplicas, rounding, a proxy target) that is no demand.
+        if r.hold is not None or r.proposal is None or r.proposal <= r.current:
+            return None
+        return r.proposal
 
-    return {
-        PREFILL: _ceil(other(raw[DECODE]) * ratio / band),
-        DECODE: _ceil(other(raw[PREFILL]) / (ratio * band)),
-    }
+    out = {}
+    if (d := growth(raw[DECODE])) is not None:
+        out[PREFILL] = _ceil(d * ratio / band)
+    if (pr := growth(raw[PREFILL])) is not None:
+        out[DECODE] = _ceil(pr / (ratio * band))
+    return out
 
 
 def _finish(

@@ -474,3 +474,67 @@ def test_capacity_learned_at_a_ttft_breach_keeps_prefill_sized_for_its_load() ->
         3, "PromptThroughputBelowTarget")
     forgetful = decide(calm, pol, replace(d1.history, capacity={}), NOW + 400)
     assert forgetful.replicas["prefill"] == 1
+
+
+def test_capacity_is_not_learned_from_a_window_in_which_replicas_landed() -> None:
+    # 2 prefill replicas saturated for a while, then 4 more become ready: the 60 s prompt rate
+    # still holds the time when 2 served, so rate / 6 would halve the learned capacity, and
+    # PromptThroughput would size every later decision for a pool half as fast as it is.
+    d1 = decide(pool(pre(2, waiting=10.0, prompt_tokens_rate=16000.0)), policy(), WARM, NOW)
+    assert d1.history.capacity["prefill"] == pytest.approx(8000.0)
+    landed = pool(pre(6, waiting=40.0, prompt_tokens_rate=18000.0))
+    d2 = decide(landed, policy(), d1.history, NOW + 15)
+    assert d2.history.capacity["prefill"] == pytest.approx(8000.0)
+    # Once the ready count has held for a rate window and a half, saturated samples count again.
+    steady = pool(pre(6, waiting=40.0, prompt_tokens_rate=42000.0))
+    d3 = decide(steady, policy(), d2.history, NOW + 15 + 90)
+    assert d3.history.capacity["prefill"] == pytest.approx(8000.0 + 0.3 * (7000.0 - 8000.0))
+
+
+def test_capacity_estimate_rises_to_what_replicas_served_and_falls_slowly() -> None:
+    h = replace(WARM, capacity={"prefill": 4000.0})
+    # Not saturated, within the TTFT target, 2 replicas served 5000 tokens/s each: they can.
+    d1 = decide(pool(pre(2, waiting=0.0, prompt_tokens_rate=10000.0), router_ttft=0.4),
+                policy(), h, NOW)
+    assert d1.history.capacity["prefill"] == pytest.approx(5000.0)
+    # A saturated minute that held a burst and idle seconds (mean 3000/replica) only nudges it.
+    d2 = decide(pool(pre(2, waiting=10.0, prompt_tokens_rate=6000.0)), policy(), d1.history,
+                NOW + 15)
+    assert d2.history.capacity["prefill"] == pytest.approx(5000.0 - 0.3 * 2000.0)
+    # An unsaturated pool without an estimate learns nothing (its rate is no capacity).
+    d3 = decide(pool(pre(2, waiting=0.0, prompt_tokens_rate=10000.0)), policy(), WARM, NOW)
+    assert "prefill" not in d3.history.capacity
+
+
+@dataclass
+class RatioCase:
+    id: str
+    obs: Observation
+    want: dict[str, tuple[int, str]]
+
+
+RATIO_POLICY = policy(prefill_tokens_per_replica=2000.0, decode_tokens_per_replica=200.0,
+                      scale_down=FAST_DOWN)
+RATIO_CASES = [
+    # Decode holds 4 replicas it does not need (its sequence target, rounding): at rest that is
+    # no news of more prompts, so prefill sizes on its own load (1 replica of 2000 tok/s).
+    RatioCase("decode-at-rest-does-not-pull-prefill-up",
+              pool(pre(3, waiting=0.0, prompt_tokens_rate=1200.0),
+                   dec(4, running=256.0, generation_tokens_rate=100.0)),
+              {"prefill": (1, "PromptThroughputBelowTarget"), "decode": (4, "WithinDeadBand")}),
+    RatioCase("decode-scale-up-pulls-prefill-up",
+              pool(pre(2, waiting=0.0, prompt_tokens_rate=2000.0),
+                   dec(4, running=512.0, generation_tokens_rate=400.0)),
+              {"prefill": (3, "RatioFloor"), "decode": (8, "SequencesAboveTarget")}),
+    RatioCase("prefill-at-rest-does-not-hold-decode",
+              pool(pre(4, waiting=8.0, prompt_tokens_rate=6000.0),
+                   dec(4, running=64.0, kv_usage=0.1, generation_tokens_rate=600.0)),
+              {"prefill": (4, "WithinDeadBand"), "decode": (1, "SequencesBelowTarget")}),
+]
+
+
+@pytest.mark.parametrize("case", RATIO_CASES, ids=[c.id for c in RATIO_CASES])
+def test_ratio_floor_follows_the_other_roles_scale_up_only(case: RatioCase) -> None:
+    d = decide(case.obs, RATIO_POLICY, WARM, NOW)
+    got = {r: (d.roles[r].replicas, d.roles[r].reason) for r in case.want}
+    assert got == case.want, {r: d.roles[r].message for r in case.want}
