@@ -133,7 +133,7 @@ class Policy:
     headroom: float = 0.2
     dead_band: float = 0.1
     scale_up: Behavior = Behavior(window=0, max_step=4, cooldown=30)
-    scale_down: Behavior = Behavior(window=300, max_step=1, cooldown=60)
+    scale_down: Behavior = Behavior(window=300, max_step=2, cooldown=60)
     scale_to_zero: bool = False
     max_metric_age: float = 60.0
     prefill_tokens_per_replica: float | None = None

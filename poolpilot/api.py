@@ -445,7 +445,7 @@ class AutoscalingSpec(ApiModel):
     )
     scale_down: ScalingBehavior = Field(
         default_factory=lambda: ScalingBehavior(
-            stabilization_window_seconds=300, max_step=1, cooldown_seconds=60
+            stabilization_window_seconds=300, max_step=2, cooldown_seconds=60
         ),
         description="Scale-down behaviour.",
     )

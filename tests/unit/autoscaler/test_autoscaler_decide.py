@@ -54,7 +54,10 @@ def pool(prefill: RoleObservation | None = None, decode: RoleObservation | None 
 
 
 def policy(**kw: Any) -> Policy:
-    base: dict[str, Any] = dict(bounds={"prefill": (1, 8), "decode": (1, 16)})
+    # The cases below were written for a scale-down step of 1 (they test the step, not the
+    # default, which is 2): pin it.
+    base: dict[str, Any] = dict(bounds={"prefill": (1, 8), "decode": (1, 16)},
+                                scale_down=Behavior(window=300, max_step=1, cooldown=60))
     base.update(kw)
     return Policy(**base)
 
@@ -538,3 +541,9 @@ def test_ratio_floor_follows_the_other_roles_scale_up_only(case: RatioCase) -> N
     d = decide(case.obs, RATIO_POLICY, WARM, NOW)
     got = {r: (d.roles[r].replicas, d.roles[r].reason) for r in case.want}
     assert got == case.want, {r: d.roles[r].message for r in case.want}
+
+
+def test_policy_defaults_are_the_apis_defaults() -> None:
+    from_api = Policy.from_spec(parse_spec({"model": {"name": "m"}}))
+    assert from_api == Policy(bounds=from_api.bounds)
+    assert from_api.scale_down == Behavior(window=300, max_step=2, cooldown=60)
