@@ -169,9 +169,6 @@ class Autoscaler:
         policy = scaled_policy(core.Policy.from_spec(spec), self.opt.speed)
         policy = replace(policy, bounds={r: b for r, b in policy.bounds.items() if r in states})
         obs = observation(ns, name, states, snap, spec.slo.ttft.quantile, spec.slo.itl.quantile)
-        if self.opt.speed != 1 and obs.router_ttft is not None:
-            # The router measures wall-clock time; engines report simulated seconds.
-            obs = replace(obs, router_ttft=obs.router_ttft * self.opt.speed)
         d = core.decide(obs, policy, st.history, now)
         st.history, st.last_decided = d.history, now
         res.decided += 1

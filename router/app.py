@@ -43,6 +43,9 @@ class RouterConfig:
     health_interval_s: float = 2.0
     health_timeout_s: float = 2.0
     drain_timeout_s: float = 30.0
+    # Latencies are recorded times this factor: the sandbox runs engines `speed` times faster
+    # than real time and every component reports simulated seconds (one clock).
+    speed: float = 1.0
     balancer: BalancerConfig = field(default_factory=BalancerConfig)
 
     def roles(self) -> tuple[str, ...]:
@@ -253,7 +256,7 @@ class Router:
             raise
         finally:
             self.metrics.observe_request(code)
-            self.metrics.e2e_pool.observe(self.clock() - start)
+            self.metrics.e2e_pool.observe((self.clock() - start) * self.config.speed)
             self.active -= 1
             if self.active == 0:
                 self._idle.set()
@@ -408,10 +411,10 @@ class Router:
             if events > 0:
                 # Events that arrive together reach the client together: gaps of 0.
                 if last_event is None:
-                    self.metrics.ttft_pool.observe(now - start)
+                    self.metrics.ttft_pool.observe((now - start) * self.config.speed)
                     events -= 1
                 else:
-                    self.metrics.itl_pool.observe(now - last_event)
+                    self.metrics.itl_pool.observe((now - last_event) * self.config.speed)
                     events -= 1
                 for _ in range(events):
                     self.metrics.itl_pool.observe(0.0)

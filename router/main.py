@@ -69,6 +69,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     bal.add_argument("--eject-after", type=int, default=2, help="consecutive failures to eject")
     bal.add_argument("--ramp-seconds", type=float, default=10.0,
                      help="how long a new endpoint takes to reach full weight")
+    parser.add_argument(
+        "--speed", type=float, default=1.0,
+        help="report latencies in simulated seconds: multiply by X (the sandbox runs engines "
+        "X times faster than real time)",
+    )
     parser.add_argument("--log-level", default="INFO")
 
 
@@ -124,6 +129,8 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
         raise UsageError(f"--port {args.port}: must be 0..65535")
     if args.max_attempts < 1:
         raise UsageError("--max-attempts: must be >= 1")
+    if not args.speed > 0:
+        raise UsageError(f"--speed {args.speed}: must be > 0")
     return RouterConfig(
         mode=mode,
         pool=args.pool or "default",
@@ -134,6 +141,7 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
         max_attempts=args.max_attempts,
         health_interval_s=args.health_interval,
         drain_timeout_s=args.drain_timeout,
+        speed=args.speed,
         balancer=BalancerConfig(eject_after=args.eject_after, ramp_s=args.ramp_seconds),
     )
 

@@ -242,6 +242,9 @@ def local_command(argv: Sequence[str], ip: str, mapping: EngineMapping) -> list[
     sub, rest = _subcommand(argv)
     if sub == "launch":
         return _engine_command(rest, ip, mapping)
+    if sub == "router":
+        # One clock: the router reports latencies in simulated seconds, like the engines.
+        return [*POOLPILOT, sub, *rest, "--host", ip, "--speed", f"{mapping.speed:g}"]
     return [*POOLPILOT, sub, *rest, "--host", ip]
 
 

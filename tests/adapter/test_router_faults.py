@@ -289,3 +289,21 @@ def test_openai_async_client_concurrent_streams() -> None:
             return await asyncio.gather(*(one() for _ in range(32)))
 
         assert asyncio.run(main()) == ["D0 D1 D2 D3 D4 "] * 32
+
+
+def test_speed_reports_latencies_in_simulated_seconds() -> None:
+    """In the sandbox engines run X times faster than real time; the router, started with
+    --speed X, records its latencies times X so they share the engines' (simulated) clock."""
+    speed = 1e6
+    with (
+        running(start_fake_engine("E")) as (e,),
+        running(start_router("--engine", e.url, *FAST, "--speed", f"{speed:g}")) as (r,),
+    ):
+        started = time.monotonic()
+        assert completion(r.url, max_tokens=2).status_code == 200
+        wall = time.monotonic() - started
+        page = httpx.get(r.url + "/metrics").text
+        recorded = metric_value(page, "poolpilot_router_e2e_latency_seconds_sum")
+        # Any HTTP round trip takes more than 10 microseconds of real time, and the router
+        # cannot have seen more time than the client did.
+        assert 1e-5 * speed <= recorded <= wall * speed

@@ -141,14 +141,15 @@ COMMANDS = [
          "--engine-arg", "max-model-len=512", "--host", "127.0.0.7", "--python", "/v/bin/python"],
     ),
     CommandCase(
-        "router-runs-as-is-on-the-pod-address",
+        "router-runs-on-the-pod-address-reporting-simulated-seconds",
         ["poolpilot", "router", "--port", "8000", "--discover", "kubernetes"],
-        P.EngineMapping(),
-        [*PY, "router", "--port", "8000", "--discover", "kubernetes", "--host", "127.0.0.7"],
+        P.EngineMapping(speed=4),
+        [*PY, "router", "--port", "8000", "--discover", "kubernetes", "--host", "127.0.0.7",
+         "--speed", "4"],
     ),
     CommandCase(
         "python-m-form", ["python3", "-m", "poolpilot.cli", "router", "--port", "8000"],
-        P.EngineMapping(), [*PY, "router", "--port", "8000", "--host", "127.0.0.7"],
+        P.EngineMapping(), [*PY, "router", "--port", "8000", "--host", "127.0.0.7", "--speed", "1"],
     ),
 ]
 
