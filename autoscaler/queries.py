@@ -44,12 +44,8 @@ ROUTER_REQUEST_RATE = "router_request_rate"
 
 def name_variants(metric: str) -> list[str]:
     """The names one vLLM signal may carry in Prometheus, preferred first."""
-    names = [metric]
-    old = m.VLLM_RENAMED.get(metric)
-    if old is not None:
-        names.append(old)
     out: list[str] = []
-    for name in names:
+    for name in m.vllm_names(metric):
         out += [name] if ":" not in name else [name, name.replace(":", "_")]
     return out
 

@@ -36,6 +36,16 @@ VLLM_RENAMED = {
     VLLM_ITL: "vllm:time_per_output_token_seconds",
 }
 
+
+def vllm_names(metric: str) -> list[str]:
+    """Every name a vLLM series may carry, current first: the older vLLM name too where it was
+    renamed (suffixes such as `_bucket` kept)."""
+    names = [metric]
+    for current, old in VLLM_RENAMED.items():
+        if metric.startswith(current):
+            names.append(old + metric[len(current):])
+    return names
+
 # Router metrics (labels: pool, plus those named).
 ROUTER_TTFT = "poolpilot_router_time_to_first_token_seconds"  # histogram
 ROUTER_ITL = "poolpilot_router_inter_token_latency_seconds"  # histogram

@@ -22,21 +22,12 @@ ENGINE_ROLES = 'role=~"prefill|decode|engine"'
 POOL_TARGETS = 'pool!=""'
 
 
-def _names(metric: str) -> list[str]:
-    """Every name a vLLM metric may carry: current and renamed, colon and escaped."""
-    names = [metric]
-    for current, old in m.VLLM_RENAMED.items():
-        if metric.startswith(current):
-            names.append(old + metric[len(current):])
-    return names
-
-
 def series(metric: str, *matchers: str) -> str:
     """A series selector: `name{matchers}`, or for vLLM names a `__name__` regex over all the
     names the metric may have in Prometheus."""
     parts = [x for x in matchers if x]
     if metric.startswith("vllm:"):
-        alternatives = "|".join(re.escape(n.removeprefix("vllm:")) for n in _names(metric))
+        alternatives = "|".join(re.escape(n.removeprefix("vllm:")) for n in m.vllm_names(metric))
         alternatives = alternatives.replace("\\", "\\\\")  # PromQL string escaping
         group = f"({alternatives})" if "|" in alternatives else alternatives
         return "{" + ", ".join([f'__name__=~"vllm[:_]{group}"', *parts]) + "}"
