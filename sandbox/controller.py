@@ -281,8 +281,7 @@ class Controller:
     async def _command(self, rt: PodRuntime, pod: Obj) -> tuple[list[str], dict[str, str]]:
         mounts = await self._volumes(rt, pod)
         argv = (rt.container.get("command") or []) + (rt.container.get("args") or [])
-        local = P.local_command(argv, rt.ip, self.cfg.mapping)
-        local = P.remap_paths(local, mounts)
+        local = P.pod_command(argv, rt.ip, self.cfg.mapping, mounts)
         secrets = await self._secret_values(pod)
         cenv = P.resolve_env(pod, rt.container, rt.ip, secrets)
         cenv = dict(zip(cenv, P.remap_paths(cenv.values(), mounts), strict=True))

@@ -356,6 +356,16 @@ def remap_paths(values: Iterable[str], mounts: Mapping[str, str]) -> list[str]:
     return out
 
 
+def pod_command(argv: Sequence[str], ip: str, mapping: EngineMapping,
+                mounts: Mapping[str, str]) -> list[str]:
+    """The local command line of a pod whose volumes are at `mounts` (mountPath -> folder).
+
+    Only the container's own arguments are remapped: the local command adds host paths (this
+    Python, the tiny model) that may well lie under a mount path such as /tmp.
+    """
+    return local_command(remap_paths(argv, mounts), ip, mapping)
+
+
 def container_port(container: Mapping[str, Any], port: int | str) -> int:
     if isinstance(port, int) or str(port).isdigit():
         return int(port)

@@ -198,6 +198,16 @@ def test_remap_paths_longest_mount_wins() -> None:
     ) == ["/w/cfg/router.json", "/w/tmp", "/tmpx", "/w/etc/hosts", "--port"]
 
 
+def test_host_paths_under_a_mount_path_are_left_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A checkout under /tmp (as CI's may be) must not have its Python remapped into the pod's
+    /tmp volume: only the container's own arguments name container paths."""
+    monkeypatch.setattr(P, "POOLPILOT", ["/tmp/ci/.venv/bin/python3", "-m", "poolpilot.cli"])
+    argv = ["poolpilot", "router", "--port", "8000", "--log-dir", "/tmp/logs"]
+    assert P.pod_command(argv, "127.0.0.7", P.EngineMapping(), {"/tmp": "/w/tmp"}) == [
+        "/tmp/ci/.venv/bin/python3", "-m", "poolpilot.cli", "router", "--port", "8000",
+        "--log-dir", "/w/tmp/logs", "--host", "127.0.0.7", "--speed", "1"]
+
+
 def test_probe_url_and_prestop() -> None:
     c = {"name": "e", "ports": [{"name": "http", "containerPort": 8000}],
          "readinessProbe": {"httpGet": {"path": "/health", "port": "http"}},
