@@ -239,11 +239,10 @@ def test_dead_endpoint_is_ejected_and_readmitted_when_back() -> None:
                 wait_until(lambda: f"ejected engine endpoint {url}" in r.output.text(), 5,
                            "A ejected")
                 a = start_fake_engine("A", port=port)  # back on the same address
+                # Re-admitted either by a passing health check or, once its back-off is over,
+                # on probation by the request path: either way it serves again.
                 wait_until(lambda: [completion(r.url, max_tokens=1) for _ in range(4)] and
                            stats(a)["requests"] > 0, 20, "A re-admitted")
-                # The log line may reach the pipe after the request it let through.
-                wait_until(lambda: f"re-admitted engine endpoint {url}" in r.output.text(), 10,
-                           "re-admission logged")
         finally:
             a.stop()
 
