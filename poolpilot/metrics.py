@@ -53,6 +53,11 @@ ROUTER_E2E = "poolpilot_router_e2e_latency_seconds"  # histogram
 ROUTER_REQUESTS = "poolpilot_router_requests_total"  # counter {code}
 ROUTER_INFLIGHT = "poolpilot_router_inflight"  # gauge {role}
 ROUTER_KV_TRANSFER_FAILURES = "poolpilot_router_kv_transfer_failures_total"  # counter
+# Requests served aggregated on a decode engine (local prefill, no KV transfer), by reason:
+# "prefill_behind" (the prefill role would break the TTFT target) or "kv_transfer_failed"
+# (the KV handoff failed and the request was retried locally instead of failing).
+ROUTER_LOCAL_PREFILL = "poolpilot_router_local_prefill_total"  # counter {reason}
+LOCAL_PREFILL_REASONS = ("prefill_behind", "kv_transfer_failed")
 
 # Autoscaler metrics.
 AUTOSCALER_DESIRED = "poolpilot_autoscaler_desired_replicas"  # {namespace,pool,role}
