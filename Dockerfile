@@ -1,8 +1,10 @@
 # poolpilot control plane: operator, autoscaler, router (`poolpilot operator|autoscaler|router`).
 # Build: docker build -t ghcr.io/poolpilot/poolpilot:0.1.0 .
+# Every room in pyproject's package-dir is copied except the dev-only ones ([tool.poolpilot]
+# dev-only: the Kubernetes API emulator and the performance harnesses); setup.py skips those.
 FROM python:3.11-slim AS build
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml setup.py README.md ./
 COPY poolpilot poolpilot
 COPY operator operator
 COPY autoscaler autoscaler
@@ -10,6 +12,8 @@ COPY router router
 COPY engine_sim engine_sim
 COPY bench bench
 COPY sandbox sandbox
+COPY dashboards dashboards
+COPY runtime_image runtime_image
 RUN pip wheel --no-cache-dir --wheel-dir /wheels .
 
 FROM python:3.11-slim

@@ -13,12 +13,12 @@ import httpx
 import pytest
 import yaml
 from e2e_support import write_pool
+from poolpilot.sandbox import tinymodel
 from poolpilot.sandbox.data import VLLM_POOL
 from poolpilot.sandbox.loadgen import Replayer
 from poolpilot.sandbox.supervisor import SandboxConfig
 from poolpilot.sandbox.testing import SandboxThread
 
-from poolpilot import tinymodel
 from poolpilot.traces import TraceRequest
 
 VENV = Path(os.environ.get("POOLPILOT_VLLM_VENV", ".cache/vllm-venv"))

@@ -25,10 +25,11 @@ from typing import Any
 
 import httpx
 import yaml
+from poolpilot.sandbox import localprom
+from poolpilot.sandbox.localprom import PrometheusNotInstalled, PrometheusProcess, Target
 
-from poolpilot import localprom, names
+from poolpilot import names
 from poolpilot.api import InferencePoolSpec
-from poolpilot.localprom import PrometheusNotInstalled, PrometheusProcess, Target
 from poolpilot.validate import InvalidPool, parse_spec
 
 from . import pods as P
@@ -258,7 +259,7 @@ class Sandbox:
     def _vllm_mapping(self, mapping: P.EngineMapping) -> P.EngineMapping:
         from dataclasses import replace
 
-        from poolpilot import tinymodel
+        from poolpilot.sandbox import tinymodel
 
         # absolute(), not resolve(): the venv's python is a symlink out of the venv.
         python = tinymodel.vllm_python().absolute()

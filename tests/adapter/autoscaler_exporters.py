@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from poolpilot.sandbox.localprom import Target, free_port
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
@@ -30,7 +31,6 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from poolpilot import metrics as m
-from poolpilot.localprom import Target, free_port
 
 COUNTER_OFFSET = 1_000_000.0
 

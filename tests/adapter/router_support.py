@@ -195,8 +195,8 @@ def start_vllm(role: str, model: Path, scratch: Path, cpu: int, served_name: str
         -> Proc:
     """Start vLLM for a role through `poolpilot launch` (the runtime image's entrypoint).
     Returns once it is listening; call wait_vllm_ready() before use (start two, then wait)."""
-    from poolpilot.launcher import vllm_cpu_env
-    from poolpilot.localprom import free_port
+    from poolpilot.runtime.launcher import vllm_cpu_env
+    from poolpilot.sandbox.localprom import free_port
 
     scratch.mkdir(parents=True, exist_ok=True)
     port = free_port()

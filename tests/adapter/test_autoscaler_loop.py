@@ -25,12 +25,12 @@ from poolpilot.autoscaler.kube import KubeClient, KubeError
 from poolpilot.autoscaler.loop import Autoscaler, CycleResult, Options
 from poolpilot.autoscaler.metrics import AutoscalerMetrics
 from poolpilot.autoscaler.observe import PrometheusSource
+from poolpilot.emulator.server import KubeEmulator
+from poolpilot.emulator.testing import cluster_from_env
+from poolpilot.sandbox.localprom import PrometheusProcess, Target
 
 from poolpilot import api, names
 from poolpilot import metrics as m
-from poolpilot.kube.emulator import KubeEmulator
-from poolpilot.kube.testing import cluster_from_env
-from poolpilot.localprom import PrometheusProcess, Target
 
 pytestmark = [pytest.mark.adapter, pytest.mark.cluster]
 

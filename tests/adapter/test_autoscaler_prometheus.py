@@ -12,9 +12,9 @@ from autoscaler_exporters import FakeExporter, Hist, engine, router
 from poolpilot.autoscaler import queries as q
 from poolpilot.autoscaler.decide import History, Policy, decide
 from poolpilot.autoscaler.observe import PrometheusSource, RoleState, Snapshot, observation
+from poolpilot.sandbox.localprom import PrometheusProcess, Target, free_port
 
 from poolpilot import metrics as m
-from poolpilot.localprom import PrometheusProcess, Target, free_port
 
 pytestmark = pytest.mark.adapter
 

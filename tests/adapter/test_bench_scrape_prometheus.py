@@ -19,8 +19,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import httpx
 import pytest
 from poolpilot.bench.scrape import PromView, labels_of
-
-from poolpilot.localprom import PrometheusNotInstalled, PrometheusProcess, Target
+from poolpilot.sandbox.localprom import PrometheusNotInstalled, PrometheusProcess, Target
 
 pytestmark = pytest.mark.adapter
 

@@ -30,9 +30,8 @@ from typing import Any
 import httpx
 import pytest
 import yaml
-
 from poolpilot.dashboards import grafana, rules
-from poolpilot.localprom import PrometheusProcess, Target
+from poolpilot.sandbox.localprom import PrometheusProcess, Target
 
 pytestmark = pytest.mark.adapter
 
@@ -256,7 +255,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         rule_file = tmp / "rules.yaml"
         rule_file.write_text(rules.to_yaml(rules.rule_groups(PARAMS)))
         prom = PrometheusProcess(scrape_interval=SCRAPE, rule_files=[rule_file]).start(targets)
-        if available("poolpilot.autoscaler.main") and available("poolpilot.kube.emulator"):
+        if available("poolpilot.autoscaler.main") and available("poolpilot.emulator.server"):
             scaler = _start_autoscaler(tmp, procs, prom.url)
             # No target labels: its series carry the pool's namespace/pool/role themselves
             # (the chart's ServiceMonitor sets honorLabels for the same reason).

@@ -13,8 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-
-from poolpilot.kube.testing import ENV, cluster_from_env, real_kubeconfig
+from poolpilot.emulator.testing import ENV, cluster_from_env, real_kubeconfig
 
 pytestmark = pytest.mark.adapter
 
@@ -50,7 +49,7 @@ def test_cli_reports_a_port_in_use(capsys: pytest.CaptureFixture[str]) -> None:
     import argparse
     import socket
 
-    from poolpilot.kube import emulator_main
+    from poolpilot.emulator import main as emulator_main
 
     parser = argparse.ArgumentParser()
     emulator_main.add_arguments(parser)

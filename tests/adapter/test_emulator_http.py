@@ -15,8 +15,7 @@ import aiohttp
 import pytest
 import yaml
 from kubernetes_asyncio import client, config
-
-from poolpilot.kube.emulator import KubeEmulator
+from poolpilot.emulator.server import KubeEmulator
 
 pytestmark = pytest.mark.adapter
 

@@ -13,8 +13,7 @@ from typing import Any
 
 import pytest
 import yaml
-
-from poolpilot.kube.emulator import KubeEmulator
+from poolpilot.emulator.server import KubeEmulator
 
 pytestmark = pytest.mark.adapter
 

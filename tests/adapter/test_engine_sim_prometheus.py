@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 from poolpilot.engine_sim.stats import histogram_quantile
 from poolpilot.engine_sim.testing import EngineSimProcess
+from poolpilot.sandbox.localprom import PrometheusProcess, Target
 
 from poolpilot import metrics as m
-from poolpilot.localprom import PrometheusProcess, Target
 
 pytestmark = pytest.mark.adapter
 NAME = "sim-llama"

@@ -13,12 +13,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from poolpilot.emulator.server import KubeEmulator
+from poolpilot.emulator.testing import cluster_from_env
 from poolpilot.operator.handlers import OperatorConfig
 from poolpilot.operator.testing import Kubectl, install, running_operator, wait_for
 
 from poolpilot import names
-from poolpilot.kube.emulator import KubeEmulator
-from poolpilot.kube.testing import cluster_from_env
 
 pytestmark = [pytest.mark.adapter, pytest.mark.cluster]
 

@@ -8,12 +8,11 @@ from pathlib import Path
 
 import httpx
 import pytest
+from poolpilot.emulator.server import KubeEmulator
+from poolpilot.emulator.testing import cluster_from_env
 from poolpilot.operator.handlers import OperatorConfig
 from poolpilot.operator.testing import Kubectl, install, running_operator, wait_for
-
-from poolpilot.kube.emulator import KubeEmulator
-from poolpilot.kube.testing import cluster_from_env
-from poolpilot.localprom import free_port
+from poolpilot.sandbox.localprom import free_port
 
 pytestmark = [pytest.mark.adapter, pytest.mark.cluster]
 

@@ -9,9 +9,8 @@ from pathlib import Path
 
 import httpx
 import pytest
+from poolpilot.emulator.server import KubeEmulator
 from router_support import Proc, running, start_fake_engine, start_router, wait_until
-
-from poolpilot.kube.emulator import KubeEmulator
 
 pytestmark = [pytest.mark.adapter, pytest.mark.cluster]
 

@@ -21,6 +21,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+from poolpilot.sandbox.tinymodel import ensure_tiny_model
 from router_support import (
     REPO,
     Proc,
@@ -32,8 +33,6 @@ from router_support import (
     vllm_available,
     wait_vllm_ready,
 )
-
-from poolpilot.tinymodel import ensure_tiny_model
 
 pytestmark = [
     pytest.mark.adapter,

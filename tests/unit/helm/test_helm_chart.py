@@ -27,9 +27,9 @@ from chartlib import (
     tool,
 )
 from monitoring_schemas import SCHEMAS
+from poolpilot.dashboards import generate, rules
 
 from poolpilot import crd_validation
-from poolpilot.dashboards import generate, rules
 
 MONITORING = {"serviceMonitor": {"enabled": True}, "podMonitor": {"enabled": True},
               "labels": {"release": "kube-prometheus-stack"}}
@@ -367,15 +367,20 @@ def test_notes_tell_the_next_command(tmp_path: Path) -> None:
     assert "helm test pp -n ml" in notes
 
 
-def test_dockerfile_copies_every_mapped_package() -> None:
-    """The image installs poolpilot from source: every folder pyproject maps must be copied."""
+def test_dockerfile_copies_every_mapped_package_but_the_dev_tools() -> None:
+    """The image installs poolpilot from source: every folder pyproject maps must be copied,
+    except the dev-only rooms (the emulator, the perf harnesses), which stay out of the image."""
     import tomllib
 
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())
     folders = set(project["tool"]["setuptools"]["package-dir"].values())
+    dev_only = set(project["tool"]["poolpilot"]["dev-only"])
     dockerfile = (ROOT / "Dockerfile").read_text()
     copied = {line.split()[1] for line in dockerfile.splitlines() if line.startswith("COPY ")}
-    assert folders <= copied, f"Dockerfile misses COPY for {sorted(folders - copied)}"
+    assert folders - dev_only <= copied, f"Dockerfile misses COPY for {sorted(folders - copied)}"
+    assert not dev_only & copied, f"dev-only rooms in the control-plane image: {dev_only & copied}"
+    ignored = set((ROOT / ".dockerignore").read_text().split())
+    assert dev_only <= ignored, "the dev-only rooms belong in .dockerignore too"
     assert "USER 65532" in dockerfile
 
 

@@ -12,9 +12,9 @@ import pytest
 from chartlib import CHART
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models.dashboard import Dashboard
+from poolpilot.dashboards import grafana
 
 from poolpilot import metrics
-from poolpilot.dashboards import grafana
 
 NAMES = sorted(grafana.DASHBOARDS)
 

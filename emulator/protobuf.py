@@ -9,7 +9,7 @@ import base64
 from datetime import UTC, datetime
 from typing import Any
 
-from poolpilot.kube.errors import ApiError
+from poolpilot.emulator.errors import ApiError
 
 MAGIC = b"k8s\x00"
 Schema = dict[int, tuple[str, Any]]

@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from poolpilot.kube.errors import ApiError
+from poolpilot.emulator.errors import ApiError
 
 _KEY = r"[A-Za-z0-9][-A-Za-z0-9_./]*"
 _SET_RE = re.compile(rf"^\s*({_KEY})\s+(in|notin)\s+\(([^)]*)\)\s*$")

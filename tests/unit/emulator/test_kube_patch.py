@@ -8,9 +8,8 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from poolpilot.kube.errors import ApiError
-from poolpilot.kube.patch import json_patch, merge_patch, strategic_merge
+from poolpilot.emulator.errors import ApiError
+from poolpilot.emulator.patch import json_patch, merge_patch, strategic_merge
 
 
 @dataclass(frozen=True)

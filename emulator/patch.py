@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from poolpilot.kube.errors import ApiError
+from poolpilot.emulator.errors import ApiError
 
 Path = tuple[str, ...]
 # A list's type: ("map", keys) associative, ("set", ()) primitive set, ("atomic", ()) replaced.

@@ -1,4 +1,4 @@
-"""`poolpilot sim bench`: the engine simulator's speed and fidelity numbers for
+"""`poolpilot perf engine-sim`: the engine simulator's speed and fidelity numbers for
 docs/benchmarks.md, each against a baseline measured in the same run.
 
 1. DES speed: an hour of a trace (overlaid `copies` times) through PoolSim; simulated seconds
@@ -20,10 +20,9 @@ import time
 from typing import Any
 
 import numpy as np
-
-from .des import PoolSim, SimRequest
-from .engine import EngineConfig
-from .testing import EngineSimProcess
+from poolpilot.engine_sim.des import PoolSim, SimRequest
+from poolpilot.engine_sim.engine import EngineConfig
+from poolpilot.engine_sim.testing import EngineSimProcess
 
 NAME = "bench"
 
@@ -130,12 +129,11 @@ def bench_http(seconds: float, concurrency: int) -> dict[str, Any]:
     import subprocess
 
     import httpx
-
-    from poolpilot.localprom import free_port
+    from poolpilot.sandbox.localprom import free_port
 
     body = {"model": NAME, "prompt": list(range(128)), "max_tokens": 16, "ignore_eos": True}
     port = free_port()
-    base = subprocess.Popen([sys.executable, "-m", "poolpilot.engine_sim.bench",
+    base = subprocess.Popen([sys.executable, "-m", "poolpilot.perf.engine_sim",
                              "--baseline-server", str(port)])
     out: dict[str, Any] = {}
     try:
@@ -219,8 +217,8 @@ def bench_time_scaling(n: int = 40, rate: float = 4.0) -> dict[str, Any]:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m poolpilot.engine_sim.bench")
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     ap.add_argument("--baseline-server", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--trace", default="../shared/traces/AzureLLMInferenceTrace_conv.csv")
     ap.add_argument("--copies", type=int, default=3)

@@ -8,7 +8,7 @@ import signal
 import sys
 from pathlib import Path
 
-from poolpilot.kube.emulator import KubeEmulator
+from poolpilot.emulator.server import KubeEmulator
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

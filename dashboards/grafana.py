@@ -10,7 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from poolpilot import metrics as m
 from poolpilot.dashboards.promql import (
     BY_POOL,
     BY_ROLE,
@@ -20,6 +19,8 @@ from poolpilot.dashboards.promql import (
     rate,
     series,
 )
+
+from poolpilot import metrics as m
 
 SCHEMA_VERSION = 39
 DS = {"type": "prometheus", "uid": "${datasource}"}

@@ -21,19 +21,20 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from poolpilot import crd_validation
-from poolpilot.kube import errors, managed
-from poolpilot.kube import patch as patching
-from poolpilot.kube.errors import ApiError
-from poolpilot.kube.patch import clone
-from poolpilot.kube.resources import Registry, ResourceType, from_crd
-from poolpilot.kube.selectors import (
+from poolpilot.emulator import errors, managed
+from poolpilot.emulator import patch as patching
+from poolpilot.emulator.errors import ApiError
+from poolpilot.emulator.patch import clone
+from poolpilot.emulator.resources import Registry, ResourceType, from_crd
+from poolpilot.emulator.selectors import (
     FieldRequirement,
     Requirement,
     fields_match,
     labels_match,
     selector_string,
 )
+
+from poolpilot import crd_validation
 
 DEFAULT_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
 _SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")

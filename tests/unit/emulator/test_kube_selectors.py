@@ -7,9 +7,8 @@ from dataclasses import dataclass
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from poolpilot.kube.errors import ApiError
-from poolpilot.kube.selectors import (
+from poolpilot.emulator.errors import ApiError
+from poolpilot.emulator.selectors import (
     fields_match,
     labels_match,
     parse_field_selector,

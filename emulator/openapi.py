@@ -14,7 +14,7 @@ import hashlib
 import json
 from typing import Any
 
-from poolpilot.kube.resources import Registry, ResourceType
+from poolpilot.emulator.resources import Registry, ResourceType
 
 _PARAMS = [
     {"name": n, "in": "query", "schema": {"type": "string", "uniqueItems": True}}

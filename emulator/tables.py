@@ -10,7 +10,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from poolpilot.kube.resources import ResourceType
+from poolpilot.emulator.resources import ResourceType
 
 _FILTER = re.compile(r"""^\?\(@\.([\w.-]+)\s*==\s*(?:"([^"]*)"|'([^']*)'|([\w.-]+))\)$""")
 

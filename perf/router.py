@@ -1,8 +1,6 @@
 """Router overhead against direct engine access.
 
-    .venv/bin/python -P -m poolpilot.router.bench [--duration 5] [--concurrency 1,64,256]
-
-(-P keeps the repository folder off sys.path: its operator/ would shadow the stdlib module.)
+    poolpilot perf router [--duration 5] [--concurrency 1,64,256]
 
 Starts zero-time upstreams: `poolpilot engine-sim --speed inf` (vLLM's API and P/D protocol,
 every step instantaneous; `--upstream minimal` uses a bare aiohttp server in this file
@@ -169,15 +167,15 @@ def _row(mode: str, c: int, direct: Result, routed: Result) -> str:
     )
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     p.add_argument("--duration", type=float, default=5.0, help="seconds measured per run")
     p.add_argument("--warmup", type=float, default=1.0)
     p.add_argument("--concurrency", default="1,64,256")
     p.add_argument("--upstream", choices=("engine-sim", "minimal"), default="engine-sim",
                    help="zero-time upstream: the engine simulator or a bare aiohttp server")
     p.add_argument("--serve-upstream", type=int, metavar="PORT", help=argparse.SUPPRESS)
-    args = p.parse_args()
+    args = p.parse_args(argv)
     if args.serve_upstream is not None:
         asyncio.run(_serve_upstream(args.serve_upstream))
         return 0
@@ -187,7 +185,7 @@ def main() -> int:
 
     def upstream(role: str) -> str:
         if args.upstream == "minimal":
-            cmd = [sys.executable, "-P", "-m", "poolpilot.router.bench", "--serve-upstream", "0"]
+            cmd = [sys.executable, "-P", "-m", "poolpilot.perf.router", "--serve-upstream", "0"]
         else:
             cmd = [poolpilot, "engine-sim", "--role", role, "--speed", "inf",
                    "--served-name", "bench", "--port", "0"]

@@ -1,5 +1,5 @@
 """How fast the emulator answers the calls an operator makes, against bare HTTP on the same
-server: `python -m poolpilot.kube.bench [--objects 1000] [--watchers 4]`.
+server: `poolpilot perf emulator [--objects 1000] [--watchers 4]`.
 
 Phases (sequential requests from one aiohttp client, keep-alive): GET /version (the baseline:
 HTTP and routing only), server-side apply creating N Deployments, re-applying them unchanged
@@ -14,12 +14,12 @@ import argparse
 import asyncio
 import json
 import statistics
+import sys
 import time
 from typing import Any
 
 import aiohttp
-
-from poolpilot.kube.emulator import KubeEmulator
+from poolpilot.emulator.server import KubeEmulator
 
 
 def _deployment(i: int, image: str) -> dict[str, Any]:
@@ -97,11 +97,11 @@ async def run_bench(objects: int, watchers: int) -> list[tuple[str, float, float
         return results
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     parser.add_argument("--objects", type=int, default=1000)
     parser.add_argument("--watchers", type=int, default=4)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     results = asyncio.run(run_bench(args.objects, args.watchers))
     base = results[0][1]
     print(f"{args.objects} objects, {args.watchers} watchers streaming every change")
@@ -109,7 +109,8 @@ def main() -> None:
     print("|---|---|---|---|")
     for name, p50, rate in results:
         print(f"| {name} | {p50:.2f} | {rate:.0f} | {p50 / base:.1f}x |")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -13,8 +13,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
-
-from poolpilot import metrics as m
 from poolpilot.dashboards.promql import (
     BY_POOL,
     BY_ROLE,
@@ -24,6 +22,8 @@ from poolpilot.dashboards.promql import (
     series,
     share_within,
 )
+
+from poolpilot import metrics as m
 
 QUANTILES = (0.5, 0.9, 0.99)
 

@@ -1,6 +1,6 @@
 """Operator benchmark: reconcile latency and throughput for N pools against the emulator.
 
-    .venv/bin/python -m poolpilot.operator.bench --pools 1 100 1000
+    poolpilot perf operator --pools 1 100 1000
 
 For each N, a fresh emulator process and a fresh `poolpilot operator` process (the real CLI)
 run; N pools are created through the API (16 at a time) and a watch records when each pool's
@@ -244,8 +244,8 @@ def _row(op: Result, base: Result) -> str:
             f"{op.throughput / base.throughput:.2f} | {op.rss_idle:.0f} → {op.rss_loaded:.0f} |")
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
     parser.add_argument("--pools", type=int, nargs="+", default=[1, 100, 1000])
     args = parser.parse_args(argv)
     os.environ.setdefault("PYTHONUNBUFFERED", "1")

@@ -9,11 +9,10 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from poolpilot.kube.errors import ApiError
-from poolpilot.kube.managed import decode, encode, flatten
-from poolpilot.kube.patch import builtin_list_type
-from poolpilot.kube.store import Store
+from poolpilot.emulator.errors import ApiError
+from poolpilot.emulator.managed import decode, encode, flatten
+from poolpilot.emulator.patch import builtin_list_type
+from poolpilot.emulator.store import Store
 
 
 def deployment(replicas: int | None = 2, image: str = "vllm:1", labels: dict[str, str] | None =

@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from poolpilot.kube.patch import ListTypes, clone, item_key
+from poolpilot.emulator.patch import ListTypes, clone, item_key
 
 Elem = tuple[str, str]
 FPath = tuple[Elem, ...]

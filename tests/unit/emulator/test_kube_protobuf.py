@@ -7,9 +7,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-
-from poolpilot.kube.errors import ApiError
-from poolpilot.kube.protobuf import MAGIC, decode_body
+from poolpilot.emulator.errors import ApiError
+from poolpilot.emulator.protobuf import MAGIC, decode_body
 
 
 def varint(n: int) -> bytes:

@@ -1,6 +1,6 @@
 """Run a suite against the emulator, or against a real cluster when given a kubeconfig.
 
-    from poolpilot.kube.testing import cluster_from_env
+    from poolpilot.emulator.testing import cluster_from_env
 
     with cluster_from_env(tmp_path) as (kubeconfig, emu):
         ...  # emu is None on a real cluster: skip what needs emulator-only features (faults)
@@ -17,7 +17,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from poolpilot.kube.emulator import KubeEmulator
+from poolpilot.emulator.server import KubeEmulator
 
 ENV = "KUBECONFIG_E2E"
 
@@ -46,7 +46,7 @@ def cluster_from_env(workdir: str | Path | None = None, *, kubeconfig: str | Pat
     with contextlib.ExitStack() as stack:
         if workdir is None:
             workdir = stack.enter_context(tempfile.TemporaryDirectory(prefix="kube-emu-"))
-        emu = KubeEmulator(**emulator_options)  # type: ignore[arg-type]
+        emu = KubeEmulator(**emulator_options)
         stack.enter_context(emu.running())
         path = emu.write_kubeconfig(Path(workdir) / "kubeconfig", namespace=namespace)
         yield path, emu

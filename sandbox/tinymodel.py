@@ -8,7 +8,7 @@ The build needs torch, transformers and tokenizers, which live in the vLLM venv,
 poolpilot's. So `ensure_tiny_model()` runs this file as a script with the vLLM venv's Python;
 only the standard library is imported at module level.
 
-    python poolpilot/tinymodel.py OUT_DIR        # with a Python that has transformers
+    python sandbox/tinymodel.py OUT_DIR        # with a Python that has transformers
 """
 
 from __future__ import annotations

@@ -25,13 +25,12 @@ from typing import Any, TypeVar
 
 import yaml
 from aiohttp import web
-
-from poolpilot.kube import errors, openapi, protobuf, tables
-from poolpilot.kube.errors import REASONS, ApiError
-from poolpilot.kube.faults import Fault, Faults
-from poolpilot.kube.resources import ResourceType
-from poolpilot.kube.selectors import parse_field_selector, parse_label_selector
-from poolpilot.kube.store import PATCH_TYPES, Store, Watcher
+from poolpilot.emulator import errors, openapi, protobuf, tables
+from poolpilot.emulator.errors import REASONS, ApiError
+from poolpilot.emulator.faults import Fault, Faults
+from poolpilot.emulator.resources import ResourceType
+from poolpilot.emulator.selectors import parse_field_selector, parse_label_selector
+from poolpilot.emulator.store import PATCH_TYPES, Store, Watcher
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -7,10 +7,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from poolpilot.kube.faults import Faults
-from poolpilot.kube.resources import Registry
-from poolpilot.kube.tables import human_duration, jsonpath, table
+from poolpilot.emulator.faults import Faults
+from poolpilot.emulator.resources import Registry
+from poolpilot.emulator.tables import human_duration, jsonpath, table
 
 OBJ: dict[str, Any] = {
     "metadata": {"name": "p", "creationTimestamp": "2026-01-01T00:00:00Z"},
@@ -61,8 +60,7 @@ def test_human_duration(seconds: int, text: str) -> None:
 
 def test_crd_table_has_name_then_printer_columns() -> None:
     import yaml
-
-    from poolpilot.kube.resources import from_crd
+    from poolpilot.emulator.resources import from_crd
     crd = yaml.safe_load((Path(__file__).resolve().parents[3] / "crds/inferencepool.yaml")
                          .read_text())
     rt = from_crd(crd)[0]

@@ -1,6 +1,6 @@
 """Benchmark: one autoscaler cycle for 1, 100 and 1,000 pools.
 
-    python -m poolpilot.autoscaler.bench_cycle --pools 1 100 1000
+    poolpilot perf autoscaler --pools 1 100 1000
 
 A real Prometheus scrapes one synthetic exporter that serves, for every pool, the series a
 disaggregated pool's engines and router would (already carrying namespace/pool/role, as after
@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
+import sys
 import tempfile
 import threading
 import time
@@ -33,11 +34,11 @@ from poolpilot.autoscaler import queries as q
 from poolpilot.autoscaler.kube import KubeClient, KubeError
 from poolpilot.autoscaler.loop import Autoscaler, Options
 from poolpilot.autoscaler.observe import PrometheusSource, observation
+from poolpilot.emulator.server import KubeEmulator
+from poolpilot.sandbox.localprom import PrometheusProcess, Target, free_port
 
 from poolpilot import api, names
 from poolpilot import metrics as m
-from poolpilot.kube.emulator import KubeEmulator
-from poolpilot.localprom import PrometheusProcess, Target, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRAPE = 3.0
@@ -316,20 +317,21 @@ def table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    p = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
     p.add_argument("--pools", type=int, nargs="+", default=[1, 100, 1000])
     p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--per-query", action="store_true", help="also time each query alone")
     p.add_argument("--naive-max", type=int, default=100,
                    help="also time per-pool queries up to this many pools")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     rows = []
     for n in args.pools:
         rows.append(asyncio.run(measure(n, args.repeat, args.naive_max, args.per_query)))
         print(f"measured {n} pools", flush=True)
     print(table(rows))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -10,11 +10,10 @@ from typing import Any
 
 import pytest
 import yaml
-
-from poolpilot.kube.errors import ApiError
-from poolpilot.kube.resources import ResourceType
-from poolpilot.kube.selectors import parse_label_selector
-from poolpilot.kube.store import Event, Store, Watcher
+from poolpilot.emulator.errors import ApiError
+from poolpilot.emulator.resources import ResourceType
+from poolpilot.emulator.selectors import parse_label_selector
+from poolpilot.emulator.store import Event, Store, Watcher
 
 ROOT = Path(__file__).resolve().parents[3]
 CRD = yaml.safe_load((ROOT / "crds/inferencepool.yaml").read_text())
@@ -325,7 +324,7 @@ INVALID = [
 @pytest.mark.parametrize("case", INVALID, ids=lambda c: c.id)
 def test_invalid_custom_resource_is_422_naming_the_field(store: Store, case: InvalidCase) -> None:
     pools = with_crd(store)
-    from poolpilot.kube.patch import merge_patch
+    from poolpilot.emulator.patch import merge_patch
 
     with pytest.raises(ApiError) as err:
         store.create(pools, "serving", merge_patch(POOL, case.patch))

@@ -1,0 +1,1 @@
+"""Performance harnesses (`poolpilot perf NAME`): developer tools, not shipped in the images."""

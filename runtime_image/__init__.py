@@ -1,0 +1,1 @@
+"""The engine image's runtime: the role launcher (`poolpilot launch`) that starts vLLM."""
