@@ -1,25 +1,28 @@
 """`poolpilot sandbox` as a user runs it: clear errors, Ctrl-C stops everything it started,
-and a second run right after works and writes its report. Budget: about a minute."""
+and a second run right after (from another folder, with relative paths) works and writes its
+report. Budget: about a minute."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 from pathlib import Path
 
+from poolpilot.sandbox.data import DEFAULT_POOL
 from poolpilot.sandbox.testing import wait_for
 
 SANDBOX = [sys.executable, "-m", "poolpilot.cli", "sandbox", "--no-progress"]
 
 
-def sandbox(*args: str, env: dict[str, str] | None = None,
+def sandbox(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None,
             timeout: float = 300) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*SANDBOX, *args], capture_output=True, text=True, timeout=timeout,
-                          env=env)
+                          env=env, cwd=cwd)
 
 
 def processes_using(folder: Path) -> list[str]:
@@ -85,9 +88,14 @@ def test_ctrl_c_stops_everything_then_a_second_run_works(tmp_path: Path) -> None
     assert wait_for(lambda: not processes_using(first), timeout=15,
                     what="every process of the interrupted run to be gone", interval=0.5) is True
     # A second run right after, to the end: it gets its own ports and writes the report.
+    # It runs from another folder with relative --pool, --trace and --report: pods run in
+    # folders of their own, so every path handed to them must be absolute.
     second = tmp_path / "second"
-    r = sandbox("--trace", str(trace), "--speed", "8", "--duration", "30", "--report",
-                str(second))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    shutil.copy(DEFAULT_POOL, tmp_path / "pool.yaml")
+    r = sandbox("--pool", "../pool.yaml", "--trace", "../t.csv", "--speed", "8",
+                "--duration", "30", "--report", "../second", cwd=elsewhere)
     assert r.returncode == 0, r.stderr[-3000:]
     report = json.loads((second / "report.json").read_text())
     assert report["requests"] == {**report["requests"], "sent": 6, "ok": 6, "failed": 0}
