@@ -19,12 +19,12 @@ from typing import Any
 import pytest
 import yaml
 from e2e_support import pool_manifest, write_pool
-from poolpilot.sandbox.controller import ScaleChange
 from poolpilot.sandbox.data import DEFAULT_TRACE
 from poolpilot.sandbox.loadgen import Replayer, RequestResult
 from poolpilot.sandbox.report import attach_reasons
 from poolpilot.sandbox.supervisor import AppliedPool, SandboxConfig
 from poolpilot.sandbox.testing import SandboxThread, wait_for
+from poolpilot.sandbox.timeline import ScaleChange
 
 from poolpilot.traces import load_trace
 
@@ -98,7 +98,7 @@ def burst(sb: SandboxThread, tmp_path_factory: pytest.TempPathFactory) -> Burst:
     wait_for(lambda: at_minimum(sb, pool), timeout=budget, what="both roles back at minimum")
     settled = time.monotonic()
     assert sb.sandbox.controller is not None
-    changes = [c for c in sb.sandbox.controller.scale_changes if c.pool == pool.name]
+    changes = [c for c in sb.sandbox.controller.timeline.scale_changes if c.pool == pool.name]
     # The reasons, as the autoscaler announced them in its Events.
     attach_reasons(changes, sb.call(sb.sandbox.scale_event_messages(pool)))
     return Burst(pool, len(trace), results, t0, load_end, settled, changes)
@@ -165,7 +165,7 @@ def test_prometheus_outage_holds_replicas_then_recovers(sb: SandboxThread, burst
         # Longer than the down-window and a cooldown: a scale-down would have happened.
         time.sleep(real(DOWN_WINDOW_S + DOWN_COOLDOWN_S + 2 * INTERVAL_S))
         assert replicas(sb, pool, "prefill")[0] == 3
-        assert not [c for c in sb.sandbox.controller.scale_changes  # type: ignore[union-attr]
+        assert not [c for c in sb.sandbox.controller.timeline.scale_changes
                     if c.pool == pool.name and c.t >= held_since]
     finally:
         sb.sandbox.restart_prometheus()
@@ -206,7 +206,9 @@ def test_deleted_child_is_repaired_and_invalid_spec_degrades(
         wait_for(lambda: all(replicas(sb, pool, r)[1] >= 1 for r in ("prefill", "decode")),
                  timeout=60, what="a settled pool")
         before = workloads()
-        pids = {rt.name: rt.child.pid for rt in sb.sandbox.controller.runtimes.values()  # type: ignore[union-attr]
+        assert sb.sandbox.controller is not None
+        runtimes = sb.sandbox.controller.kubelet.runtimes
+        pids = {rt.name: rt.child.pid for rt in runtimes.values()
                 if rt.namespace == pool.namespace and rt.child is not None}
         bad = pool_manifest(pool.name, lambda s: s["decode"].update(
             minReplicas=5, maxReplicas=2, replicas=5), namespace=pool.namespace)
@@ -218,7 +220,7 @@ def test_deleted_child_is_repaired_and_invalid_spec_degrades(
         events = kubectl_json(sb, "events", "-n", pool.namespace)["items"]
         assert any(e.get("reason") == "InvalidSpec" for e in events)
         assert workloads() == before, "the running workloads were touched"
-        after_pids = {rt.name: rt.child.pid for rt in sb.sandbox.controller.runtimes.values()  # type: ignore[union-attr]
+        after_pids = {rt.name: rt.child.pid for rt in runtimes.values()
                       if rt.namespace == pool.namespace and rt.child is not None}
         assert after_pids == pids, "pods were restarted"
     finally:

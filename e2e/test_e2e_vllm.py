@@ -52,7 +52,7 @@ def test_disaggregated_pool_on_real_vllm_serves_through_the_router(
     pool = sb.call(sb.sandbox.apply(write_pool(tmp_path, manifest)))
     sb.call(sb.sandbox.wait_ready(pool, timeout=300), timeout=330)
     assert sb.sandbox.controller is not None
-    decode = next(rt for rt in sb.sandbox.controller.runtimes.values()
+    decode = next(rt for rt in sb.sandbox.controller.kubelet.runtimes.values()
                   if rt.name.startswith("tiny-decode-"))
     before = httpx.get(f"http://{decode.ip}:8000/metrics", timeout=10).text
     # Prompts longer than the CPU block size (128 tokens), so KV blocks are handed over.

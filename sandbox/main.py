@@ -218,8 +218,9 @@ async def write_outputs(sandbox: Sandbox, pool: AppliedPool, results: list, t0: 
     ctl = sandbox.controller
     slo = R.Slo(pool.spec.slo.ttft.seconds, pool.spec.slo.ttft.quantile,
                 pool.spec.slo.itl.seconds, pool.spec.slo.itl.quantile)
-    samples = [s for s in ctl.samples if s.namespace == pool.namespace and s.pool == pool.name]
-    changes = [c for c in ctl.scale_changes
+    samples = [s for s in ctl.timeline.samples
+               if s.namespace == pool.namespace and s.pool == pool.name]
+    changes = [c for c in ctl.timeline.scale_changes
                if c.namespace == pool.namespace and c.pool == pool.name and c.t >= t0]
     R.attach_reasons(changes, await sandbox.scale_event_messages(pool))
     out = R.build_report(

@@ -1,7 +1,8 @@
 """Pure pieces of the sandbox's controller: Deployments -> Pods -> local command lines, and the
 objects and status a real control plane would write (EndpointSlices, Deployment status).
 
-No I/O here: the controller (controller.py) reads the API, calls these, and writes the result.
+No I/O here: the controller's jobs (controller.py runs deployments.py, kubelet.py, endpoints.py,
+scrape.py, timeline.py) read the API, call these, and write the result.
 """
 
 from __future__ import annotations

@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from .controller import RoleSample, ScaleChange
 from .loadgen import RequestResult
+from .timeline import RoleSample, ScaleChange
 
 QUANTILES = {"p50": 50.0, "p90": 90.0, "p99": 99.0}
 

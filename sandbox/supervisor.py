@@ -332,7 +332,7 @@ class Sandbox:
         state: dict[str, str] = {}
         while time.monotonic() < deadline:
             self._check_alive()
-            crashing = [rt for rt in self.controller.runtimes.values()
+            crashing = [rt for rt in self.controller.kubelet.runtimes.values()
                         if rt.namespace == pool.namespace and rt.restarts >= 3]
             if crashing:
                 raise SandboxError(
@@ -372,7 +372,7 @@ class Sandbox:
     def _pod_failures(self) -> str:
         assert self.controller is not None
         lines = []
-        for rt in self.controller.runtimes.values():
+        for rt in self.controller.kubelet.runtimes.values():
             if rt.restarts or (rt.child is not None and not rt.child.alive()):
                 tail = rt.child.log_tail(8) if rt.child else ""
                 lines.append(f"pod {rt.name} restarted {rt.restarts}x; last log lines:\n{tail}\n")
@@ -391,7 +391,7 @@ class Sandbox:
         prefix = names.child_name(pool.name, "router") + "-"
         return sorted(
             f"http://{rt.ip}:{names.ROUTER_PORT}/v1"
-            for rt in self.controller.runtimes.values()
+            for rt in self.controller.kubelet.runtimes.values()
             if rt.namespace == pool.namespace and rt.name.startswith(prefix) and rt.ready
             and not rt.terminating
         )

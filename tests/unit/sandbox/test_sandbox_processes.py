@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from poolpilot.sandbox.controller import AddressPool
+from poolpilot.sandbox.kubelet import AddressPool
 from poolpilot.sandbox.localprom import free_port
 from poolpilot.sandbox.processes import ProcessTable
 from poolpilot.sandbox.supervisor import SandboxError, check_port

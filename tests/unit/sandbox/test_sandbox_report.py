@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from poolpilot.sandbox import report as R
-from poolpilot.sandbox.controller import RoleSample, ScaleChange
 from poolpilot.sandbox.data import DEFAULT_POOL, DEFAULT_TRACE, VLLM_POOL
 from poolpilot.sandbox.loadgen import RequestResult, prompt_tokens
+from poolpilot.sandbox.timeline import RoleSample, ScaleChange
 
 from poolpilot.traces import load_trace
 from poolpilot.validate import validate_file
