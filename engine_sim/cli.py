@@ -4,6 +4,8 @@
     poolpilot sim trace --trace FILE [--copies N] [--mode ...] [--prefill N --decode N] [--json]
         replay a trace through a fixed-size pool with the discrete-event simulator and report
         latencies and the simulator's speed (simulated seconds per wall second)
+    poolpilot sim calibration [--json]
+        the step-time model next to the step times measured on an H200, row by row
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     t.add_argument("--scrape-interval", type=float, default=15.0,
                    help="read metrics every S simulated seconds, as a scraper would")
     t.add_argument("--json", action="store_true", help="print JSON")
+    c = sub.add_parser("calibration", help="step-time model vs step times measured on an H200")
+    c.add_argument("--json", action="store_true", help="print JSON")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -57,7 +61,22 @@ def run(args: argparse.Namespace) -> int:
                   f"({res.continuous_steps} steps)")
             print(f"throughput ratio (continuous / static): {res.throughput_ratio:.3f}")
         return 0
+    if args.experiment == "calibration":
+        return _calibration(args.json)
     return _trace(args)
+
+
+def _calibration(as_json: bool) -> int:
+    from dataclasses import asdict
+
+    from .calibration import markdown, rows
+
+    table = rows()
+    if as_json:
+        print(json.dumps([{**asdict(r), "ratio": r.ratio, "inside": r.inside} for r in table]))
+    else:
+        print(markdown(table))
+    return 0 if all(r.inside for r in table) else 1
 
 
 def _trace(args: argparse.Namespace) -> int:

@@ -215,17 +215,21 @@ class EngineCore:
             k = self._run_length(seqs, k)
             durs = self.model.decode_run_times(len(seqs), ctx, k)
         else:
-            new = kv_read = sampled = 0
+            new = sampled = dec = dec_kv = pre_kv = 0
             pairs = 0.0
             for s, n in sp.items:
                 c = s.computed
                 new += n
-                kv_read += c
-                pairs += n * c + n * (n + 1) / 2
+                if n == 1:  # one query token: memory-bound attention over its context
+                    dec += 1
+                    dec_kv += c
+                else:
+                    pre_kv += c
+                    pairs += n * c + n * (n + 1) / 2
                 if c + n == s.prompt + s.generated:
                     sampled += 1
             ch = Chunk(start, np.array([start + self.model.step_time_from(
-                new, pairs, kv_read, sampled)]), sp.items, False, sp.preempted)
+                new, sampled, dec, dec_kv, pairs, pre_kv)]), sp.items, False, sp.preempted)
             self.chunk = ch
             return ch
         ends = start + np.cumsum(durs)
@@ -294,6 +298,8 @@ class EngineCore:
                 self._commit_step(ch, out)
             ch.done = n_end
             self.busy_until = out.end
+        elif ch.decode_run:
+            self._hold_exact([s for s, _ in ch.items], 1)  # observed before its first step ends
         if ch.done >= ch.steps:
             self.chunk = None
         return out
@@ -332,8 +338,7 @@ class EngineCore:
         last_idx = first_idx + j - 1
         track = self.config.track_token_steps
         back_to_back = 0  # sequences whose previous token ended right where this run starts
-        bs = self.sched.block_size
-        surplus = 0
+        live: list[Seq] = []
         in_flight = 1 if b < ch.steps else 0  # the next step of the run is under way
         for s in seqs:
             lt = s.last_token_at
@@ -358,16 +363,24 @@ class EngineCore:
             if s.generated >= s.max_output:
                 self._finish(s, end, out)
             else:
-                # hold exactly the blocks step-by-step scheduling would hold now (the run
-                # reserved its future blocks up front): KV usage and the next admissions
-                # see the same cache as without batching
-                exact = -(-(s.computed + in_flight) // bs)
-                surplus += s.blocks - exact
-                s.blocks = exact
-        self.sched.free_blocks += surplus
+                live.append(s)
+        self._hold_exact(live, in_flight)
         if back_to_back:
             itl.observe(end0 - prev, back_to_back)
         out.sampled.extend(seqs)
+
+    def _hold_exact(self, seqs: list[Seq], in_flight: int) -> None:
+        """Hold exactly the blocks step-by-step scheduling would hold now (a decode run
+        reserves its future blocks up front): KV usage and the next admissions see the same
+        cache as without batching. Nothing else allocates in this engine while a chunk is
+        planned, so blocks given back here are still free when the run takes them again."""
+        bs = self.sched.block_size
+        surplus = 0
+        for s in seqs:
+            exact = -(-(s.computed + in_flight) // bs)
+            surplus += s.blocks - exact
+            s.blocks = exact
+        self.sched.free_blocks += surplus
 
     def _commit_step(self, ch: Chunk, out: Outcome) -> None:
         end = float(ch.ends[0])

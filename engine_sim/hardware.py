@@ -1,26 +1,37 @@
-"""Step-time model: a roofline over published model shapes and GPU datasheets.
+"""Step-time model: per-kernel rooflines over published model shapes and GPU datasheets.
 
 One engine iteration (a "step") runs every scheduled sequence's new tokens through the model
-once. Its time is
+once. Per GPU (a tensor-parallel group of `tp` GPUs splits weights, heads and MLP width
+evenly), the step is a sequence of kernels that run one after another, so their times add:
 
-    t = max(bytes / (bandwidth * mem_eff), flops / (peak * compute_eff)) + overhead + comm
+    t = linear + attention(decode) + attention(prefill) + elementwise + launches + comm
 
-per GPU, where a tensor-parallel group of `tp` GPUs splits bytes and FLOPs evenly and adds a
-ring all-reduce after attention and after the MLP of every layer (`comm`).
+* linear: the GEMMs of every layer and the LM head. Inside one GEMM the weight reads overlap
+  the math, but not perfectly near the ridge point (pipeline fill and drain, partial waves):
+  `max(mem, math) + overlap_loss x min(mem, math)`, with mem = weight bytes / achieved
+  bandwidth and math = 2 x params x tokens (LM head: x sampling sequences) / achieved FLOP/s.
+* attention: a separate kernel from the GEMMs, so its KV reads do not hide behind their math
+  (the old `max(all bytes, all FLOPs)` roofline assumed they did, and priced a decode batch
+  plus a prefill chunk up to 46% below the H200 measurement). Decode sequences (one new token)
+  read their context's KV: memory-bound; prefill chunks do 4 x layers x heads x head_dim
+  FLOPs per (query, key) pair, causal within the chunk, at the attention kernel's efficiency.
+* elementwise: vLLM's fused norms (+residual), RoPE, the KV-cache write and SiLU-and-mul read
+  and write activations per token: memory-bound, after the GEMM that produced them.
+* launches: each of a layer's ~9 kernels costs a fixed latency even in a CUDA graph (launch,
+  ramp-up, tail), plus a per-step overhead (scheduling, sampling).
+* comm: tensor parallel adds a ring all-reduce after attention and after the MLP of every
+  layer.
 
-* bytes: every weight matrix once (the decoder layers and the LM head; the input embedding is a
-  row lookup, not a stream) + the KV cache read by attention (the context of every sequence)
-  + the KV written for the new tokens.
-* flops: 2 x (matmul parameters) per new token + attention (QK^T and PV: 4 x layers x q_heads
-  x head_dim per (query, key) pair, causal within a prefill chunk) + the LM head for each
-  sequence that samples a token in this step.
-* mem_eff / compute_eff: achieved fractions of the datasheet peaks (MBU ~0.85 for decode
-  GEMVs, MFU ~0.6 for prefill GEMMs on Hopper, as reported by vLLM/TensorRT-LLM benchmarks);
-  overhead: scheduling, sampling and kernel launches per step (~0.4 ms with CUDA graphs).
+Efficiencies are fractions of the datasheet peaks. They were checked against step times
+measured on one H200 (engine_sim/data/h200-*.json, docs/engine-simulator.md#calibration):
+plain-PyTorch steps (unfused ops, cuBLAS GEMMs, flash SDPA, CUDA graphs for decode) are an
+upper bound for vLLM's fused kernels, so the model sits at or below them - decode between
+the (weights + KV) / bandwidth floor and the measurement, prefill >= 512 tokens within 15%,
+mixed decode + prefill steps within 25% (tests/unit/engine_sim/test_engine_sim_calibration.py).
 
-Datasheet anchors (tested): Llama-3.1-8B bf16 weights are 16.06 GB, so a batch-1 decode step
-streams them in ~4.8 ms at H100's 3.35 TB/s and ~3.3 ms at H200's 4.8 TB/s; prefill costs
-~2 x params = ~16 GFLOP per token. Memory sizes are what nvidia-smi reports (MiB).
+Datasheet anchors (tested): Llama-3.1-8B bf16 weights are 16.06 GB, so streaming them takes
+~4.8 ms at H100's 3.35 TB/s and ~3.3 ms at H200's 4.8 TB/s; prefill costs ~2 x params = ~16
+GFLOP per token. Memory sizes are what nvidia-smi reports (MiB).
 
 The KV handoff between a prefill and a decode engine moves prompt_tokens x kv_bytes_per_token
 over the inter-node link (`kv_link_bandwidth`, e.g. one 400 Gb/s NIC per GPU) plus a fixed
@@ -29,6 +40,7 @@ setup latency (NIXL's handshake is done once; a transfer still posts descriptors
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -107,6 +119,19 @@ class ModelShape:
         """FLOPs of one (query, key) pair over all layers: QK^T and PV, 2 FLOPs per MAC."""
         return 4 * self.layers * self.heads * self.head_dim
 
+    def elementwise_bytes_per_token(self, tp: int = 1) -> int:
+        """Activation bytes one GPU's fused elementwise kernels move per token, all layers.
+
+        Per layer: two fused add+RMSNorms read x and the residual and write both (4 x hidden
+        each, replicated on every GPU); RoPE reads and writes q and k; the cache write reads
+        k and v and stores them; SiLU-and-mul reads gate and up and writes their product
+        (heads and MLP width are split over the tensor-parallel group)."""
+        d = self.dtype_bytes
+        replicated = 2 * 4 * self.hidden
+        split = (2 * (self.heads + self.kv_heads) * self.head_dim
+                 + 4 * self.kv_heads * self.head_dim + 3 * self.intermediate)
+        return self.layers * d * (replicated + split // tp)
+
 
 @dataclass(frozen=True)
 class GPUSpec:
@@ -119,9 +144,14 @@ class GPUSpec:
     memory_bytes: int  # as nvidia-smi reports it
     interconnect_bandwidth: float  # bytes/s per direction to the other GPUs of a TP group
     allreduce_latency: float = 8e-6  # s per all-reduce (NCCL small-message latency)
-    mem_efficiency: float = 0.85
-    compute_efficiency: float = 0.6
-    step_overhead: float = 4e-4  # s per step
+    # Achieved fractions of the peaks and fixed costs; Hopper values, checked on an H200
+    # (module docstring). Other GPUs keep them: no measurement says otherwise.
+    mem_efficiency: float = 0.85  # GEMV weight streams and KV reads (a copy reaches 0.89)
+    compute_efficiency: float = 0.65  # Llama-shaped GEMMs (an 8192^3 GEMM reaches 0.80)
+    attention_efficiency: float = 0.40  # causal prefill attention FLOPs (flash kernels)
+    overlap_loss: float = 0.3  # share of min(mem, math) a GEMM does not hide
+    kernel_latency: float = 3e-6  # s per kernel in a CUDA graph (launch, ramp, tail)
+    step_overhead: float = 4e-4  # s per step (scheduling, sampling)
     kv_link_bandwidth: float = 50e9  # bytes/s per GPU for the P->D KV handoff (400 Gb/s)
     kv_link_latency: float = 1e-3  # s per handoff
 
@@ -199,6 +229,10 @@ class MemoryPlan:
         return self.num_blocks * self.block_size
 
 
+# Kernels per decoder layer in vLLM's fused Llama layer: add+RMSNorm, QKV GEMM, RoPE,
+# attention (with the cache write), O GEMM, add+RMSNorm, gate/up GEMM, SiLU-and-mul, down GEMM.
+KERNELS_PER_LAYER = 9
+
 # Activations, CUDA graphs and the non-torch allocations vLLM profiles before sizing the KV
 # cache; ~2 GiB per GPU for 7-8B models at 8k batched tokens.
 RESERVE_BYTES = 2 * GiB
@@ -250,64 +284,112 @@ class StepModel:
         return (lin + attn + head) / n
 
     # ---- step time ----
-    def _comm_time(self, tokens: float | np.ndarray) -> float | np.ndarray:
+    def comm_time(self, tokens: float | np.ndarray) -> float | np.ndarray:
+        """Two ring all-reduces per layer of `tokens` x hidden activations (0 without TP)."""
         if self.tp == 1:
             return 0.0
         size = tokens * self.model.hidden * self.model.dtype_bytes
         per = 2 * (self.tp - 1) / self.tp * size / self.gpu.interconnect_bandwidth
         return 2 * self.model.layers * (per + self.gpu.allreduce_latency)
 
-    def _time(self, bytes_: float | np.ndarray, flops: float | np.ndarray,
-              tokens: float | np.ndarray) -> float | np.ndarray:
-        g = self.gpu
-        mem = bytes_ / self.tp / (g.mem_bandwidth * g.mem_efficiency)
-        comp = flops / self.tp / (g.bf16_flops * g.compute_efficiency)
-        return np.maximum(mem, comp) + g.step_overhead + self._comm_time(tokens)
+    @functools.cached_property
+    def _coef(self) -> tuple[float, ...]:
+        """Per-unit seconds of gpu_time's terms (the model and GPU are frozen)."""
+        m, g, tp = self.model, self.gpu, self.tp
+        bw = g.mem_bandwidth * g.mem_efficiency
+        gemm = g.bf16_flops * g.compute_efficiency
+        attn = g.bf16_flops * g.attention_efficiency
+        return (m.streamed_weight_bytes / tp / bw,  # weight stream
+                2.0 * m.matmul_params / tp / gemm,  # GEMM math per token
+                2.0 * m.lm_head_params / tp / gemm,  # LM-head math per sampled row
+                m.kv_bytes_per_token / tp / bw,  # KV read per context token
+                m.attn_flops_per_pair / tp / attn,  # attention math per (query, key) pair
+                m.elementwise_bytes_per_token(tp) / bw,  # elementwise kernels per token
+                m.layers * KERNELS_PER_LAYER * g.kernel_latency + g.step_overhead)
 
-    def step_terms(self, new_tokens: int, pairs: Any, kv_read_tokens: Any,
-                   sampled: int) -> tuple[Any, Any]:
-        """(bytes, flops) of a step from aggregate counts.
+    def gpu_time(self, new: Any, sampled: Any, decode_seqs: Any = 0, decode_kv: Any = 0,
+                 prefill_pairs: Any = 0.0, prefill_kv: Any = 0) -> Any:
+        """One GPU's share of a step, without the all-reduces (scalars, or numpy arrays).
 
-        new_tokens: tokens computed in this step (all sequences); pairs: attention
-        (query, key) pairs; kv_read_tokens: context tokens whose KV is read; sampled:
-        sequences that sample a token (LM head rows).
-        """
-        m = self.model
-        bytes_ = (m.streamed_weight_bytes + (kv_read_tokens + new_tokens) * m.kv_bytes_per_token)
-        flops = (2.0 * m.matmul_params * new_tokens + m.attn_flops_per_pair * pairs
-                 + 2.0 * m.lm_head_params * sampled)
-        return bytes_, flops
+        new: tokens computed (all sequences); sampled: sequences that sample a token (LM-head
+        rows); decode_seqs / decode_kv: sequences computing one token and the context tokens
+        whose KV they read; prefill_pairs / prefill_kv: attention (query, key) pairs of the
+        longer chunks and the context tokens before them."""
+        w, tok, row, kv, pair, elem, fixed = self._coef
+        vec = any(isinstance(x, np.ndarray) for x in (new, sampled, decode_kv, prefill_pairs))
+        hi, lo = (np.maximum, np.minimum) if vec else (max, min)
+        math = tok * new + row * sampled
+        linear = hi(w, math) + self.gpu.overlap_loss * lo(w, math)
+        decode = hi(kv * decode_kv, pair * (decode_kv + decode_seqs))
+        prefill = hi(kv * prefill_kv, pair * prefill_pairs)
+        return linear + decode + prefill + elem * new + fixed
 
-    def step_time(self, chunks: list[tuple[int, int]], sampled: int | None = None) -> float:
-        """Time of one step; chunks = [(new_tokens, context_before)] per scheduled sequence."""
+    def step_time(self, chunks: list[tuple[int, int]], sampled: int | None = None, *,
+                  all_reduce: bool = True) -> float:
+        """Time of one step; chunks = [(new_tokens, context_before)] per scheduled sequence.
+
+        all_reduce=False: one GPU's compute alone (what was measured per GPU of a TP group)."""
         if not chunks:
             return 0.0
-        new = sum(n for n, _ in chunks)
-        pairs = sum(n * c + n * (n + 1) / 2 for n, c in chunks)
-        kv_read = sum(c for _, c in chunks)
+        new = dec = dec_kv = pre_kv = 0
+        pre_pairs = 0.0
+        for n, c in chunks:
+            new += n
+            if n == 1:
+                dec += 1
+                dec_kv += c
+            else:
+                pre_kv += c
+                pre_pairs += n * c + n * (n + 1) / 2
         s = len(chunks) if sampled is None else sampled
-        return self.step_time_from(new, pairs, kv_read, s)
+        t = float(self.gpu_time(new, s, dec, dec_kv, pre_pairs, pre_kv))
+        return t + float(self.comm_time(new)) if all_reduce else t
 
-    def step_time_from(self, new: int, pairs: float, kv_read: int, sampled: int) -> float:
-        """step_time from aggregate counts (scalar fast path of _time)."""
-        b, f = self.step_terms(new, pairs, kv_read, sampled)
-        g = self.gpu
-        mem = b / self.tp / (g.mem_bandwidth * g.mem_efficiency)
-        comp = f / self.tp / (g.bf16_flops * g.compute_efficiency)
-        return float((mem if mem > comp else comp) + g.step_overhead + self._comm_time(new))
+    def step_time_from(self, new: int, sampled: int, decode_seqs: int, decode_kv: int,
+                       prefill_pairs: float, prefill_kv: int) -> float:
+        """step_time from aggregate counts (the engine's scalar fast path)."""
+        return float(self.gpu_time(new, sampled, decode_seqs, decode_kv, prefill_pairs,
+                                   prefill_kv) + self.comm_time(new))
 
     def decode_step_time(self, batch: int, context: int) -> float:
         """A pure decode step: `batch` sequences, each with `context` tokens of KV."""
-        return self.step_time([(1, context)] * batch)
+        return self.step_time_from(batch, batch, batch, batch * context, 0.0, 0)
+
+    def mixed_step_time(self, batch: int, context_sum: int, chunk: int,
+                        chunk_context: int = 0) -> float:
+        """A decode batch (contexts summing to `context_sum`) plus one prefill chunk of `chunk`
+        tokens after `chunk_context` tokens of its prompt: a decode engine prefilling locally
+        (the chunk counts one LM-head row, as when it ends its prompt)."""
+        pairs = chunk * chunk_context + chunk * (chunk + 1) / 2 if chunk > 1 else 0.0
+        dec, dec_kv = batch, context_sum
+        if chunk == 1:  # a one-token chunk is priced like a decode token
+            dec, dec_kv, pairs = batch + 1, context_sum + chunk_context, 0.0
+        return self.step_time_from(batch + chunk, batch + (1 if chunk else 0), dec, dec_kv,
+                                   pairs, chunk_context if chunk > 1 else 0)
+
+    def max_chunk_within(self, step_budget: float, batch: int, context_sum: int,
+                         chunk_context: int = 0, limit: int = 1 << 16) -> int:
+        """Largest prefill chunk (<= limit) whose mixed step with this decode batch stays
+        within `step_budget` seconds; 0 if even the decode batch alone does not."""
+        if self.mixed_step_time(batch, context_sum, 1, chunk_context) > step_budget:
+            return 0
+        lo, hi = 1, limit  # step time grows with the chunk: bisect
+        if self.mixed_step_time(batch, context_sum, hi, chunk_context) <= step_budget:
+            return hi
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if self.mixed_step_time(batch, context_sum, mid, chunk_context) <= step_budget:
+                lo = mid
+            else:
+                hi = mid
+        return lo
 
     def decode_run_times(self, batch: int, context_sum: int, steps: int) -> np.ndarray:
         """Durations of `steps` consecutive pure-decode steps of the same `batch` sequences
         whose contexts sum to `context_sum` before the first step (each grows by one a step)."""
-        j = np.arange(steps, dtype=np.float64)
-        kv_read = context_sum + j * batch
-        pairs = kv_read + batch  # each query attends its context plus itself
-        bytes_, flops = self.step_terms(batch, pairs, kv_read, batch)
-        return np.asarray(self._time(bytes_, flops, float(batch)), dtype=np.float64)
+        kv_read = context_sum + np.arange(steps, dtype=np.float64) * batch
+        t = self.gpu_time(batch, batch, batch, kv_read) + self.comm_time(float(batch))
+        return np.asarray(t, dtype=np.float64)
 
     def kv_transfer_time(self, prompt_tokens: int) -> float:
         """P->D handoff of a prompt's KV: bytes over the per-GPU links of the TP group."""

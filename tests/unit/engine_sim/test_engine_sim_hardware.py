@@ -29,9 +29,11 @@ def test_llama8b_batch1_decode_matches_weights_over_bandwidth(a: Anchor) -> None
     sm = make_step_model("llama-3.1-8b", a.gpu)
     assert sm.ideal_weight_stream_time() * 1e3 == pytest.approx(a.weights_over_bandwidth_ms,
                                                                rel=0.03)
-    # the modelled step adds achieved-bandwidth efficiency and per-step overhead: 1.0-1.4x
+    # the modelled step adds achieved bandwidth, kernel launches and per-step overhead; an
+    # unfused PyTorch step measured on an H200 took 1.76x (5.80 ms at 1k context), vLLM's
+    # fused kernels less
     step_ms = sm.decode_step_time(batch=1, context=512) * 1e3
-    assert a.weights_over_bandwidth_ms <= step_ms <= 1.4 * a.weights_over_bandwidth_ms
+    assert 1.2 * a.weights_over_bandwidth_ms <= step_ms <= 1.6 * a.weights_over_bandwidth_ms
 
 
 def test_llama8b_has_8b_params_and_prefill_costs_about_16_gflop_per_token() -> None:
@@ -47,7 +49,9 @@ def test_llama8b_has_8b_params_and_prefill_costs_about_16_gflop_per_token() -> N
 def test_decode_is_flat_in_batch_until_it_turns_compute_bound(gpu: str) -> None:
     sm = make_step_model("llama-3.1-8b", gpu)
     t1 = sm.decode_step_time(1, 16)
-    assert sm.decode_step_time(32, 16) / t1 < 1.05  # weights dominate: nearly free batching
+    # weights dominate: nearly free batching (measured on an H200 at 1k context, where the
+    # KV reads add to it: batch 32 costs 1.27x batch 1)
+    assert sm.decode_step_time(32, 16) / t1 < 1.1
     # past the ridge point (peak FLOP/s / bandwidth ~ tokens per weight read) time grows
     # linearly with the batch
     big1, big2 = sm.decode_step_time(2048, 16), sm.decode_step_time(4096, 16)
