@@ -4,28 +4,35 @@ No I/O and no clock (enforced by import-linter): everything the decision needs c
 plain numbers, so the loop, the tests and the benchmark call the same function.
 
 One decision covers a whole pool (all its engine roles at once), because the prefill:decode
-ratio rule couples the roles. For each role the steps are, in order, each naming a reason:
+ratio rule couples the roles. Per role it runs named steps, in order, as the Kubernetes HPA's
+`horizontal.go` does; each step is a function that takes the size so far and returns
+`Sized(replicas, reason, detail)`, the same object when it does not act. Every reason is a
+`poolpilot.reasons.Reason` (status, Events, metrics and dashboards use the same enum):
 
-1. guards on the data: scaled to zero (hold, or `WakeUp` when requests wait at the router),
-   no ready replica (`NoReadyReplicas`), missing/NaN (`MetricsUnavailable`) or old
-   (`MetricsStale`) samples -> hold the current size; never treat no data as zero load;
-2. one proposal per signal (latency signals only ever propose scale-ups: a latency below its
-   target does not say how many replicas fewer would still meet it); a signal within the dead
-   band of its target proposes the current size; with zero traffic every load signal proposes
-   0 (`NoTraffic`); the router's TTFT goes to prefill, or to decode when the prefill engines
-   meet the target themselves while requests wait at decode (`ttft_owner`);
-3. the ratio floor (`RatioFloor`, see `ratio_floors`); then the maximum of the proposals,
-   brought within [minReplicas, maxReplicas] (`ClampedToMin`, `ClampedToMax`);
-4. stabilization (HPA): scale up to the minimum of the up-window's recommendations, down to
-   the maximum of the down-window's; after a restart no scale-down until the down-window has
-   filled (`StabilizationWindowFilling`);
-5. rate limits per direction (`ScaleUpRateLimited`, `ScaleDownRateLimited`);
-6. cooldown per direction since the role's last scale (`ScaleUpCooldown`, `ScaleDownCooldown`);
-7. capacity guards: replicas still starting (Pending or loading weights) are capacity on the
-   way, so no scale-up stacks on top of them (`WaitingForStartingReplicas`); unschedulable
-   pods stop scale-ups and set ScalingLimited (`Unschedulable`);
-8. clamp to [minReplicas, maxReplicas] (`ClampedToMin`, `ClampedToMax`; at the maximum with
-   more wanted, ScalingLimited=`MaxReplicasReached`).
+- `check_data`: scaled to zero (hold, or `WakeUp` when requests wait at the router), no
+  ready replica (`NoReadyReplicas`), a missing, NaN, infinite or negative sample
+  (`MetricsUnavailable`) or an old one (`MetricsStale`) -> hold the current size; never
+  treat no data as zero load;
+- `propose_from_signals`: one proposal per signal (latency signals only ever propose
+  scale-ups: a latency below its target does not say how many replicas fewer would still
+  meet it); a signal within the dead band of its target proposes the current size; with zero
+  traffic every load signal proposes 0 (`NoTraffic`); the router's TTFT goes to prefill, or to
+  decode when the prefill engines meet the target themselves while requests wait at decode
+  (`ttft_owner`); the maximum wins;
+- `apply_ratio_floor`: the prefill:decode ratio (`RatioFloor`, see `ratio_floors`);
+- `clamp_to_bounds`: the recommendation brought within [minReplicas, maxReplicas]
+  (`ClampedToMin`, `ClampedToMax`) before it is remembered;
+- `stabilize` (HPA): scale up to the minimum of the up-window's recommendations, down to the
+  maximum of the down-window's; after a restart no scale-down until the down-window has
+  filled (`StabilizationWindowFilling`);
+- `limit_rate`: at most maxStep per direction (`ScaleUpRateLimited`, `ScaleDownRateLimited`);
+- `cool_down`: per direction since the role's last scale (`ScaleUpCooldown`,
+  `ScaleDownCooldown`);
+- `hold_for_pending`: replicas still starting (Pending or loading weights) are capacity on
+  the way, so no scale-up stacks on top of them (`WaitingForStartingReplicas`); unschedulable
+  pods stop scale-ups (`Unschedulable`);
+- `clamp_to_bounds` again, and `scaling_limit` (ScalingLimited: `Unschedulable`,
+  `MaxReplicasReached`).
 
 The resulting reason is the last step that changed or held the size, else the winning
 proposal's reason.
@@ -36,7 +43,9 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
+
+from poolpilot.reasons import Reason
 
 if TYPE_CHECKING:  # only for type hints; the core does not depend on the API at runtime
     from poolpilot.api import InferencePoolSpec
@@ -231,13 +240,21 @@ class History:
 # Outputs
 
 
+class Sized(NamedTuple):
+    """What one step makes of a role's size: (replicas, reason), plus a detail for messages."""
+
+    replicas: int
+    reason: Reason
+    detail: str = ""
+
+
 @dataclass(frozen=True)
 class Step:
     """One step of a role's decision: its name, the size after it, and why."""
 
     name: str
     replicas: int
-    reason: str
+    reason: Reason
     detail: str = ""
 
 
@@ -257,12 +274,12 @@ class RoleDecision:
     role: str
     current: int
     replicas: int
-    reason: str
+    reason: Reason
     message: str
     steps: tuple[Step, ...] = ()
     signals: tuple[Signal, ...] = ()
     metrics_ok: bool = True
-    limited: str | None = None  # ScalingLimited reason, if any
+    limited: Reason | None = None  # ScalingLimited reason, if any
     limited_message: str = ""
 
     @property
@@ -275,7 +292,7 @@ class RoleDecision:
 @dataclass(frozen=True)
 class ConditionDecision:
     status: bool
-    reason: str
+    reason: Reason
     message: str
 
 
@@ -302,17 +319,24 @@ def decide(observation: Observation, policy: Policy, history: History, now: floa
     roles = [r for r in policy.bounds if r in observation.roles]
     capacity = dict(history.capacity)
     seen = {r: history.ready_change(r, observation.roles[r].ready_replicas, now) for r in roles}
-    raw: dict[str, _Raw] = {}
+    proposals: dict[str, Proposal] = {}
     for role in roles:
-        settled = now - seen[role][1] >= settle_seconds(policy)
-        raw[role] = _propose(role, observation, policy, capacity, settled)
-    floors = ratio_floors(observation, policy, capacity, raw)
+        held = check_data(role, observation, policy)
+        if held is not None:
+            proposals[role] = held
+            continue
+        if now - seen[role][1] >= settle_seconds(policy):
+            # a rate over a window in which the ready count changed is no capacity
+            learn_capacity(role, observation, policy, capacity)
+        proposals[role] = propose_from_signals(role, observation, policy, capacity)
+    floors = ratio_floors(observation, policy, capacity, proposals)
 
     recs = list(history.recommendations)
     last_scale = dict(history.last_scale)
     decisions: dict[str, RoleDecision] = {}
     for role in roles:
-        d, rec = _finish(role, raw[role], floors.get(role), observation, policy, history, now)
+        d, rec = size_role(role, proposals[role], floors.get(role), observation, policy,
+                           history, now)
         decisions[role] = d
         if rec is not None:
             recs.append(Recommendation(now, role, rec))
@@ -327,29 +351,30 @@ def decide(observation: Observation, policy: Policy, history: History, now: floa
     )
     return Decision(
         roles=decisions,
-        metrics_available=_metrics_condition(decisions, observation),
-        scaling_limited=_limited_condition(decisions),
+        metrics_available=metrics_condition(decisions),
+        scaling_limited=limited_condition(decisions),
         history=new_history,
     )
 
 
 @dataclass
-class _Raw:
-    """A role's proposals before the cross-role and time-based steps."""
+class Proposal:
+    """A role's size before the cross-role and time-based steps: either a hold from
+    `check_data` (`hold` set), or the winning signal's proposal."""
 
     current: int
-    hold: Step | None = None  # set when a guard holds the size before any proposal
+    hold: Step | None = None
     metrics_ok: bool = True
-    signals: list[Signal] = field(default_factory=list)
-    proposal: int | None = None  # max of the signals' proposals
-    reason: str = ""
-    in_band: bool = False
-    no_traffic: bool = False
     wake: bool = False
+    signals: list[Signal] = field(default_factory=list)
+    replicas: int | None = None  # max of the signals' proposals
+    reason: Reason = Reason.AT_RECOMMENDED_SIZE
 
 
 def _bad(v: float | None) -> bool:
-    return v is None or math.isnan(v) or math.isinf(v)
+    """No usable value: missing, NaN, infinite, or negative (every signal is a count, a rate,
+    a fraction or a duration; a negative one is a broken exporter, not a load)."""
+    return v is None or math.isnan(v) or math.isinf(v) or v < 0
 
 
 def _ceil(x: float) -> int:
@@ -371,51 +396,73 @@ def settle_seconds(p: Policy) -> float:
     return 1.5 * p.max_metric_age
 
 
-def _propose(role: str, obs: Observation, p: Policy, capacity: dict[str, float],
-             settled: bool = True) -> _Raw:
-    o = obs.roles[role]
-    raw = _Raw(current=o.replicas)
-    ready = o.ready_replicas
+# --- step: data --------------------------------------------------------------------------------
 
-    # Guard: scaled to zero. Engines export nothing, the router tells whether anyone waits.
-    if o.replicas == 0:
-        waiting_at_router = (not _bad(obs.router_inflight) and (obs.router_inflight or 0) > 0) or (
-            not _bad(obs.router_request_rate) and (obs.router_request_rate or 0) > 0
-        )
-        if waiting_at_router:
-            raw.wake = True
-            target = max(1, p.min_replicas(role))
-            raw.hold = Step("wake", target, "WakeUp",
-                            f"requests at the router (inflight {obs.router_inflight}, "
-                            f"rate {obs.router_request_rate}/s)")
-        else:
-            raw.hold = Step("zero", 0, "ScaledToZero", "no requests at the router")
-        return raw
+
+def check_data(role: str, obs: Observation, p: Policy) -> Proposal | None:
+    """Hold the current size when there is nothing trustworthy to decide on (None: go on)."""
+    o = obs.roles[role]
+    prop = Proposal(current=o.replicas)
+
+    def hold(reason: Reason, detail: str, replicas: int | None = None,
+             metrics_ok: bool = True) -> Proposal:
+        prop.hold = Step("data", o.replicas if replicas is None else replicas, reason, detail)
+        prop.metrics_ok = metrics_ok
+        return prop
 
     if obs.prometheus_error is not None:
-        raw.metrics_ok = False
-        raw.hold = Step("metrics", o.replicas, "MetricsUnavailable",
-                        f"Prometheus query failed: {obs.prometheus_error}")
-        return raw
-    if ready == 0:
-        raw.hold = Step("ready", o.replicas, "NoReadyReplicas",
-                        "no ready replica to measure; holding")
-        return raw
+        # Before the zero guard: a pool at zero during an outage cannot tell whether anyone
+        # waits, and must say so (MetricsAvailable=False) rather than report all is well.
+        return hold(Reason.METRICS_UNAVAILABLE,
+                    f"Prometheus query failed: {obs.prometheus_error}", metrics_ok=False)
+    if o.replicas == 0:
+        # Engines export nothing at zero; the router tells whether anyone waits.
+        router = (obs.router_inflight, obs.router_request_rate)
+        if all(_bad(v) for v in router):
+            return hold(Reason.METRICS_UNAVAILABLE,
+                        "scaled to zero and no usable router signal (inflight "
+                        f"{obs.router_inflight}, rate {obs.router_request_rate}); holding",
+                        metrics_ok=False)
+        if any(not _bad(v) and (v or 0) > 0 for v in router):
+            prop.wake = True
+            return hold(Reason.WAKE_UP,
+                        f"requests at the router (inflight {obs.router_inflight}, "
+                        f"rate {obs.router_request_rate}/s)",
+                        replicas=max(1, p.min_replicas(role)))
+        return hold(Reason.SCALED_TO_ZERO, "no requests at the router", replicas=0)
+    if o.ready_replicas == 0:
+        return hold(Reason.NO_READY_REPLICAS, "no ready replica to measure; holding")
     missing = [name for name in _REQUIRED[role] if _bad(getattr(o, name))]
     if missing:
-        raw.metrics_ok = False
-        raw.hold = Step("metrics", o.replicas, "MetricsUnavailable",
-                        f"no value for {', '.join(missing)}; holding the current size")
-        return raw
-    if o.sample_age is None or _bad(o.sample_age) or o.sample_age > p.max_metric_age:
-        raw.metrics_ok = False
-        raw.hold = Step("metrics", o.replicas, "MetricsStale",
-                        f"newest sample is {o.sample_age}s old (max {p.max_metric_age:g}s)")
-        return raw
+        values = ", ".join(f"{n}={getattr(o, n)}" for n in missing)
+        return hold(Reason.METRICS_UNAVAILABLE,
+                    f"no usable value (missing, NaN, infinite or negative): {values}; holding "
+                    "the current size", metrics_ok=False)
+    if _bad(o.sample_age) or (o.sample_age or 0) > p.max_metric_age:
+        return hold(Reason.METRICS_STALE,
+                    f"newest sample is {o.sample_age}s old (max {p.max_metric_age:g}s)",
+                    metrics_ok=False)
+    return None
 
-    if settled:  # a rate over a window in which the ready count changed is no capacity
-        _learn_capacity(role, o, p, capacity, _latency_breach(role, obs, p))
-    sig = raw.signals
+
+# --- step: signals -----------------------------------------------------------------------------
+
+_ABOVE = {"TTFT": Reason.TTFT_ABOVE_TARGET, "ITL": Reason.ITL_ABOVE_TARGET,
+          "Queue": Reason.QUEUE_ABOVE_TARGET,
+          "PromptThroughput": Reason.PROMPT_THROUGHPUT_ABOVE_TARGET,
+          "Sequences": Reason.SEQUENCES_ABOVE_TARGET, "KVCache": Reason.KV_CACHE_ABOVE_TARGET}
+_BELOW = {"Queue": Reason.QUEUE_BELOW_TARGET,
+          "PromptThroughput": Reason.PROMPT_THROUGHPUT_BELOW_TARGET,
+          "Sequences": Reason.SEQUENCES_BELOW_TARGET, "KVCache": Reason.KV_CACHE_BELOW_TARGET}
+
+
+def propose_from_signals(role: str, obs: Observation, p: Policy,
+                         capacity: Mapping[str, float]) -> Proposal:
+    """One proposal per signal, sized on the ready replicas; the largest wins."""
+    o = obs.roles[role]
+    prop = Proposal(current=o.replicas)
+    ready = o.ready_replicas
+    sig = prop.signals
     waiting, running = float(o.waiting or 0), float(o.running or 0)
 
     def load(name: str, value: float, target: float) -> None:
@@ -431,12 +478,12 @@ def _propose(role: str, obs: Observation, p: Policy, capacity: dict[str, float],
         assert value is not None
         u = value / target
         if u > 1 + p.dead_band:
-            prop: int | None = _ceil(ready * u)
+            n: int | None = _ceil(ready * u)
         elif u >= 1 - p.dead_band:
-            prop = o.replicas
+            n = o.replicas
         else:
-            prop = None  # below target: latency cannot say how many fewer would do
-        sig.append(Signal(name, value, target, prop, abs(u - 1) <= p.dead_band or prop is None))
+            n = None  # below target: latency cannot say how many fewer would do
+        sig.append(Signal(name, value, target, n, abs(u - 1) <= p.dead_band or n is None))
 
     owner = ttft_owner(obs, p)
     if role in (PREFILL, ENGINE):
@@ -457,22 +504,22 @@ def _propose(role: str, obs: Observation, p: Policy, capacity: dict[str, float],
         load("KVCache", float(o.kv_usage or 0), p.kv_cache_usage)
 
     rates = [o.prompt_tokens_rate, o.generation_tokens_rate]
-    raw.no_traffic = waiting == 0 and running == 0 and all(_bad(r) or r == 0 for r in rates)
-    proposals = [s for s in sig if s.proposal is not None]
-    best = max(proposals, key=lambda s: s.proposal or 0)
-    raw.proposal = best.proposal
-    raw.in_band = all(s.in_band for s in sig)
-    if raw.no_traffic and raw.proposal == 0:
-        raw.reason = "NoTraffic"
-    elif raw.in_band:
-        raw.reason = "WithinDeadBand"
+    no_traffic = waiting == 0 and running == 0 and all(_bad(r) or r == 0 for r in rates)
+    best = max((s for s in sig if s.proposal is not None), key=lambda s: s.proposal or 0)
+    prop.replicas = best.proposal
+    if no_traffic and prop.replicas == 0:
+        prop.reason = Reason.NO_TRAFFIC
+    elif all(s.in_band for s in sig):
+        prop.reason = Reason.WITHIN_DEAD_BAND
     elif best.proposal == o.replicas:
         # e.g. replicas still starting already cover what the ready ones cannot
-        raw.reason = "AtRecommendedSize"
+        prop.reason = Reason.AT_RECOMMENDED_SIZE
     else:
-        above = (best.proposal or 0) > o.replicas
-        raw.reason = f"{best.name}{'Above' if above else 'Below'}Target"
-    return raw
+        # Named for the signal's state (a queue above its target can still propose fewer
+        # replicas than asked for when some are starting), not for the direction.
+        prop.reason = (_ABOVE if best.value > best.target else _BELOW).get(
+            best.name, Reason.AT_RECOMMENDED_SIZE)
+    return prop
 
 
 def ttft_owner(obs: Observation, p: Policy) -> str:
@@ -497,8 +544,7 @@ def _latency_breach(role: str, obs: Observation, p: Policy) -> bool:
     return False
 
 
-def _learn_capacity(role: str, o: RoleObservation, p: Policy, capacity: dict[str, float],
-                    latency_breach: bool = False) -> None:
+def learn_capacity(role: str, obs: Observation, p: Policy, capacity: dict[str, float]) -> None:
     """Learn per-replica throughput from saturated moments: a prefill queue above its target,
     or a TTFT above it, means prefill runs at what it can do within the SLO; decode above its
     sequence or KV target, or its ITL above target, likewise (beyond the dead band, so a pool
@@ -509,6 +555,8 @@ def _learn_capacity(role: str, o: RoleObservation, p: Policy, capacity: dict[str
     can do at least that. A saturated sample is a 60 s mean that may hold idle seconds around
     a burst, so it moves the estimate by CAPACITY_ALPHA only; an estimate that only fell would
     size every later decision for a pool slower than it is."""
+    o = obs.roles[role]
+    latency_breach = _latency_breach(role, obs, p)
     ready = o.ready_replicas
     waiting, running = float(o.waiting or 0), float(o.running or 0)
     busy = 1 + p.dead_band
@@ -533,8 +581,11 @@ def _learn_capacity(role: str, o: RoleObservation, p: Policy, capacity: dict[str
         capacity[role] = sample if old is None else old + CAPACITY_ALPHA * (sample - old)
 
 
+# --- step: ratio -------------------------------------------------------------------------------
+
+
 def ratio_floors(
-    obs: Observation, p: Policy, capacity: Mapping[str, float], raw: Mapping[str, _Raw]
+    obs: Observation, p: Policy, capacity: Mapping[str, float], props: Mapping[str, Proposal]
 ) -> dict[str, int]:
     """The coordinated prefill:decode ratio rule.
 
@@ -551,7 +602,7 @@ def ratio_floors(
     a floor (it never lowers a role) and is skipped while P, G, Cp or Cd is unknown or zero
     (no traffic: both roles may scale down freely).
     """
-    if PREFILL not in raw or DECODE not in raw:
+    if PREFILL not in props or DECODE not in props:
         return {}
     pre, dec = obs.roles[PREFILL], obs.roles[DECODE]
     cp = p.prefill_tokens_per_replica or capacity.get(PREFILL)
@@ -565,128 +616,155 @@ def ratio_floors(
         return {}
     band = 1 + p.ratio_band
 
-    def growth(r: _Raw) -> int | None:
+    def growth(pr: Proposal) -> int | None:
         # Only a scale-up of the other role carries news (more work is coming); its size at
         # rest holds slack (minReplicas, rounding, a proxy target) that is no demand.
-        if r.hold is not None or r.proposal is None or r.proposal <= r.current:
+        if pr.hold is not None or pr.replicas is None or pr.replicas <= pr.current:
             return None
-        return r.proposal
+        return pr.replicas
 
     out = {}
-    if (d := growth(raw[DECODE])) is not None:
+    if (d := growth(props[DECODE])) is not None:
         out[PREFILL] = _ceil(d * ratio / band)
-    if (pr := growth(raw[PREFILL])) is not None:
+    if (pr := growth(props[PREFILL])) is not None:
         out[DECODE] = _ceil(pr / (ratio * band))
     return out
 
 
-def _finish(
-    role: str,
-    raw: _Raw,
-    floor: int | None,
-    obs: Observation,
-    p: Policy,
-    history: History,
-    now: float,
-) -> tuple[RoleDecision, int | None]:
-    """Apply the time-based steps, guards and clamp; returns the decision and the
-    recommendation to remember (None when there was nothing to recommend)."""
+def apply_ratio_floor(s: Sized, floor: int | None) -> Sized:
+    if floor is not None and floor > s.replicas:
+        return Sized(floor, Reason.RATIO_FLOOR, "prefill:decode ratio floor")
+    return s
+
+
+# --- steps: bounds, stabilization, rate, cooldown, pending -------------------------------------
+
+
+def clamp_to_bounds(s: Sized, lo: int, hi: int) -> Sized:
+    if s.replicas > hi:
+        return Sized(hi, Reason.CLAMPED_TO_MAX, f"maxReplicas {hi}")
+    if s.replicas < lo:
+        return Sized(lo, Reason.CLAMPED_TO_MIN, f"minReplicas {lo}")
+    return s
+
+
+def stabilize(s: Sized, cur: int, role: str, p: Policy, history: History, now: float) -> Sized:
+    """HPA stabilization: up to the min of the up-window, down to the max of the down-window;
+    a freshly started autoscaler scales nothing down until its down-window has filled."""
+    if s.replicas > cur:
+        up = min([s.replicas, *history.window(role, now - p.scale_up.window)])
+        if up < s.replicas:
+            return Sized(max(up, cur), Reason.SCALE_UP_STABILIZED,
+                         f"min over {p.scale_up.window:g}s window")
+    elif s.replicas < cur:
+        if history.started_at is not None and now - history.started_at < p.scale_down.window:
+            return Sized(cur, Reason.STABILIZATION_WINDOW_FILLING,
+                         f"restarted {now - history.started_at:.0f}s ago; no scale-down "
+                         f"before the {p.scale_down.window:g}s window fills")
+        down = max([s.replicas, *history.window(role, now - p.scale_down.window)])
+        if down > s.replicas:
+            return Sized(min(down, cur), Reason.SCALE_DOWN_STABILIZED,
+                         f"max over {p.scale_down.window:g}s window")
+    return s
+
+
+def limit_rate(s: Sized, cur: int, p: Policy) -> Sized:
+    if s.replicas > cur + p.scale_up.max_step:
+        return Sized(cur + p.scale_up.max_step, Reason.SCALE_UP_RATE_LIMITED,
+                     f"at most +{p.scale_up.max_step}")
+    if s.replicas < cur - p.scale_down.max_step:
+        return Sized(cur - p.scale_down.max_step, Reason.SCALE_DOWN_RATE_LIMITED,
+                     f"at most -{p.scale_down.max_step}")
+    return s
+
+
+def cool_down(s: Sized, cur: int, role: str, p: Policy, history: History, now: float) -> Sized:
+    last = history.last_scale.get(role)
+    if last is None or s.replicas == cur:
+        return s
+    up = s.replicas > cur
+    cool = p.scale_up.cooldown if up else p.scale_down.cooldown
+    if now - last >= cool:
+        return s
+    return Sized(cur, Reason.SCALE_UP_COOLDOWN if up else Reason.SCALE_DOWN_COOLDOWN,
+                 f"last scale {now - last:.0f}s ago (cooldown {cool:g}s)")
+
+
+def hold_for_pending(s: Sized, cur: int, role: str, o: RoleObservation) -> Sized:
+    """No scale-up while pods of the role cannot be placed, or are still starting."""
+    if s.replicas <= cur:
+        return s
+    if o.unschedulable > 0:
+        return Sized(cur, Reason.UNSCHEDULABLE, _unschedulable_text(role, o))
+    if o.starting > 0:
+        return Sized(cur, Reason.WAITING_FOR_STARTING_REPLICAS,
+                     f"{o.starting} replica(s) still starting count as capacity")
+    return s
+
+
+def _unschedulable_text(role: str, o: RoleObservation) -> str:
+    return (f"{o.unschedulable} {role} pod(s) cannot be scheduled"
+            + (f": {o.unschedulable_message}" if o.unschedulable_message else ""))
+
+
+def scaling_limit(role: str, o: RoleObservation, wanted: int, hi: int) -> tuple[Reason | None, str]:
+    """ScalingLimited for this role: pods that cannot be placed, or more wanted than the max."""
+    if o.unschedulable > 0:
+        return Reason.UNSCHEDULABLE, _unschedulable_text(role, o)
+    if wanted > hi:
+        return Reason.MAX_REPLICAS_REACHED, f"{role} wants {wanted}, maxReplicas is {hi}"
+    return None, ""
+
+
+# --- one role, every step ----------------------------------------------------------------------
+
+
+class _Trail:
+    """The steps that acted, in order (a step that returns its input did not act)."""
+
+    def __init__(self) -> None:
+        self.steps: list[Step] = []
+
+    def run(self, name: str, before: Sized, after: Sized) -> Sized:
+        if after is not before:
+            self.steps.append(Step(name, after.replicas, after.reason, after.detail))
+        return after
+
+
+def size_role(role: str, prop: Proposal, floor: int | None, obs: Observation, p: Policy,
+              history: History, now: float) -> tuple[RoleDecision, int | None]:
+    """Run the steps after the proposal; returns the decision and the recommendation to
+    remember (None when there was nothing to recommend)."""
     o = obs.roles[role]
-    cur = raw.current
+    cur = prop.current
     lo, hi = p.min_replicas(role), p.max_replicas(role)
-    steps: list[Step] = []
-    limited: str | None = None
-    limited_msg = ""
+    trail = _Trail()
 
-    if raw.hold is not None:
-        steps.append(raw.hold)
-        desired, reason = raw.hold.replicas, raw.hold.reason
-        if raw.wake:
-            desired = min(max(desired, lo), hi)
+    if prop.hold is not None:
+        trail.steps.append(prop.hold)
+        s = Sized(prop.hold.replicas, prop.hold.reason)
+        if prop.wake:  # a wake-up goes straight to a size within the bounds
+            s = Sized(min(max(s.replicas, lo), hi), s.reason)
         else:
-            desired, reason = _clamp(desired, lo, hi, reason, steps)
-        return _decision(role, cur, desired, reason, steps, raw, None), None
+            s = trail.run("bounds", s, clamp_to_bounds(s, lo, hi))
+        return _decision(role, cur, s, trail.steps, prop, None), None
 
-    desired = raw.proposal if raw.proposal is not None else cur
-    reason = raw.reason
-    steps.append(Step("proposal", desired, reason, _signals_text(raw.signals)))
-    if floor is not None and floor > desired:
-        desired, reason = floor, "RatioFloor"
-        steps.append(Step("ratio", desired, reason, "prefill:decode ratio floor"))
+    s = Sized(prop.replicas if prop.replicas is not None else cur, prop.reason,
+              _signals_text(prop.signals))
+    trail.steps.append(Step("signals", *s))
+    s = trail.run("ratio", s, apply_ratio_floor(s, floor))
+    wanted = s.replicas
     # Recommendations live within the bounds (a pool idling at its minimum is "clamped", not
     # "stabilized"); the final clamp below still guards every path.
-    wanted = desired
-    if not lo <= desired <= hi:
-        desired, reason = _clamp(desired, lo, hi, reason, steps)
-    rec = desired
-
-    # Stabilization (HPA): up to the min of the up-window, down to the max of the down-window.
-    if desired > cur:
-        up = min([desired, *history.window(role, now - p.scale_up.window)])
-        if up < desired:
-            desired, reason = max(up, cur), "ScaleUpStabilized"
-            steps.append(Step("stabilization", desired, reason,
-                              f"min over {p.scale_up.window:g}s window"))
-    elif desired < cur:
-        filling = history.started_at is not None and now - history.started_at < p.scale_down.window
-        if filling:
-            desired, reason = cur, "StabilizationWindowFilling"
-            steps.append(Step("stabilization", desired, reason,
-                              f"restarted {now - (history.started_at or now):.0f}s ago; no "
-                              f"scale-down before the {p.scale_down.window:g}s window fills"))
-        else:
-            down = max([desired, *history.window(role, now - p.scale_down.window)])
-            if down > desired:
-                desired, reason = min(down, cur), "ScaleDownStabilized"
-                steps.append(Step("stabilization", desired, reason,
-                                  f"max over {p.scale_down.window:g}s window"))
-
-    # Rate limits.
-    if desired > cur + p.scale_up.max_step:
-        desired, reason = cur + p.scale_up.max_step, "ScaleUpRateLimited"
-        steps.append(Step("rate", desired, reason, f"at most +{p.scale_up.max_step}"))
-    elif desired < cur - p.scale_down.max_step:
-        desired, reason = cur - p.scale_down.max_step, "ScaleDownRateLimited"
-        steps.append(Step("rate", desired, reason, f"at most -{p.scale_down.max_step}"))
-
-    # Cooldown since this role's last scale.
-    last = history.last_scale.get(role)
-    if last is not None and desired != cur:
-        cool = p.scale_up.cooldown if desired > cur else p.scale_down.cooldown
-        if now - last < cool:
-            name = "ScaleUpCooldown" if desired > cur else "ScaleDownCooldown"
-            desired, reason = cur, name
-            steps.append(Step("cooldown", desired, reason,
-                              f"last scale {now - last:.0f}s ago (cooldown {cool:g}s)"))
-
-    # Capacity guards: replicas on the way, and pods that cannot be placed.
-    if o.unschedulable > 0:
-        limited = "Unschedulable"
-        limited_msg = (f"{o.unschedulable} {role} pod(s) cannot be scheduled"
-                       + (f": {o.unschedulable_message}" if o.unschedulable_message else ""))
-        if desired > cur:
-            desired, reason = cur, "Unschedulable"
-            steps.append(Step("guard", desired, reason, limited_msg))
-    elif desired > cur and o.starting > 0:
-        desired, reason = cur, "WaitingForStartingReplicas"
-        steps.append(Step("guard", desired, reason,
-                          f"{o.starting} replica(s) still starting count as capacity"))
-
-    desired, reason = _clamp(desired, lo, hi, reason, steps)
-    if wanted > hi and limited is None:
-        limited, limited_msg = "MaxReplicasReached", f"{role} wants {wanted}, maxReplicas is {hi}"
-    d = _decision(role, cur, desired, reason, steps, raw, limited, limited_msg)
-    return d, rec
-
-
-def _clamp(desired: int, lo: int, hi: int, reason: str, steps: list[Step]) -> tuple[int, str]:
-    if desired > hi:
-        steps.append(Step("clamp", hi, "ClampedToMax", f"maxReplicas {hi}"))
-        return hi, "ClampedToMax"
-    if desired < lo:
-        steps.append(Step("clamp", lo, "ClampedToMin", f"minReplicas {lo}"))
-        return lo, "ClampedToMin"
-    return desired, reason
+    s = trail.run("bounds", s, clamp_to_bounds(s, lo, hi))
+    rec = s.replicas
+    s = trail.run("stabilization", s, stabilize(s, cur, role, p, history, now))
+    s = trail.run("rate", s, limit_rate(s, cur, p))
+    s = trail.run("cooldown", s, cool_down(s, cur, role, p, history, now))
+    s = trail.run("pending", s, hold_for_pending(s, cur, role, o))
+    s = trail.run("bounds", s, clamp_to_bounds(s, lo, hi))
+    limited = scaling_limit(role, o, wanted, hi)
+    return _decision(role, cur, s, trail.steps, prop, *limited), rec
 
 
 def _signals_text(signals: Iterable[Signal]) -> str:
@@ -697,48 +775,43 @@ def _signals_text(signals: Iterable[Signal]) -> str:
     )
 
 
-def _decision(
-    role: str,
-    cur: int,
-    desired: int,
-    reason: str,
-    steps: list[Step],
-    raw: _Raw,
-    limited: str | None,
-    limited_msg: str = "",
-) -> RoleDecision:
-    chain = "; ".join(f"{s.reason}" + (f" ({s.detail})" if s.detail else "") for s in steps)
-    msg = f"{role} {cur} -> {desired}: {chain}"
+def _decision(role: str, cur: int, s: Sized, steps: list[Step], prop: Proposal,
+              limited: Reason | None, limited_msg: str = "") -> RoleDecision:
+    chain = "; ".join(f"{st.reason}" + (f" ({st.detail})" if st.detail else "") for st in steps)
+    msg = f"{role} {cur} -> {s.replicas}: {chain}"
     if limited_msg:
         msg += f"; ScalingLimited: {limited_msg}"
     return RoleDecision(
         role=role,
         current=cur,
-        replicas=desired,
-        reason=reason,
+        replicas=s.replicas,
+        reason=s.reason,
         message=msg,
         steps=tuple(steps),
-        signals=tuple(raw.signals),
-        metrics_ok=raw.metrics_ok,
+        signals=tuple(prop.signals),
+        metrics_ok=prop.metrics_ok,
         limited=limited,
         limited_message=limited_msg,
     )
 
 
-def _metrics_condition(ds: Mapping[str, RoleDecision], obs: Observation) -> ConditionDecision:
+# --- the pool's conditions ---------------------------------------------------------------------
+
+
+def metrics_condition(ds: Mapping[str, RoleDecision]) -> ConditionDecision:
     bad = [d for d in ds.values() if not d.metrics_ok]
     if not bad:
-        return ConditionDecision(True, "MetricsFound", "every role has fresh samples")
-    reason = bad[0].steps[0].reason if bad[0].steps else "MetricsUnavailable"
+        return ConditionDecision(True, Reason.METRICS_FOUND, "every role has fresh samples")
+    reason = bad[0].steps[0].reason if bad[0].steps else Reason.METRICS_UNAVAILABLE
     return ConditionDecision(
         False, reason, "; ".join(f"{d.role}: {d.steps[0].detail}" for d in bad if d.steps)
     )
 
 
-def _limited_condition(ds: Mapping[str, RoleDecision]) -> ConditionDecision:
+def limited_condition(ds: Mapping[str, RoleDecision]) -> ConditionDecision:
     lim = [d for d in ds.values() if d.limited]
     if not lim:
-        return ConditionDecision(False, "ScalingAllowed", "no limit reached")
+        return ConditionDecision(False, Reason.SCALING_ALLOWED, "no limit reached")
     return ConditionDecision(
-        True, lim[0].limited or "", "; ".join(d.limited_message for d in lim)
+        True, lim[0].limited or Reason.SCALING_ALLOWED, "; ".join(d.limited_message for d in lim)
     )

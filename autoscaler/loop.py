@@ -23,6 +23,7 @@ from poolpilot.autoscaler.observe import MetricsSource, Snapshot, observation
 from pydantic import ValidationError
 
 from poolpilot import api, names
+from poolpilot.reasons import Reason
 from poolpilot.validate import InvalidPool, parse_spec
 
 log = logging.getLogger("poolpilot.autoscaler")
@@ -170,40 +171,56 @@ class Autoscaler:
         policy = replace(policy, bounds={r: b for r, b in policy.bounds.items() if r in states})
         obs = observation(ns, name, states, snap, spec.slo.ttft.quantile, spec.slo.itl.quantile)
         d = core.decide(obs, policy, st.history, now)
-        st.history, st.last_decided = d.history, now
+        # The recommendations are remembered now; a role's scale time (its cooldown clock)
+        # only once the write has succeeded: a failed write must not start a cooldown for a
+        # scale that never happened, and an Advisory decision starts none at all.
+        changed = {r for r, rd in d.roles.items() if rd.replicas != rd.current}
+        last = {r: t for r, t in d.history.last_scale.items() if r not in changed}
+        last.update({r: t for r, t in st.history.last_scale.items() if r in changed})
+        st.history = replace(d.history, last_scale=last)
+        st.last_decided = now
         res.decided += 1
         res.decisions[(ns, name)] = d
 
         apply = spec.autoscaling.mode == api.AutoscalingMode.APPLY and not self.opt.dry_run
         scaled: list[core.RoleDecision] = []
+        failed: dict[str, str] = {}
         for role, rd in d.roles.items():
             if apply and rd.replicas != rd.current:
-                await self.kube.scale(ns, names.child_name(name, role), rd.replicas)
-                scaled.append(rd)
+                try:
+                    await self.kube.scale(ns, names.child_name(name, role), rd.replicas)
+                except Exception as exc:  # API error: no cooldown, retried next interval
+                    log.warning("pool %s/%s: scaling %s to %d failed: %s", ns, name, role,
+                                rd.replicas, exc)
+                    failed[role] = f"{type(exc).__name__}: {exc}"
+                    res.errors.append(f"{ns}/{name}: scale {role}: {exc}")
+                else:
+                    st.history = replace(st.history,
+                                         last_scale={**st.history.last_scale, role: now})
+                    scaled.append(rd)
             self.metrics.record(ns, name, rd, d.metrics_available.status)
             log.info("%s", json.dumps(_log_line(ns, name, spec, obs, rd, apply), default=str))
-        if not apply:
-            # Advisory: the scale clock must not start on a decision nobody carried out.
-            st.history = replace(st.history, last_scale={
-                r: t for r, t in st.history.last_scale.items()
-                if r not in d.roles or d.roles[r].replicas == d.roles[r].current
-                or t != now})
         res.scaled += len(scaled)
         if self.opt.dry_run:
             return
-        if await self._write_status(obj, d, obs, scaled, now, st, spec):
+        if await self._write_status(obj, d, obs, scaled, failed, now, st, spec):
             res.status_writes += 1
         for rd in scaled:
-            verb = "ScaledUp" if rd.direction == core.UP else "ScaledDown"
+            verb = Reason.SCALED_UP if rd.direction == core.UP else Reason.SCALED_DOWN
             await self.kube.event(obj, verb, f"{rd.message}")
+        for role, err in failed.items():
+            rd = d.roles[role]
+            await self.kube.event(obj, Reason.SCALE_FAILED,
+                                  f"{role} {rd.current} -> {rd.replicas} not applied: {err}",
+                                  "Warning")
         if d.scaling_limited.status and not st.last_limited:
             await self.kube.event(obj, d.scaling_limited.reason, d.scaling_limited.message,
                                   "Warning")
         st.last_limited = d.scaling_limited.status
 
     async def _write_status(self, obj: Obj, d: core.Decision, obs: core.Observation,
-                            scaled: list[core.RoleDecision], now: float, st: PoolState,
-                            spec: api.InferencePoolSpec) -> bool:
+                            scaled: list[core.RoleDecision], failed: Mapping[str, str],
+                            now: float, st: PoolState, spec: api.InferencePoolSpec) -> bool:
         status = obj.get("status") or {}
         refresh = now - st.last_status_write >= self.opt.status_refresh / self.opt.speed
         role_fields: dict[str, Obj] = {}
@@ -211,8 +228,9 @@ class Autoscaler:
             live = status.get(role) or {}
             fields: Obj = {"desiredReplicas": rd.replicas, "reason": rd.reason}
             if (refresh or any(live.get(k) != v for k, v in fields.items())
-                    or rd in scaled):
-                fields["message"] = rd.message[:1024]
+                    or rd in scaled or role in failed):
+                note = f"; not applied: {failed[role]}" if role in failed else ""
+                fields["message"] = (rd.message + note)[:1024]
                 if rd in scaled:
                     fields["lastScaleTime"] = rfc3339(now)
                 role_fields[role] = fields

@@ -19,6 +19,7 @@ from poolpilot.dashboards.promql import (
     rate,
     series,
 )
+from poolpilot.reasons import reasons_text
 
 from poolpilot import metrics as m
 
@@ -275,7 +276,8 @@ def autoscaler_dashboard() -> Json:
             Query(f"sum by ({BY_ROLE}, reason) (increase("
                   f"{series(m.AUTOSCALER_DECISIONS, *f)}[{W}]))",
                   "{{pool}} {{role}} {{reason}}"),
-        ], description="Why each cycle kept or changed the size (CamelCase reasons)."),
+        ], description="Why each cycle kept or changed the size. The reasons, by the step of "
+                       "the decision that gives them:\n" + reasons_text()),
         Panel("Scale decisions by direction", [
             Query(f"sum by ({BY_ROLE}, direction) (increase("
                   f"{series(m.AUTOSCALER_DECISIONS, *f, SCALED)}[{W}]))",

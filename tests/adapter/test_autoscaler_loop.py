@@ -46,6 +46,7 @@ class Pool:
     mode: str = "Apply"
     replicas: int = 1
     load: str = "busy"  # busy | idle | none
+    up_cooldown: int = 0
 
 
 PLAN = [
@@ -55,6 +56,7 @@ PLAN = [
     Pool("as-advice", "advice", mode="Advisory"),
     Pool("as-conflict", "conflict", mode="Advisory"),
     Pool("as-dry", "dry"),
+    Pool("as-fail", "flaky", up_cooldown=30),
 ]
 
 
@@ -95,7 +97,7 @@ def pool_manifest(p: Pool) -> dict[str, Any]:
             "model": {"name": "tiny"}, "prefill": role, "decode": role,
             "autoscaling": {"mode": p.mode, "intervalSeconds": 1,
                             "scaleUp": {"stabilizationWindowSeconds": 0, "maxStep": 4,
-                                        "cooldownSeconds": 0}},
+                                        "cooldownSeconds": p.up_cooldown}},
         },
     }
 
@@ -318,6 +320,26 @@ def test_status_conflict_is_read_again_and_retried(env: Env) -> None:
     statuses = [r.status for r in env.emu.requests
                 if r.method == "PATCH" and r.path.endswith("/conflict/status")]
     assert statuses == [200, 409, 200]  # the set-up's write, then the conflict and the retry
+
+
+def test_a_failed_scale_starts_no_cooldown_and_is_retried(env: Env) -> None:
+    # The API refuses the first scale write; the next interval (5 s later, well inside the
+    # 30 s scale-up cooldown) must try again, because no scale happened.
+    if env.emu is None:
+        pytest.skip("fault injection needs the emulator")
+    env.emu.faults.add(method="PATCH", path=r".*/as-fail/deployments/flaky-prefill/scale",
+                       status=503, times=1)
+    try:
+        first, second = run(two_cycles(env, "as-fail"))
+    finally:
+        env.emu.faults.clear()
+    assert first.scaled == 0 and any("scale prefill" in e for e in first.errors), first.errors
+    assert second.scaled == 1 and second.errors == [], second.errors
+    assert replicas(env, "as-fail", "flaky-prefill") == 5
+    st = pool_obj(env, "as-fail", "flaky")["status"]
+    assert st["prefill"]["lastScaleTime"] and st["prefill"]["reason"] == "QueueAboveTarget"
+    got = [(e["reason"], e["type"]) for e in events(env, "as-fail", "flaky")]
+    assert sorted(got) == [("ScaleFailed", "Warning"), ("ScaledUp", "Normal")]
 
 
 def test_dry_run_writes_nothing(env: Env) -> None:

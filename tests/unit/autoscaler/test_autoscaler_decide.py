@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -17,9 +18,16 @@ from poolpilot.autoscaler.decide import (
     Policy,
     Recommendation,
     RoleObservation,
+    Sized,
+    clamp_to_bounds,
+    cool_down,
     decide,
+    hold_for_pending,
+    limit_rate,
+    stabilize,
 )
 
+from poolpilot.reasons import DESCRIPTION, STEP_OF, Reason
 from poolpilot.validate import parse_spec
 
 NOW = 10_000.0
@@ -199,6 +207,9 @@ CASES = [
     Case("starting-replicas-count-as-capacity-no-stacking",
          pool(pre(4, ready=2, starting=2, waiting=4.0), router_ttft=2.0),
          {"prefill": (4, "AtRecommendedSize")}),
+    Case("ttft-above-target-sized-on-ready-may-propose-fewer-than-asked",
+         pool(pre(4, ready=2, starting=2, waiting=0.0), router_ttft=1.5),
+         {"prefill": (3, "TTFTAboveTarget")}),
     Case("starting-replicas-block-further-scale-up",
          pool(decode=dec(4, ready=2, starting=2, running=600.0)),
          {"decode": (4, "WaitingForStartingReplicas")}),
@@ -225,6 +236,34 @@ CASES = [
     Case("stale-samples-hold",
          pool(decode=dec(4, sample_age=120.0, running=0.0)), {"decode": (4, "MetricsStale")},
          metrics_available=False),
+    Case("negative-queue-gauge-is-missing-data-not-a-scale-down",
+         pool(pre(4, waiting=-1e9)), {"prefill": (4, "MetricsUnavailable")},
+         metrics_available=False),
+    Case("infinite-kv-usage-is-missing-data",
+         pool(decode=dec(4, kv_usage=math.inf)), {"decode": (4, "MetricsUnavailable")},
+         metrics_available=False),
+    Case("negative-token-rate-is-missing-data",
+         pool(pre(4, waiting=0.0, prompt_tokens_rate=-5.0)),
+         {"prefill": (4, "MetricsUnavailable")}, metrics_available=False,
+         policy=policy(prefill_tokens_per_replica=1000.0, scale_down=FAST_DOWN)),
+    Case("negative-router-ttft-abstains-instead-of-counting",
+         pool(router_ttft=-3.0), {"prefill": (2, "WithinDeadBand")}),
+    Case("prometheus-down-at-zero-replicas-says-so-and-holds",
+         pool(RoleObservation(0), RoleObservation(0), router_inflight=5.0,
+              prometheus_error="connection refused"),
+         {"prefill": (0, "MetricsUnavailable"), "decode": (0, "MetricsUnavailable")},
+         policy=policy(bounds={"prefill": (0, 8), "decode": (0, 8)}, scale_to_zero=True),
+         metrics_available=False),
+    Case("zero-replicas-without-router-signals-holds-and-says-so",
+         pool(RoleObservation(0), RoleObservation(0)),
+         {"prefill": (0, "MetricsUnavailable"), "decode": (0, "MetricsUnavailable")},
+         policy=policy(bounds={"prefill": (0, 8), "decode": (0, 8)}, scale_to_zero=True),
+         metrics_available=False),
+    Case("zero-replicas-negative-router-gauge-does-not-wake",
+         pool(RoleObservation(0), RoleObservation(0), router_inflight=-1.0,
+              router_request_rate=0.0),
+         {"prefill": (0, "ScaledToZero"), "decode": (0, "ScaledToZero")},
+         policy=policy(bounds={"prefill": (0, 8), "decode": (0, 8)}, scale_to_zero=True)),
     Case("prometheus-down-holds-both-roles-never-zero",
          pool(idle(3), idle(3, "decode"), prometheus_error="connection refused"),
          {"prefill": (3, "MetricsUnavailable"), "decode": (3, "MetricsUnavailable")},
@@ -282,7 +321,7 @@ def test_case_table_is_large_and_unique() -> None:
 
 def test_message_names_every_step_and_input() -> None:
     d = decide(pool(router_ttft=10.0), policy(), WARM, NOW).roles["prefill"]
-    assert [s.name for s in d.steps] == ["proposal", "clamp", "rate"]
+    assert [s.name for s in d.steps] == ["signals", "bounds", "rate"]
     assert "TTFT 10 vs 1" in d.message and "ScaleUpRateLimited" in d.message
     assert d.message.startswith("prefill 2 -> 6:")
 
@@ -391,7 +430,8 @@ def test_replicas_always_within_bounds(s: tuple[Observation, Policy, History]) -
     for role, rd in d.roles.items():
         lo, hi = pol.bounds[role]
         assert lo <= rd.replicas <= hi, rd.message
-        assert rd.reason and rd.reason[0].isupper() and " " not in rd.reason
+        assert isinstance(rd.reason, Reason) and all(isinstance(st.reason, Reason)
+                                                     for st in rd.steps)
 
 
 @settings(max_examples=120, deadline=None)
@@ -405,7 +445,7 @@ def test_scale_down_never_exceeds_rate_limit(s: tuple[Observation, Policy, Histo
 
 @settings(max_examples=120, deadline=None)
 @given(scenario(), st.sampled_from(["waiting", "running", "kv_usage", "sample_age", "prom"]),
-       st.sampled_from([None, NAN, 1e9]))
+       st.sampled_from([None, NAN, 1e9, -1e9, math.inf, -math.inf]))
 def test_missing_data_never_changes_replicas(
     s: tuple[Observation, Policy, History], what: str, bad: float | None
 ) -> None:
@@ -416,6 +456,8 @@ def test_missing_data_never_changes_replicas(
         obs = replace(obs, prometheus_error="timeout")
     else:
         value = 1e9 if what == "sample_age" else (NAN if bad == 1e9 else bad)
+        if what == "sample_age" and bad is not None and bad < 0:
+            value = bad  # an age from a clock in the future is no fresher than none
         obs = replace(obs, roles={r: replace(o, **{what: value}) if r in hit else o
                                   for r, o in obs.roles.items()})
     d = decide(obs, pol, h, NOW)
@@ -459,7 +501,8 @@ def test_core_imports_no_io_library() -> None:
         for n in ast.walk(tree) if isinstance(n, ast.Import | ast.ImportFrom)
         for a in n.names
     }
-    allowed = {"__future__", "math", "collections.abc", "dataclasses", "typing", "poolpilot.api"}
+    allowed = {"__future__", "math", "collections.abc", "dataclasses", "typing", "poolpilot.api",
+               "poolpilot.reasons"}
     assert imported <= allowed, imported - allowed
 
 
@@ -547,3 +590,74 @@ def test_policy_defaults_are_the_apis_defaults() -> None:
     from_api = Policy.from_spec(parse_spec({"model": {"name": "m"}}))
     assert from_api == Policy(bounds=from_api.bounds)
     assert from_api.scale_down == Behavior(window=300, max_step=2, cooldown=60)
+
+
+# --- the steps one by one -------------------------------------------------------------------
+
+UP5 = Sized(5, Reason.QUEUE_ABOVE_TARGET)
+DOWN1 = Sized(1, Reason.QUEUE_BELOW_TARGET)
+STEP_POLICY = policy(scale_up=Behavior(60, 2, 30), scale_down=Behavior(300, 1, 60))
+
+
+@dataclass
+class StepCase:
+    id: str
+    step: Callable[[Sized], Sized]
+    given: Sized
+    want: tuple[int, Reason] | None  # None: the step does not act (returns its input)
+
+
+def _stab(cur: int, h: History) -> Callable[[Sized], Sized]:
+    return lambda s: stabilize(s, cur, "prefill", STEP_POLICY, h, NOW)
+
+
+def _cool(cur: int, h: History) -> Callable[[Sized], Sized]:
+    return lambda s: cool_down(s, cur, "prefill", STEP_POLICY, h, NOW)
+
+
+def _pending(o: RoleObservation) -> Callable[[Sized], Sized]:
+    return lambda s: hold_for_pending(s, o.replicas, "prefill", o)
+
+
+STEP_CASES = [
+    StepCase("bounds-within", lambda s: clamp_to_bounds(s, 1, 8), UP5, None),
+    StepCase("bounds-max", lambda s: clamp_to_bounds(s, 1, 4), UP5, (4, Reason.CLAMPED_TO_MAX)),
+    StepCase("bounds-min", lambda s: clamp_to_bounds(s, 2, 4), DOWN1, (2, Reason.CLAMPED_TO_MIN)),
+    StepCase("stabilize-up-to-window-min", _stab(2, hist((30, "prefill", 3))), UP5,
+             (3, Reason.SCALE_UP_STABILIZED)),
+    StepCase("stabilize-down-to-window-max", _stab(4, hist((100, "prefill", 3))), DOWN1,
+             (3, Reason.SCALE_DOWN_STABILIZED)),
+    StepCase("stabilize-restart-holds-down", _stab(4, History.fresh(NOW - 5)), DOWN1,
+             (4, Reason.STABILIZATION_WINDOW_FILLING)),
+    StepCase("stabilize-empty-window", _stab(2, WARM), UP5, None),
+    StepCase("rate-up", lambda s: limit_rate(s, 2, STEP_POLICY), UP5,
+             (4, Reason.SCALE_UP_RATE_LIMITED)),
+    StepCase("rate-down", lambda s: limit_rate(s, 4, STEP_POLICY), DOWN1,
+             (3, Reason.SCALE_DOWN_RATE_LIMITED)),
+    StepCase("rate-within", lambda s: limit_rate(s, 4, STEP_POLICY), UP5, None),
+    StepCase("cooldown-up", _cool(4, History(last_scale={"prefill": NOW - 10})), UP5,
+             (4, Reason.SCALE_UP_COOLDOWN)),
+    StepCase("cooldown-down", _cool(4, History(last_scale={"prefill": NOW - 59})), DOWN1,
+             (4, Reason.SCALE_DOWN_COOLDOWN)),
+    StepCase("cooldown-over", _cool(4, History(last_scale={"prefill": NOW - 31})), UP5, None),
+    StepCase("cooldown-other-role", _cool(4, History(last_scale={"decode": NOW})), UP5, None),
+    StepCase("pending-starting", _pending(pre(4, ready=3, starting=1)), UP5,
+             (4, Reason.WAITING_FOR_STARTING_REPLICAS)),
+    StepCase("pending-unschedulable", _pending(pre(4, ready=3, unschedulable=1)), UP5,
+             (4, Reason.UNSCHEDULABLE)),
+    StepCase("pending-does-not-stop-scale-down", _pending(pre(4, ready=3, starting=1)), DOWN1,
+             None),
+]
+
+
+@pytest.mark.parametrize("case", STEP_CASES, ids=[c.id for c in STEP_CASES])
+def test_each_step_alone(case: StepCase) -> None:
+    got = case.step(case.given)
+    if case.want is None:
+        assert got is case.given, got
+    else:
+        assert (got.replicas, got.reason) == case.want, got.detail
+
+
+def test_every_reason_has_a_step_and_a_description() -> None:
+    assert set(DESCRIPTION) == set(Reason) == set(STEP_OF)

@@ -1,0 +1,135 @@
+"""Why the autoscaler sized a role as it did: one vocabulary for every place that shows it.
+
+A `Reason` is what `status.<role>.reason` says, what the `reason` label of
+`poolpilot_autoscaler_decisions_total` and `poolpilot_autoscaler_scaling_limited` carries,
+what the autoscaler's Events and conditions name, and what the dashboards list. The decision
+core (`poolpilot.autoscaler.decide`) returns only these; `STEP_OF` says which step of the
+decision gives each one, `DESCRIPTION` what it means (docs/autoscaler.md has the same table).
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class Reason(StrEnum):
+    # data: before any signal is read
+    SCALED_TO_ZERO = "ScaledToZero"
+    WAKE_UP = "WakeUp"
+    NO_READY_REPLICAS = "NoReadyReplicas"
+    METRICS_UNAVAILABLE = "MetricsUnavailable"
+    METRICS_STALE = "MetricsStale"
+    # signals: the winning proposal
+    NO_TRAFFIC = "NoTraffic"
+    WITHIN_DEAD_BAND = "WithinDeadBand"
+    AT_RECOMMENDED_SIZE = "AtRecommendedSize"
+    TTFT_ABOVE_TARGET = "TTFTAboveTarget"
+    ITL_ABOVE_TARGET = "ITLAboveTarget"
+    QUEUE_ABOVE_TARGET = "QueueAboveTarget"
+    QUEUE_BELOW_TARGET = "QueueBelowTarget"
+    PROMPT_THROUGHPUT_ABOVE_TARGET = "PromptThroughputAboveTarget"
+    PROMPT_THROUGHPUT_BELOW_TARGET = "PromptThroughputBelowTarget"
+    SEQUENCES_ABOVE_TARGET = "SequencesAboveTarget"
+    SEQUENCES_BELOW_TARGET = "SequencesBelowTarget"
+    KV_CACHE_ABOVE_TARGET = "KVCacheAboveTarget"
+    KV_CACHE_BELOW_TARGET = "KVCacheBelowTarget"
+    # ratio
+    RATIO_FLOOR = "RatioFloor"
+    # stabilization
+    SCALE_UP_STABILIZED = "ScaleUpStabilized"
+    SCALE_DOWN_STABILIZED = "ScaleDownStabilized"
+    STABILIZATION_WINDOW_FILLING = "StabilizationWindowFilling"
+    # rate
+    SCALE_UP_RATE_LIMITED = "ScaleUpRateLimited"
+    SCALE_DOWN_RATE_LIMITED = "ScaleDownRateLimited"
+    # cooldown
+    SCALE_UP_COOLDOWN = "ScaleUpCooldown"
+    SCALE_DOWN_COOLDOWN = "ScaleDownCooldown"
+    # pending: pods asked for and not serving yet
+    WAITING_FOR_STARTING_REPLICAS = "WaitingForStartingReplicas"
+    UNSCHEDULABLE = "Unschedulable"
+    # bounds
+    CLAMPED_TO_MIN = "ClampedToMin"
+    CLAMPED_TO_MAX = "ClampedToMax"
+    MAX_REPLICAS_REACHED = "MaxReplicasReached"
+    # conditions only
+    METRICS_FOUND = "MetricsFound"
+    SCALING_ALLOWED = "ScalingAllowed"
+    # Events: what was done with a decision
+    SCALED_UP = "ScaledUp"
+    SCALED_DOWN = "ScaledDown"
+    SCALE_FAILED = "ScaleFailed"
+
+
+DESCRIPTION: dict[Reason, str] = {
+    Reason.SCALED_TO_ZERO: "at 0 replicas and no request waits at the router",
+    Reason.WAKE_UP: "at 0 replicas and requests wait at the router: back to max(1, min)",
+    Reason.NO_READY_REPLICAS: "no ready replica to measure: holding",
+    Reason.METRICS_UNAVAILABLE: "a signal is missing, NaN, infinite or negative, or Prometheus "
+                                "failed: holding (no data is never zero load)",
+    Reason.METRICS_STALE: "the newest sample is older than metricsMaxAgeSeconds: holding",
+    Reason.NO_TRAFFIC: "no request at all: every load signal proposes 0",
+    Reason.WITHIN_DEAD_BAND: "every signal within deadBand of its target",
+    Reason.AT_RECOMMENDED_SIZE: "the winning proposal is the current size",
+    Reason.TTFT_ABOVE_TARGET: "time to first token above the SLO",
+    Reason.ITL_ABOVE_TARGET: "inter-token latency above the SLO",
+    Reason.QUEUE_ABOVE_TARGET: "prefill queue above prefillQueuePerReplica",
+    Reason.QUEUE_BELOW_TARGET: "prefill queue below prefillQueuePerReplica",
+    Reason.PROMPT_THROUGHPUT_ABOVE_TARGET: "prompt tokens/s above what the replicas sustain",
+    Reason.PROMPT_THROUGHPUT_BELOW_TARGET: "prompt tokens/s below what the replicas sustain",
+    Reason.SEQUENCES_ABOVE_TARGET: "decode sequences above decodeSequencesPerReplica",
+    Reason.SEQUENCES_BELOW_TARGET: "decode sequences below decodeSequencesPerReplica",
+    Reason.KV_CACHE_ABOVE_TARGET: "decode KV-cache usage above kvCacheUsage",
+    Reason.KV_CACHE_BELOW_TARGET: "decode KV-cache usage below kvCacheUsage",
+    Reason.RATIO_FLOOR: "held up by the prefill:decode ratio to the other role's scale-up",
+    Reason.SCALE_UP_STABILIZED: "scale-up to the minimum over scaleUp's window",
+    Reason.SCALE_DOWN_STABILIZED: "scale-down to the maximum over scaleDown's window",
+    Reason.STABILIZATION_WINDOW_FILLING: "restarted: no scale-down until the window has filled",
+    Reason.SCALE_UP_RATE_LIMITED: "at most scaleUp.maxStep replicas added per decision",
+    Reason.SCALE_DOWN_RATE_LIMITED: "at most scaleDown.maxStep replicas removed per decision",
+    Reason.SCALE_UP_COOLDOWN: "scaleUp.cooldownSeconds since the role's last scale",
+    Reason.SCALE_DOWN_COOLDOWN: "scaleDown.cooldownSeconds since the role's last scale",
+    Reason.WAITING_FOR_STARTING_REPLICAS: "replicas still starting are capacity on the way",
+    Reason.UNSCHEDULABLE: "pods the scheduler cannot place: no scale-up, ScalingLimited",
+    Reason.CLAMPED_TO_MIN: "brought up to minReplicas",
+    Reason.CLAMPED_TO_MAX: "brought down to maxReplicas",
+    Reason.MAX_REPLICAS_REACHED: "wants more than maxReplicas (ScalingLimited)",
+    Reason.METRICS_FOUND: "every role has fresh samples (MetricsAvailable)",
+    Reason.SCALING_ALLOWED: "no limit reached (ScalingLimited=False)",
+    Reason.SCALED_UP: "the Deployment's scale was raised (Normal Event)",
+    Reason.SCALED_DOWN: "the Deployment's scale was lowered (Normal Event)",
+    Reason.SCALE_FAILED: "writing the scale failed: no cooldown starts, retried next interval "
+                         "(Warning Event)",
+}
+
+# The decision step that gives each reason (the order the core runs them in).
+STEPS = ("data", "signals", "ratio", "stabilization", "rate", "cooldown", "pending", "bounds",
+         "condition", "event")
+_STEP_MEMBERS: dict[str, tuple[Reason, ...]] = {
+    "data": (Reason.SCALED_TO_ZERO, Reason.WAKE_UP, Reason.NO_READY_REPLICAS,
+             Reason.METRICS_UNAVAILABLE, Reason.METRICS_STALE),
+    "signals": (Reason.NO_TRAFFIC, Reason.WITHIN_DEAD_BAND, Reason.AT_RECOMMENDED_SIZE,
+                Reason.TTFT_ABOVE_TARGET, Reason.ITL_ABOVE_TARGET, Reason.QUEUE_ABOVE_TARGET,
+                Reason.QUEUE_BELOW_TARGET, Reason.PROMPT_THROUGHPUT_ABOVE_TARGET,
+                Reason.PROMPT_THROUGHPUT_BELOW_TARGET, Reason.SEQUENCES_ABOVE_TARGET,
+                Reason.SEQUENCES_BELOW_TARGET, Reason.KV_CACHE_ABOVE_TARGET,
+                Reason.KV_CACHE_BELOW_TARGET),
+    "ratio": (Reason.RATIO_FLOOR,),
+    "stabilization": (Reason.SCALE_UP_STABILIZED, Reason.SCALE_DOWN_STABILIZED,
+                      Reason.STABILIZATION_WINDOW_FILLING),
+    "rate": (Reason.SCALE_UP_RATE_LIMITED, Reason.SCALE_DOWN_RATE_LIMITED),
+    "cooldown": (Reason.SCALE_UP_COOLDOWN, Reason.SCALE_DOWN_COOLDOWN),
+    "pending": (Reason.WAITING_FOR_STARTING_REPLICAS, Reason.UNSCHEDULABLE),
+    "bounds": (Reason.CLAMPED_TO_MIN, Reason.CLAMPED_TO_MAX, Reason.MAX_REPLICAS_REACHED),
+    "condition": (Reason.METRICS_FOUND, Reason.SCALING_ALLOWED),
+    "event": (Reason.SCALED_UP, Reason.SCALED_DOWN, Reason.SCALE_FAILED),
+}
+STEP_OF: dict[Reason, str] = {r: step for step, rs in _STEP_MEMBERS.items() for r in rs}
+
+
+def reasons_text() -> str:
+    """Every reason by step, one line each (the dashboards' panel descriptions)."""
+    return "\n".join(
+        f"- **{step}**: " + ", ".join(f"`{r}` ({DESCRIPTION[r]})" for r in _STEP_MEMBERS[step])
+        for step in STEPS
+    )
