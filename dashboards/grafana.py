@@ -19,9 +19,9 @@ from poolpilot.dashboards.promql import (
     rate,
     series,
 )
-from poolpilot.reasons import reasons_text
 
 from poolpilot import metrics as m
+from poolpilot.reasons import reasons_text
 
 SCHEMA_VERSION = 39
 DS = {"type": "prometheus", "uid": "${datasource}"}
