@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import logging
 import signal
 import sys
 
@@ -40,12 +39,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "cooldowns and the rate window are divided by it, token rates and the "
                    "router's wall-clock TTFT multiplied (engines report simulated seconds) "
                    "(default 1)")
-    p.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING (default INFO)")
 
 
 def run(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
     if args.speed <= 0 or args.interval <= 0 or args.rate_window <= 0:
         print("poolpilot autoscaler: --speed, --interval and --rate-window must be > 0",
               file=sys.stderr)

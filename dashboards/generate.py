@@ -64,7 +64,8 @@ def drift(chart: Path = CHART) -> str:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--check", action="store_true", help="exit 1 with a diff if files drifted")
+    p.add_argument("--check", action="store_true",
+                   help="exit 1 with a diff if files drifted (2 if the chart is missing)")
     p.add_argument("--write", action="store_true", help="regenerate the files")
     p.add_argument("--chart", type=Path, default=CHART, help="chart folder (%(default)s)")
     p.add_argument("--rules", action="store_true",
@@ -72,6 +73,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if (args.check or args.write) and not (args.chart / "Chart.yaml").is_file():
+        print(f"poolpilot dashboards: {args.chart}: no chart here (no Chart.yaml); run it in the "
+              "repository's root folder, or pass --chart DIR", file=sys.stderr)
+        return 2
     if args.check:
         diff = drift(args.chart)
         if diff:

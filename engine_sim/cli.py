@@ -34,10 +34,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="overlay N copies of the trace (copy i shifted by i/N s): N x the rate")
     t.add_argument("--limit-seconds", type=float, default=None,
                    help="only the first S seconds of the trace")
-    t.add_argument("--model", default="llama-3.1-8b")
-    t.add_argument("--gpu", default="h200")
-    t.add_argument("--tensor-parallel", type=int, default=1)
-    t.add_argument("--mode", choices=["disaggregated", "aggregated"], default="disaggregated")
+    t.add_argument("--model", default="llama-3.1-8b",
+                   help="model shape the roofline times (default llama-3.1-8b)")
+    t.add_argument("--gpu", default="h200", help="a100, h100, h200 or l40s (default h200)")
+    t.add_argument("--tensor-parallel", type=int, default=1,
+                   help="GPUs per engine (default 1)")
+    t.add_argument("--mode", choices=["disaggregated", "aggregated"], default="disaggregated",
+                   help="separate prefill and decode engines, or one engine pool")
     t.add_argument("--prefill", type=int, default=1, help="prefill replicas")
     t.add_argument("--decode", type=int, default=1, help="decode replicas")
     t.add_argument("--engines", type=int, default=1, help="engine replicas (aggregated)")

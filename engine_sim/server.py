@@ -491,9 +491,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="model name clients send (default: the HF id)")
     parser.add_argument("--max-model-len", type=int, default=None,
                         help="context limit (default: the model's, capped by the KV cache)")
-    parser.add_argument("--max-num-batched-tokens", type=int, default=8192)
-    parser.add_argument("--max-num-seqs", type=int, default=256)
-    parser.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    parser.add_argument("--max-num-batched-tokens", type=int, default=8192,
+                        help="tokens one scheduler step may process (vLLM's flag; default 8192)")
+    parser.add_argument("--max-num-seqs", type=int, default=256,
+                        help="sequences in the running batch at most (vLLM's flag; default 256)")
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.9,
+                        help="share of GPU memory for weights and KV cache (vLLM's flag; "
+                        "default 0.9)")
     parser.add_argument("--mean-output-tokens", type=float, default=256.0,
                         help="mean 'natural' output length when ignore_eos is false")
     parser.add_argument("--seed", type=int, default=0, help="seed for natural output lengths")

@@ -8,7 +8,6 @@ waits, taking over once the active one's heartbeat is older than --peering-lifet
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import random
 
@@ -38,17 +37,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="seconds before a silent active replica is replaced")
     parser.add_argument("--drift-interval", type=float, default=30.0,
                         help="seconds between drift checks of each pool")
-    parser.add_argument("--request-timeout", type=float, default=10.0)
+    parser.add_argument("--request-timeout", type=float, default=10.0,
+                        help="seconds before a Kubernetes API request or watch connection "
+                        "times out (default 10)")
     parser.add_argument("--max-concurrent-reconciles", type=int, default=16,
                         help="pools reconciled at once (bounds the load on the API server)")
-    parser.add_argument("-v", "--verbose", action="store_true")
 
 
 def run(args: argparse.Namespace) -> int:
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-    )
     if args.kubeconfig:
         # Kopf's own login reads KUBECONFIG; our API client gets the path explicitly.
         os.environ["KUBECONFIG"] = args.kubeconfig

@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 from poolpilot.operator import builders, peering
 
-from poolpilot import api
+from poolpilot import api, fileerrors
 from poolpilot.validate import InvalidPool, load_documents, parse_pool
 
 
@@ -65,7 +65,8 @@ def render(pools: list[builders.Pool], caps: builders.Capabilities, output: str)
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("file", type=Path, nargs="?",
                         help="manifest with one or more InferencePools")
-    parser.add_argument("-o", "--output", choices=("yaml", "json"), default="yaml")
+    parser.add_argument("-o", "--output", choices=("yaml", "json"), default="yaml",
+                        help="output format (default yaml)")
     parser.add_argument(
         "--prometheus-operator",
         action="store_true",
@@ -94,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         pools = pools_from_file(args.file, args.namespace)
     except OSError as exc:
-        print(f"poolpilot render: {exc}", file=sys.stderr)
+        print(f"poolpilot render: {args.file}: {fileerrors.describe(exc)}", file=sys.stderr)
         return 2
     except (InvalidPool, yaml.YAMLError) as exc:
         errors = exc.errors if isinstance(exc, InvalidPool) else [str(exc)]

@@ -319,8 +319,9 @@ def table(rows: list[Row]) -> str:
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     p = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
-    p.add_argument("--pools", type=int, nargs="+", default=[1, 100, 1000])
-    p.add_argument("--repeat", type=int, default=5)
+    p.add_argument("--pools", type=int, nargs="+", default=[1, 100, 1000],
+                   help="pool counts to measure (default 1 100 1000)")
+    p.add_argument("--repeat", type=int, default=5, help="steady cycles timed per count")
     p.add_argument("--per-query", action="store_true", help="also time each query alone")
     p.add_argument("--naive-max", type=int, default=100,
                    help="also time per-pool queries up to this many pools")

@@ -99,8 +99,12 @@ async def run_bench(objects: int, watchers: int) -> list[tuple[str, float, float
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
-    parser.add_argument("--objects", type=int, default=1000)
-    parser.add_argument("--watchers", type=int, default=4)
+    parser.add_argument("--objects", type=int, default=1000,
+                        help="Deployments applied, re-applied, changed, listed and patched "
+                        "(default 1000)")
+    parser.add_argument("--watchers", type=int, default=4,
+                        help="watch streams open meanwhile, each receiving every change "
+                        "(default 4)")
     args = parser.parse_args(argv)
     results = asyncio.run(run_bench(args.objects, args.watchers))
     base = results[0][1]

@@ -220,11 +220,15 @@ def bench_time_scaling(n: int = 40, rate: float = 4.0) -> dict[str, Any]:
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     ap = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     ap.add_argument("--baseline-server", type=int, default=None, help=argparse.SUPPRESS)
-    ap.add_argument("--trace", default="../shared/traces/AzureLLMInferenceTrace_conv.csv")
-    ap.add_argument("--copies", type=int, default=3)
+    ap.add_argument("--trace", default="../shared/traces/AzureLLMInferenceTrace_conv.csv",
+                    help="trace for the DES speed run (default: the Azure conversation trace)")
+    ap.add_argument("--copies", type=int, default=3,
+                    help="copies of the trace overlaid in the DES run (default 3)")
     ap.add_argument("--seconds", type=float, default=5.0, help="HTTP load duration")
-    ap.add_argument("--concurrency", type=int, default=16)
-    ap.add_argument("--only", choices=["des", "http", "time"], default=None)
+    ap.add_argument("--concurrency", type=int, default=16,
+                    help="requests in flight in the HTTP run (default 16)")
+    ap.add_argument("--only", choices=["des", "http", "time"], default=None,
+                    help="run one part: DES speed, HTTP throughput or time scaling (default all)")
     args = ap.parse_args(argv)
     if args.baseline_server is not None:
         _baseline_server(args.baseline_server)

@@ -246,7 +246,8 @@ def _row(op: Result, base: Result) -> str:
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
-    parser.add_argument("--pools", type=int, nargs="+", default=[1, 100, 1000])
+    parser.add_argument("--pools", type=int, nargs="+", default=[1, 100, 1000],
+                        help="pool counts to measure (default 1 100 1000)")
     args = parser.parse_args(argv)
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     print(HEADER, flush=True)

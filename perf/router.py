@@ -170,8 +170,10 @@ def _row(mode: str, c: int, direct: Result, routed: Result) -> str:
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     p.add_argument("--duration", type=float, default=5.0, help="seconds measured per run")
-    p.add_argument("--warmup", type=float, default=1.0)
-    p.add_argument("--concurrency", default="1,64,256")
+    p.add_argument("--warmup", type=float, default=1.0,
+                   help="seconds of load before each measured run (default 1)")
+    p.add_argument("--concurrency", default="1,64,256",
+                   help="comma-separated requests in flight, one run each (default 1,64,256)")
     p.add_argument("--upstream", choices=("engine-sim", "minimal"), default="engine-sim",
                    help="zero-time upstream: the engine simulator or a bare aiohttp server")
     p.add_argument("--serve-upstream", type=int, metavar="PORT", help=argparse.SUPPRESS)

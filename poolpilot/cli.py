@@ -2,13 +2,18 @@
 
 Each component module exposes `add_arguments(parser)` and `run(args) -> int`; the table below
 maps subcommand names to those modules so that `poolpilot crd` never imports kopf or vLLM.
+Options every subcommand shares are added here, once: `--log-level` (with `-v` for DEBUG),
+and logging is configured here before the component runs.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import logging
 import sys
+
+from poolpilot import __version__
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "crd": ("poolpilot.commands.crd", "print the InferencePool CRD generated from the models"),
@@ -29,11 +34,29 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
+# Long-running servers log their actions by default; commands that print a result (and the
+# sandbox, which draws its own progress) log only warnings.
+SERVERS = frozenset({"operator", "autoscaler", "router", "launch", "engine-sim", "emulator"})
+
+
+def add_log_level(p: argparse.ArgumentParser, default: str) -> None:
+    group = p.add_argument_group("logging")
+    group.add_argument("--log-level", type=str.upper, choices=LOG_LEVELS, default=default,
+                       metavar="LEVEL",
+                       help=f"{', '.join(LOG_LEVELS)} (case-insensitive; default {default})")
+    group.add_argument("-v", "--verbose", dest="log_level", action="store_const",
+                       const="DEBUG", help="the same as --log-level DEBUG")
+
+
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="poolpilot",
         description="Operator and autoscaler for disaggregated LLM inference pools.",
     )
+    parser.add_argument("--version", action="version", version=f"poolpilot {__version__}",
+                        help="print poolpilot's version and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     wanted = next((a for a in argv if not a.startswith("-")), None)
@@ -47,6 +70,7 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
                     raise
                 parser.exit(2, f"poolpilot {name}: not available in this build ({module})\n")
             mod.add_arguments(p)
+            add_log_level(p, "INFO" if name in SERVERS else "WARNING")
             p.set_defaults(run=mod.run)
     return parser
 
@@ -54,6 +78,7 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser(argv).parse_args(argv)
+    logging.basicConfig(level=args.log_level, format=LOG_FORMAT, stream=sys.stderr)
     code: int = args.run(args)
     return code
 

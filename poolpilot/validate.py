@@ -9,7 +9,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from poolpilot import api
+from poolpilot import api, fileerrors
 
 
 class InvalidPool(ValueError):
@@ -95,7 +95,9 @@ def validate_file(path: Path) -> list[str]:
     """Every error in the file's InferencePool documents, as 'FILE: path: message' lines."""
     try:
         docs = load_documents(path)
-    except (OSError, yaml.YAMLError, InvalidPool) as exc:
+    except OSError as exc:
+        return [f"{path}: {fileerrors.describe(exc)}"]
+    except (yaml.YAMLError, InvalidPool) as exc:
         return [f"{path}: {exc}"]
     pools = [d for d in docs if d.get("kind") == api.KIND]
     if not pools:

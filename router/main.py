@@ -25,6 +25,8 @@ from poolpilot.router.app import AGGREGATED, DISAGGREGATED, Router, RouterConfig
 from poolpilot.router.balancer import BalancerConfig
 from poolpilot.router.discovery import KubernetesDiscovery, parse_urls
 
+from poolpilot import fileerrors
+
 log = logging.getLogger("poolpilot.router")
 
 
@@ -54,11 +56,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--pool", help="pool name: the metrics label; required with --discover")
     lim = parser.add_argument_group("limits")
-    lim.add_argument("--max-request-bytes", type=int, default=8 * 1024 * 1024)
+    lim.add_argument("--max-request-bytes", type=int, default=8 * 1024 * 1024,
+                     help="largest request body accepted; larger ones get 413 (default 8 MiB)")
     lim.add_argument("--request-timeout", type=float, default=600.0, help="seconds, whole request")
     lim.add_argument("--idle-timeout", type=float, default=120.0,
                      help="seconds an engine may stay silent mid-response")
-    lim.add_argument("--connect-timeout", type=float, default=5.0)
+    lim.add_argument("--connect-timeout", type=float, default=5.0,
+                     help="seconds to connect to an engine; a failed connect counts as a "
+                     "failed attempt (see --max-attempts)")
     lim.add_argument("--max-attempts", type=int, default=3,
                      help="tries per phase (prefill, decode)")
     lim.add_argument("--drain-timeout", type=float, default=30.0,
@@ -74,7 +79,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="report latencies in simulated seconds: multiply by X (the sandbox runs engines "
         "X times faster than real time)",
     )
-    parser.add_argument("--log-level", default="INFO")
 
 
 def apply_config_file(args: argparse.Namespace) -> None:
@@ -84,7 +88,9 @@ def apply_config_file(args: argparse.Namespace) -> None:
         return
     try:
         data = json.loads(Path(args.config).read_text())
-    except (OSError, ValueError) as exc:
+    except OSError as exc:
+        raise UsageError(f"--config {args.config}: {fileerrors.describe(exc)}") from exc
+    except ValueError as exc:
         raise UsageError(f"--config {args.config}: cannot read it as JSON ({exc})") from exc
     if not isinstance(data, dict):
         raise UsageError(f"--config {args.config}: must hold a JSON object")
@@ -179,9 +185,6 @@ async def serve(args: argparse.Namespace, config: RouterConfig) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
-    )
     try:
         config = config_from_args(args)
     except UsageError as exc:

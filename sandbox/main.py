@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import math
 import sys
 import time
@@ -76,7 +75,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prometheus-port", type=int, default=0,
                    help="port of Prometheus (default: a free one)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.add_argument("-v", "--verbose", action="store_true", help="log the controller's actions")
 
 
 def prepare_trace(args: argparse.Namespace, max_model_len: int) -> list[TraceRequest]:
@@ -103,8 +101,6 @@ def prepare_trace(args: argparse.Namespace, max_model_len: int) -> list[TraceReq
 
 
 def run(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
-                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
     speed = args.speed if args.speed is not None else (
         DEFAULT_SPEED if args.engine == "sim" else 1.0)
     if speed <= 0:

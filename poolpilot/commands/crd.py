@@ -10,7 +10,8 @@ from poolpilot import crd
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--check", action="store_true", help="exit 1 with a diff if FILE drifted")
+    p.add_argument("--check", action="store_true",
+                   help="exit 1 with a diff if FILE drifted (2 if it is missing)")
     p.add_argument("--write", action="store_true", help="regenerate FILE")
     p.add_argument(
         "--file",
@@ -23,6 +24,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     files = args.file or [crd.CRD_PATH, crd.CHART_CRD_PATH]
     if args.check:
+        missing = [f for f in files if not f.is_file()]
+        for f in missing:
+            print(f"poolpilot crd --check: {f}: no such file; run it in the repository's root "
+                  "folder, or pass --file PATH", file=sys.stderr)
+        if missing:
+            return 2
         stale = [f for f in files if crd.drift(f)]
         for f in stale:
             sys.stdout.write(crd.drift(f))

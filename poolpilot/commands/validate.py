@@ -10,7 +10,8 @@ from poolpilot.validate import validate_file
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("files", nargs="+", type=Path, metavar="FILE")
+    p.add_argument("files", nargs="+", type=Path, metavar="FILE",
+                   help="YAML files holding InferencePool manifests (globs: examples/*.yaml)")
 
 
 def run(args: argparse.Namespace) -> int:

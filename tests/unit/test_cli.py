@@ -1,0 +1,159 @@
+"""The `poolpilot` command line as a whole: --version, help on every flag of every subcommand,
+one --log-level everywhere, and "no such file" errors that name the file and the fix."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.metadata
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+from poolpilot.perf import main as perf_main
+
+from poolpilot import cli
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_version_is_the_package_and_chart_version(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["--version"])
+    assert exit_.value.code == 0
+    version = importlib.metadata.version("poolpilot")
+    assert capsys.readouterr().out == f"poolpilot {version}\n"
+    chart = yaml.safe_load((ROOT / "charts/poolpilot/Chart.yaml").read_text())
+    assert chart["appVersion"] == version
+
+
+class _Captured(Exception):
+    def __init__(self, parser: argparse.ArgumentParser) -> None:
+        self.parser = parser
+
+
+def _parsers() -> Iterator[tuple[str, argparse.ArgumentParser]]:
+    """(command line, parser) for poolpilot itself, every subcommand and nested subcommand,
+    and every `poolpilot perf NAME` harness (each builds its parser inside its main())."""
+    yield "poolpilot", cli.build_parser([])
+    for name in cli.COMMANDS:
+        yield from _nested(f"poolpilot {name}", _subparser(cli.build_parser([name]), name))
+    for name, (module, _) in perf_main.HARNESSES.items():
+        mp = pytest.MonkeyPatch()
+
+        def capture(self: argparse.ArgumentParser, *args: object, **kw: object) -> None:
+            raise _Captured(self)
+
+        mp.setattr(argparse.ArgumentParser, "parse_args", capture)
+        try:
+            importlib.import_module(module).main([], prog=f"poolpilot perf {name}")
+        except _Captured as got:
+            yield f"poolpilot perf {name}", got.parser
+        else:
+            raise AssertionError(f"poolpilot perf {name}: main() parsed no arguments")
+        finally:
+            mp.undo()
+
+
+def _subparser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    found: argparse.ArgumentParser = sub.choices[name]
+    return found
+
+
+def _nested(line: str, parser: argparse.ArgumentParser
+            ) -> Iterator[tuple[str, argparse.ArgumentParser]]:
+    yield line, parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from _nested(f"{line} {name}", sub)
+
+
+def _flags_without_help(parser: argparse.ArgumentParser) -> list[str]:
+    # argparse.SUPPRESS is a deliberate choice (a harness's internal re-exec flag), not a gap.
+    return ["/".join(a.option_strings) or a.dest for a in parser._actions
+            if not isinstance(a, argparse._SubParsersAction) and not a.help]
+
+
+def test_every_flag_of_every_subcommand_has_help() -> None:
+    parsers = dict(_parsers())
+    assert {"poolpilot sim batching", "poolpilot perf router", "poolpilot sandbox"} <= set(parsers)
+    missing = {line: flags for line, p in parsers.items() if (flags := _flags_without_help(p))}
+    assert missing == {}
+
+
+@pytest.mark.parametrize("command", sorted(cli.COMMANDS))
+def test_every_subcommand_takes_log_level_and_v(command: str) -> None:
+    parser = _subparser(cli.build_parser([command]), command)
+    flags = {opt: a for a in parser._actions for opt in a.option_strings}
+    level, verbose = flags["--log-level"], flags["-v"]
+    assert level.dest == verbose.dest == "log_level"
+    assert level.default == ("INFO" if command in cli.SERVERS else "WARNING")
+    assert verbose is flags["--verbose"] and verbose.const == "DEBUG"
+    assert level.type is not None and level.type("debug") == "DEBUG"
+
+
+def test_an_unknown_log_level_names_the_choices(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["crd", "--log-level", "loud"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "--log-level: invalid choice: 'LOUD'" in err
+    assert all(level in err for level in cli.LOG_LEVELS)
+
+
+def test_log_level_reaches_the_root_logger(monkeypatch: pytest.MonkeyPatch,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(logging.root, "handlers", [])
+    monkeypatch.setattr(logging.root, "level", logging.WARNING)
+    assert cli.main(["crd", "--log-level", "DEBUG"]) == 0
+    assert logging.root.level == logging.DEBUG
+    assert "kind: CustomResourceDefinition" in capsys.readouterr().out
+
+
+NOT_FOUND = [
+    pytest.param(["crd", "--check"], 2,
+                 "poolpilot crd --check: crds/inferencepool.yaml: no such file; run it in the "
+                 "repository's root folder, or pass --file PATH", id="crd-check-outside-repo"),
+    pytest.param(["dashboards", "--check"], 2,
+                 "poolpilot dashboards: charts/poolpilot: no chart here (no Chart.yaml); run it "
+                 "in the repository's root folder, or pass --chart DIR",
+                 id="dashboards-check-outside-repo"),
+    pytest.param(["validate", "missing.yaml"], 1, "missing.yaml: no such file",
+                 id="validate-missing-file"),
+    pytest.param(["render", "missing.yaml"], 2, "poolpilot render: missing.yaml: no such file",
+                 id="render-missing-file"),
+    pytest.param(["router", "--config", "missing.json", "--engine", "http://127.0.0.1:1"], 2,
+                 "poolpilot router: error: --config missing.json: no such file",
+                 id="router-missing-config"),
+    pytest.param(["validate", "."], 1, ".: is a folder, not a file", id="validate-a-folder"),
+]
+
+
+@pytest.mark.parametrize(("argv", "code", "message"), NOT_FOUND)
+def test_missing_files_are_named_with_the_fix(argv: list[str], code: int, message: str,
+                                             tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.chdir(tmp_path)  # an empty folder: outside the repository
+    assert cli.main(argv) == code
+    err = capsys.readouterr().err
+    assert message in err.splitlines()
+    assert "Errno" not in err and "out of date" not in err and "stale" not in err
+
+
+def test_crd_check_in_the_repository_still_passes(monkeypatch: pytest.MonkeyPatch,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.chdir(ROOT)
+    assert cli.main(["crd", "--check"]) == 0
+    assert "crds/inferencepool.yaml matches the models" in capsys.readouterr().out
+
+
+def test_router_config_that_is_not_json_says_so(tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "router.json"
+    bad.write_text("{not json")
+    assert cli.main(["router", "--config", str(bad), "--engine", "http://127.0.0.1:1"]) == 2
+    assert f"--config {bad}: cannot read it as JSON" in capsys.readouterr().err
