@@ -15,6 +15,16 @@ token) -> least-loaded ready decode replica: its blocks are allocated, the promp
 over the link (bytes / link bandwidth + latency), then decode runs; the user sees the first
 token when the decode engine samples it. Aggregated: one engine does both.
 
+Local prefill (`local_prefill=LocalPrefill(ttft_s, itl_s)`, disaggregated only): at each
+arrival the router's own rule, `poolpilot.router.local_prefill.decide`, chooses between the
+P/D path and prefilling on a decode engine (aggregated there: no KV transfer). It is fed what a
+router knows: per ready prefill engine the prompt tokens sent and not yet prefilled and the
+prefill throughput learned from completed prefills (`RateEstimate`, seeded from the step
+model); per ready decode engine its requests and the prompt tokens it was given to prefill
+locally; the mixed-step cost is the simulator's own step model. Decode engines then size each
+step's prompt chunk from the ITL budget (`EngineConfig.itl_budget`): the step of a decode batch
+plus a prefill chunk is priced as one mixed step.
+
 Replicas: `add_replica(role, ready_at)` serves from `ready_at` (a cold start);
 `remove_replica(role)` removes a starting replica at once if there is one, else drains the
 least-loaded ready one: it admits nothing new and leaves when its last request finishes.
@@ -26,8 +36,10 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
+
+from poolpilot.router import local_prefill as lp
 
 from .engine import EngineConfig, EngineCore, canonical_role, itl_p90
 from .hardware import StepModel, make_step_model
@@ -60,6 +72,7 @@ class RequestRecord:
     decode_replica: int | None = None
     kv_transfer_time: float | None = None
     preemptions: int = 0
+    local_prefill: bool = False  # prefilled on its decode engine (the router's fallback)
 
     @property
     def ttft(self) -> float | None:
@@ -68,6 +81,39 @@ class RequestRecord:
     @property
     def e2e(self) -> float | None:
         return None if self.finished_at is None else self.finished_at - self.arrival
+
+
+@dataclass(frozen=True)
+class LocalPrefill:
+    """The router's local-prefill fallback (router/local_prefill.py's LocalPrefillPolicy,
+    whose step cost the simulator supplies)."""
+
+    ttft_s: float  # the pool's TTFT target
+    itl_s: float  # the decode role's ITL target: what a mixed step may take
+    enter: float = 1.0  # fallback on when the P/D path's prefill wait > enter x ttft_s
+    exit: float = 0.5  # off again below exit x ttft_s
+
+    def __post_init__(self) -> None:
+        if not (self.ttft_s > 0 and self.itl_s > 0):
+            raise ValueError(f"local prefill needs ttft_s and itl_s > 0, got {self.ttft_s}, "
+                             f"{self.itl_s}")
+
+
+class _MixedStepCost:
+    """lp.StepCost from the step model: `decode_batch` sequences at `context` tokens each."""
+
+    def __init__(self, model: StepModel, context: int) -> None:
+        self.model = model
+        self.context = context
+        self._memo: dict[tuple[int, int], float] = {}
+
+    def step_s(self, decode_batch: int, prefill_chunk: int) -> float:
+        key = (decode_batch, prefill_chunk)
+        t = self._memo.get(key)
+        if t is None:
+            t = self._memo[key] = self.model.mixed_step_time(
+                decode_batch, decode_batch * self.context, prefill_chunk)
+        return t
 
 
 class ReplicaCounts(NamedTuple):
@@ -85,6 +131,9 @@ class Replica:
     draining: bool = False
     removed_at: float | None = None
     version: int = 0  # invalidates stale step-done events
+    # what a router knows of it: prompt tokens sent to prefill (P/D or local) not yet done
+    queued_tokens: int = 0
+    local_pending: int = 0  # requests sent to prefill locally, before their first token
 
     def is_ready(self, now: float) -> bool:
         return self.ready_at <= now and not self.draining and self.removed_at is None
@@ -99,6 +148,9 @@ class _Job:
     decode_replica: int | None = None
     xfer: float | None = None
     preemptions: int = 0
+    local: bool = False
+    sent_at: float = 0.0  # to the prefill engine ...
+    queued_at_send: int = 0  # ... which then had this many prompt tokens to do, its own too
 
 
 _ARRIVAL, _READY, _STEP, _LOAD, _HANDOFF = range(5)
@@ -121,6 +173,7 @@ class PoolSim:
         prefill_config: EngineConfig | None = None,
         decode_config: EngineConfig | None = None,
         router_overhead: float = 0.0,
+        local_prefill: LocalPrefill | None = None,
     ) -> None:
         mode_l = mode.lower()
         if mode_l not in ("disaggregated", "aggregated"):
@@ -133,6 +186,15 @@ class PoolSim:
             "decode": decode_config or base,
             "engine": base,
         }
+        self.local_prefill = local_prefill if mode_l == "disaggregated" else None
+        self.local_prefill_total: dict[str, int] = {}  # the router's counter, by reason
+        self._lp_active = False  # the rule's hysteresis state (one router)
+        self._lp_costs: dict[int, _MixedStepCost] = {}
+        self._prefill_rate = lp.RateEstimate(
+            2048 / self.step_model.step_time([(2048, 0)]))  # as the router's presets
+        if self.local_prefill is not None and self.configs["decode"].itl_budget is None:
+            self.configs["decode"] = replace(self.configs["decode"],
+                                             itl_budget=self.local_prefill.itl_s)
         self.roles = ("prefill", "decode") if mode_l == "disaggregated" else ("engine",)
         self.router_overhead = router_overhead
         self.now = 0.0
@@ -299,11 +361,52 @@ class PoolSim:
         return best
 
     def _route(self, job: _Job, role: str, seq: Seq | None) -> None:
+        if role == "prefill" and self.local_prefill is not None:
+            local = self._local_target(job.req)
+            if local is not None:
+                job.local = True
+                self._assign(local, job, None)
+                return
         rep = self._pick(role)
         if rep is None:
             self._pending[role].append((job, seq))
             return
         self._assign(rep, job, seq)
+
+    def _local_target(self, req: SimRequest) -> Replica | None:
+        """The router's rule: a decode replica to prefill `req` itself, or None (P/D path)."""
+        lpc = self.local_prefill
+        assert lpc is not None
+        now = self.now
+        prefill: list[Replica] = []
+        decode: list[Replica] = []
+        for r in self._live.values():
+            if r.is_ready(now):
+                (prefill if r.role == "prefill" else decode).append(r)
+        if not decode:
+            return None
+        rate = self._prefill_rate.tokens_per_s
+        seqs = kv = 0
+        for r in decode:  # the decode batch's mean context, from the blocks it holds
+            seqs += r.engine.sched.num_running
+            kv += r.engine.sched.used_blocks * r.engine.sched.block_size
+        context = -(-kv // max(seqs, 1) // 256) * 256 or 256
+        cost = self._lp_costs.get(context)
+        if cost is None:
+            cost = self._lp_costs[context] = _MixedStepCost(self.step_model, context)
+        policy = lp.LocalPrefillPolicy(
+            lpc.ttft_s, lpc.itl_s, cost, lpc.enter, lpc.exit,
+            max_chunk_tokens=self.configs["decode"].max_num_batched_tokens)
+        d = lp.decide(req.prompt_tokens,
+                      [lp.PrefillLoad(r.queued_tokens, rate) for r in prefill],
+                      [lp.DecodeLoad(r.engine.load() - r.local_pending, r.queued_tokens)
+                       for r in decode],
+                      policy, self._lp_active)
+        self._lp_active = d.active
+        if not d.local or d.engine is None:
+            return None
+        self.local_prefill_total[d.reason] = self.local_prefill_total.get(d.reason, 0) + 1
+        return decode[d.engine]
 
     def _dispatch_pending(self, role: str) -> None:
         q = self._pending[role]
@@ -325,6 +428,13 @@ class PoolSim:
         if rep.role == "prefill":
             job.prefill_replica = rep.id
             seq = Seq(req.id, req.prompt_tokens, 1, self.now, payload=job)
+            rep.queued_tokens += req.prompt_tokens
+            job.sent_at, job.queued_at_send = self.now, rep.queued_tokens
+        elif job.local:  # the router's fallback: a plain request, prefilled here
+            job.decode_replica = rep.id
+            seq = Seq(req.id, req.prompt_tokens, req.output_tokens, self.now, payload=job)
+            rep.queued_tokens += req.prompt_tokens
+            rep.local_pending += 1
         elif rep.role == "decode":
             job.decode_replica = rep.id
             seq = Seq(req.id, req.prompt_tokens, req.output_tokens, self.now,
@@ -365,10 +475,16 @@ class PoolSim:
 
     def _absorb(self, rep: Replica, out: Any) -> None:
         eng = rep.engine
+        for s in out.first_tokens:
+            if s.payload.local:  # a local prefill is done: the router sees its first token
+                rep.queued_tokens -= s.prompt
+                rep.local_pending -= 1
         for s in out.finished:
             job: _Job = s.payload
             job.preemptions += s.preemptions
             if rep.role == "prefill":
+                rep.queued_tokens -= s.prompt
+                self._prefill_rate.observe(job.queued_at_send, out.end - job.sent_at)
                 self._push(out.end + self.router_overhead, _HANDOFF, (job, s))
                 continue
             times = eng.token_times(s)
@@ -376,7 +492,7 @@ class PoolSim:
             self._records.append(RequestRecord(
                 req.id, req.arrival, req.prompt_tokens, s.generated, s.first_token_at,
                 s.finished_at, itl_p90(times), True, None, job.prefill_replica,
-                job.decode_replica, job.xfer, job.preemptions))
+                job.decode_replica, job.xfer, job.preemptions, job.local))
             s.token_steps = []
 
     def _maybe_leave(self, rep: Replica) -> None:

@@ -43,6 +43,15 @@ class EngineConfig:
     max_model_len: int | None = None  # default: the model's, capped by the KV cache
     max_chunk_steps: int = 4096
     track_token_steps: bool = True  # keep token step indices (for per-request ITL)
+    # Seconds a step may take while the engine prefills besides decoding (a decode engine
+    # serving local prefills: the decode role's ITL target). Each step's prompt chunk is the
+    # largest that keeps the step within it at the running batch (at least
+    # MIN_PREFILL_CHUNK); None: max_num_batched_tokens alone, as vLLM.
+    itl_budget: float | None = None
+
+
+# A prompt still progresses when the decode batch alone uses the ITL budget.
+MIN_PREFILL_CHUNK = 64
 
 
 @dataclass
@@ -180,13 +189,14 @@ class EngineCore:
         self.complete_loads(start)
         if not self.sched.has_work():
             return None
-        sp = self.sched.schedule(start)
+        limit = self._chunk_limit if self.config.itl_budget is not None else None
+        sp = self.sched.schedule(start, limit)
         preempted = list(sp.preempted)
         while not sp.items and (sp.preempted or sp.resumed) and self.sched.has_work():
             # the queues changed without producing work (e.g. a sequence preempted itself to
             # make room): schedule again from the new state
             loading = sp.loading
-            sp = self.sched.schedule(start)
+            sp = self.sched.schedule(start, limit)
             sp.loading = loading + sp.loading
             preempted += sp.preempted
         sp.preempted = preempted
@@ -236,6 +246,20 @@ class EngineCore:
         ch = Chunk(start, ends, sp.items, decode_run, sp.preempted)
         self.chunk = ch
         return ch
+
+    def _chunk_limit(self, seq: Seq) -> int:
+        """Prompt tokens this step may take: the most that keep the step within the ITL
+        budget next to the decode batch that runs in it (priced by the step model)."""
+        budget = self.config.itl_budget
+        assert budget is not None
+        batch = context = 0
+        for s in self.sched.running:
+            if s.computed + 1 == s.context:
+                batch += 1
+                context += s.computed
+        most = min(seq.context - seq.computed, self.config.max_num_batched_tokens)
+        chunk = self.model.max_chunk_within(budget, batch, context, seq.computed, most)
+        return max(chunk, min(most, MIN_PREFILL_CHUNK))
 
     def _run_length(self, seqs: list[Seq], k: int) -> int:
         """Most identical decode steps (at most k: the next finish) within free KV blocks."""

@@ -23,6 +23,7 @@ time.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -174,9 +175,16 @@ class Scheduler:
         self.waiting.appendleft(seq)
 
     # ---- one step ----
-    def schedule(self, now: float = 0.0) -> StepPlan:
-        """Choose this step's work. Moves sequences between queues and allocates blocks."""
+    def schedule(self, now: float = 0.0,
+                 chunk_limit: Callable[[Seq], int] | None = None) -> StepPlan:
+        """Choose this step's work. Moves sequences between queues and allocates blocks.
+
+        chunk_limit: prompt tokens this step may prefill in all (within the token budget),
+        asked once, with the first sequence that has more than one token to compute: a
+        decode engine sizes it from its ITL headroom so that the running batch keeps its
+        inter-token latency. None: the token budget alone (vLLM's behaviour)."""
         budget = self.max_num_batched_tokens
+        prefill_left = -1  # chunk_limit's answer once asked (-1: not yet)
         plan = StepPlan(items=[])
         # Sequences whose remote KV arrived are already allocated: they join the running set.
         while self.ready and len(self.running) < self.max_num_seqs:
@@ -197,6 +205,14 @@ class Scheduler:
                 all_decode = False
             elif n != 1:
                 all_decode = False
+            if n > 1 and chunk_limit is not None:
+                if prefill_left < 0:
+                    prefill_left = max(0, chunk_limit(seq))
+                n = min(n, prefill_left)
+                if n == 0:  # no prefill room left this step; decode sequences still run
+                    i += 1
+                    continue
+                prefill_left -= n
             if seq.computed + n <= seq.blocks * bs:  # fast path: room in its last block
                 items.append((seq, n))
                 budget -= n
@@ -228,8 +244,16 @@ class Scheduler:
                 plan.loading.append(seq)
                 continue
             n = min(seq.context - seq.computed, budget)
+            take = 0
+            if n > 1 and chunk_limit is not None:
+                if prefill_left < 0:
+                    prefill_left = max(0, chunk_limit(seq))
+                n = take = min(n, prefill_left)
+                if n == 0:
+                    break
             if not self._grow(seq, seq.computed + n):
                 break
+            prefill_left -= take
             self.waiting.popleft()
             seq.state = SeqState.RUNNING
             if seq.first_scheduled_at is None:

@@ -23,6 +23,9 @@ Prefill/decode disaggregation, as with vLLM's NixlConnector:
   transfer time (bytes / link bandwidth), skips the prompt's compute and decodes. If the read
   fails (unknown request, prefill gone), it counts vllm:nixl_num_failed_transfers and
   recomputes the prompt locally, like vLLM's recompute policy.
+* a plain request (no kv_transfer_params) is served whole by any role, like a `kv_both`
+  vLLM: on a decode engine that is the router's local-prefill fallback; with `--itl-budget`
+  its prompt is prefilled in chunks that keep the running batch's steps within the budget.
 """
 
 from __future__ import annotations
@@ -246,9 +249,12 @@ class SimServer:
         self.step_model = make_step_model(args.model, args.gpu, args.tensor_parallel)
         self.role = canonical_role(args.role)
         self.clock = Clock(args.speed)
+        if args.itl_budget is not None and not args.itl_budget > 0:
+            raise ValueError(f"--itl-budget must be > 0 seconds, got {args.itl_budget}")
         config = EngineConfig(
             max_num_batched_tokens=args.max_num_batched_tokens,
             max_num_seqs=args.max_num_seqs,
+            itl_budget=args.itl_budget,
             gpu_memory_utilization=args.gpu_memory_utilization,
             max_model_len=args.max_model_len,
             max_chunk_steps=256 if self.clock.instant else 64,
@@ -502,6 +508,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="mean 'natural' output length when ignore_eos is false")
     parser.add_argument("--seed", type=int, default=0, help="seed for natural output lengths")
     parser.add_argument("--engine-id", default=None, help="NIXL engine id (default: a uuid)")
+    parser.add_argument("--itl-budget", type=float, default=None, metavar="SECONDS",
+                        help="while it prefills a plain request itself (the router's local-"
+                             "prefill fallback on a decode engine), size each step's prompt "
+                             "chunk so the step stays within SECONDS (the ITL target) at the "
+                             "running batch; default: --max-num-batched-tokens alone, as vLLM")
 
 
 def run(args: argparse.Namespace) -> int:

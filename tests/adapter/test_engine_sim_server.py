@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -264,3 +265,35 @@ def test_client_going_away_aborts_its_request(stream: bool) -> None:
             time.sleep(0.1)
         assert got[m.VLLM_RUNNING] == 0 and got[m.VLLM_KV_USAGE] == 0
         assert 0 < got[m.VLLM_GENERATION_TOKENS] < 100_000
+
+
+@pytest.mark.parametrize("budget", [None, 0.05], ids=["vllm-token-budget", "itl-budget-50ms"])
+def test_decode_engine_prefills_a_plain_request_itself(budget: float | None) -> None:
+    """The router's local-prefill fallback: a plain request (no kv_transfer_params) on a
+    decode engine is prefilled there (like a kv_both vLLM), its prompt counted by that
+    engine; with --itl-budget the running batch keeps its inter-token latency meanwhile."""
+    extra = ["--itl-budget", str(budget)] if budget is not None else []
+    with EngineSimProcess(role="decode", speed=5, served_name=NAME, extra_args=extra) as sim, \
+            contextlib.ExitStack() as streams:
+        body = {"model": NAME, "prompt": list(range(500)), "max_tokens": 100_000,
+                "ignore_eos": True, "stream": True}
+        lines = []  # kept: a dropped line iterator closes its stream (an abort)
+        for _ in range(8):  # a decoding batch: each stream has sent its first token
+            r = streams.enter_context(httpx.stream("POST", sim.url + "/v1/completions",
+                                                   json=body))
+            lines.append(r.iter_lines())
+            assert next(lines[-1]).startswith("data: ")
+        before = scrape(sim)
+        assert before[m.VLLM_RUNNING] == 8
+        done = httpx.post(sim.url + "/v1/completions", timeout=60, json={
+            "model": NAME, "prompt": list(range(8000)), "max_tokens": 1}).json()
+        after = scrape(sim)
+    assert done["usage"]["prompt_tokens"] == 8000
+    assert after[m.VLLM_PROMPT_TOKENS] - before[m.VLLM_PROMPT_TOKENS] == 8000
+    itl = f"{m.VLLM_ITL}_bucket"
+    slow = (after[f"{itl}{{le=+Inf}}"] - after[f"{itl}{{le=0.05}}"]) - (
+        before[f"{itl}{{le=+Inf}}"] - before[f"{itl}{{le=0.05}}"])
+    if budget is None:  # the whole 8,000-token prompt in one ~250 ms step
+        assert slow >= 8
+    else:
+        assert slow == 0
