@@ -62,6 +62,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "InferencePool (camelCase JSON), e.g. "
                         "'{\"scaleDown\": {\"stabilizationWindowSeconds\": 300, "
                         "\"maxStep\": 4, \"cooldownSeconds\": 30}}'")
+    p.add_argument("--local-prefill", choices=("on", "off"), default="off",
+                   help="the router's local-prefill fallback: decode engines prefill requests "
+                        "themselves while the prefill role is behind (off)")
     p.add_argument("--seed", type=int, default=0, help="seed for --rate-scale copies (0)")
     p.add_argument("--jobs", type=int, default=1,
                    help="policies replayed in parallel processes (1)")
@@ -170,7 +173,8 @@ def run(args: argparse.Namespace) -> int:
                           slo_ttft=args.slo_ttft, slo_itl=args.slo_itl,
                           cold_start=args.cold_start, scrape_interval=args.scrape_interval,
                           min_replicas=max(1, args.min_replicas),
-                          max_replicas=args.max_replicas)
+                          max_replicas=args.max_replicas,
+                          local_prefill=args.local_prefill == "on")
         from poolpilot.engine_sim.des import PoolSim
 
         PoolSim(cfg.model, cfg.gpu, cfg.tensor_parallel, prefill_replicas=0, decode_replicas=0)
@@ -204,7 +208,8 @@ def run(args: argparse.Namespace) -> int:
             prog.update(tasks[n], completed=max(span, 1.0))
     wall = time.perf_counter() - started
     title = (f"{Path(args.trace).name} x{args.rate_scale:g}: {len(trace):,} requests, "
-             f"{cfg.model} TP{cfg.tensor_parallel} on {cfg.gpu}, cold start {cfg.cold_start:g}s")
+             f"{cfg.model} TP{cfg.tensor_parallel} on {cfg.gpu}, cold start {cfg.cold_start:g}s"
+             + (", local prefill on" if cfg.local_prefill else ""))
     report.print_table(results, title, Console(width=max(140, Console().width)))
     console.print(f"replayed {len(names)} policies in {wall:.1f} s wall")
     meta = {

@@ -31,7 +31,7 @@ from typing import Any
 from poolpilot.bench.accounting import Ledger, Outcome, ScaleEvent, Span, Summary, summarize
 from poolpilot.bench.policies.base import ROLES, Policy, PoolView, RoleState
 from poolpilot.bench.scrape import Labels, PromView, labels_of
-from poolpilot.engine_sim.des import PoolSim, SimRequest
+from poolpilot.engine_sim.des import LocalPrefill, PoolSim, SimRequest
 from poolpilot.engine_sim.engine import EngineConfig
 
 from poolpilot import metrics as m
@@ -55,6 +55,7 @@ class BenchConfig:
     min_replicas: int = 1
     max_replicas: int = 32
     engine: EngineConfig = field(default_factory=EngineConfig)
+    local_prefill: bool = False  # the router's local-prefill fallback (PoolSim.local_prefill)
 
 
 @dataclass
@@ -76,10 +77,12 @@ class RunResult:
     timeline: Timeline
     reasons: dict[str, dict[str, int]]
     sim_events: int
+    local_prefill_requests: int | None = None  # served by the fallback (None: it was off)
 
     def as_json(self) -> dict[str, Any]:
-        d = self.summary.as_json()
+        d: dict[str, Any] = dict(self.summary.as_json())
         d["scale_reasons"] = self.reasons
+        d["local_prefill_requests"] = self.local_prefill_requests
         return d
 
 
@@ -116,8 +119,10 @@ class Replay:
         self.trace = trace
         self.policy = policy
         self.cfg = cfg
+        local = LocalPrefill(cfg.slo_ttft, cfg.slo_itl) if cfg.local_prefill else None
         self.sim = PoolSim(cfg.model, cfg.gpu, cfg.tensor_parallel, mode="disaggregated",
-                           prefill_replicas=0, decode_replicas=0, config=cfg.engine)
+                           prefill_replicas=0, decode_replicas=0, config=cfg.engine,
+                           local_prefill=local)
         self.prom = PromView(cfg.scrape_interval)
         self.ledger = Ledger()
         self.spans: dict[int, Span] = {}
@@ -173,6 +178,8 @@ class Replay:
             n = self.samples.get(rid, 0)
             util = 100.0 * self.busy.get(rid, 0) / n if n else 0.0
             samples.append((m.DCGM_GPU_UTIL, labels_of(labels), util))
+        for reason, n in self.sim.local_prefill_total.items():  # the router's counter
+            samples.append((m.ROUTER_LOCAL_PREFILL, labels_of({"reason": reason}), float(n)))
         self.busy.clear()
         self.samples.clear()
         self.prom.scrape(t, samples)
@@ -253,8 +260,9 @@ class Replay:
                                         r.itl_p90))
         duration = max(self.end, cfg.tick)
         summary = summarize(outcomes, self.ledger, duration, cfg.slo_ttft, cfg.slo_itl)
+        local = sum(self.sim.local_prefill_total.values()) if cfg.local_prefill else None
         return RunResult(self.policy.name, summary, outcomes, self.ledger, self.timeline,
-                         self.reasons, self.sim.events_processed)
+                         self.reasons, self.sim.events_processed, local)
 
 
 def replay(trace: Sequence[TraceRequest], policy: Policy, cfg: BenchConfig,

@@ -22,6 +22,7 @@ COLUMNS = (
     ("goodput/GPU", "goodput_per_gpu"),
     ("scale events", "scale_events"),
     ("dir. changes", "direction_changes"),
+    ("local prefill", "local_prefill_requests"),  # "-": the fallback was off
 )
 
 
@@ -45,7 +46,8 @@ def rows(results: Sequence[RunResult]) -> list[list[str]]:
     out = []
     for r in results:
         s = r.summary
-        vals = {"policy": r.policy, **{k: getattr(s, k) for _, k in COLUMNS[1:]}}
+        vals = {"policy": r.policy, **{k: getattr(s, k, None) for _, k in COLUMNS[1:]},
+                "local_prefill_requests": r.local_prefill_requests}
         out.append([fmt(k, vals[k]) for _, k in COLUMNS])
     return out
 

@@ -60,3 +60,22 @@ def test_bad_options_exit_2_naming_the_fix(trace: Path, args: list[str], says: s
                                           capsys: pytest.CaptureFixture[str]) -> None:
     assert cli_main(["bench", "--trace", str(trace), *args]) == 2
     assert says in capsys.readouterr().err.replace("\n", "")
+
+
+def test_local_prefill_fallback_is_a_flag_recorded_with_its_count(trace: Path,
+                                                                  tmp_path: Path) -> None:
+    docs, tables = {}, {}
+    for mode in ("off", "on"):
+        out, md = tmp_path / f"{mode}.json", tmp_path / f"{mode}.md"
+        assert cli_main(["bench", "--trace", str(trace), "--cold-start", "30", "--json",
+                         str(out), "--markdown", str(md), "--policies", "poolpilot,static-peak",
+                         "--local-prefill", mode]) == 0
+        docs[mode], tables[mode] = json.loads(out.read_text()), md.read_text()
+    assert docs["off"]["config"]["local_prefill"] is False
+    assert docs["on"]["config"]["local_prefill"] is True
+    off, on = docs["off"]["policies"]["poolpilot"], docs["on"]["policies"]["poolpilot"]
+    assert off["local_prefill_requests"] is None
+    assert on["local_prefill_requests"] > 0  # the burst outran the prefill replica
+    assert on["slo_attainment"] > off["slo_attainment"]
+    assert "| local prefill |" in tables["on"].splitlines()[0]
+    assert tables["off"].splitlines()[2].rstrip().endswith("| - |")
