@@ -18,6 +18,7 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
+from poolpilot.router import local_prefill as lp
 from poolpilot.router import pd
 from poolpilot.router.balancer import Balancer, BalancerConfig, Endpoint
 from poolpilot.router.metrics import RouterMetrics, parse_waiting
@@ -47,6 +48,11 @@ class RouterConfig:
     # than real time and every component reports simulated seconds (one clock).
     speed: float = 1.0
     balancer: BalancerConfig = field(default_factory=BalancerConfig)
+    # Local prefill (disaggregated mode): serve a request on a decode engine alone when the
+    # prefill role would break the TTFT target (router/local_prefill.py). None: off (no
+    # mixed-step profile known for the model); a failed KV handoff is retried locally anyway.
+    local_prefill: lp.LocalPrefillPolicy | None = None
+    prefill_tokens_per_s: float = 0.0  # seed of the learned prefill rate (0: none measured)
 
     def roles(self) -> tuple[str, ...]:
         return ("prefill", "decode") if self.mode == DISAGGREGATED else ("engine",)
@@ -60,6 +66,26 @@ class UpstreamError(Exception):
         self.url = url
         self.status = status
         self.message = message
+
+
+class HandoffFailed(Exception):
+    """The decode step failed after a successful prefill and nothing reached the client yet:
+    the request can still be served by prefilling it on a decode engine."""
+
+    def __init__(self, error: UpstreamError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+@dataclass
+class Attempt:
+    """One upstream request in flight: where it went and what was queued there before it."""
+
+    endpoint: Endpoint
+    resp: aiohttp.ClientResponse
+    sent_at: float
+    queued_tokens: int  # tokens in flight at that endpoint when sent, this request's included
+    local_tokens: int = 0  # prompt tokens it prefills itself, until its first token
 
 
 class ClientError(Exception):
@@ -93,6 +119,9 @@ class Router:
         self._idle = asyncio.Event()
         self._idle.set()
         self._tasks: list[asyncio.Task[None]] = []
+        self.local_active = False  # the local-prefill rule's hysteresis state
+        self.prefill_rate = lp.RateEstimate(config.prefill_tokens_per_s)
+        self.mean_prompt_tokens = 512.0  # for turning scraped queue lengths into tokens
 
     # -- membership (called by discovery) ----------------------------------------------------
 
@@ -266,17 +295,29 @@ class Router:
     ) -> tuple[web.StreamResponse, int]:
         path = request.path
         prompt_tokens = pd.estimate_prompt_tokens(body)
+        tokens = prompt_tokens + pd.requested_output_tokens(body)
+        stream = bool(body.get("stream"))
         try:
-            if self.config.mode == DISAGGREGATED:
-                prefill = await self._prefill(path, body, prompt_tokens)
-                forward = pd.decode_body(body, pd.kv_params_from_prefill(prefill))
-                role = "decode"
-            else:
-                forward, role = body, "engine"
-            tokens = prompt_tokens + pd.requested_output_tokens(body)
-            async with self._open(role, path, forward, tokens) as (endpoint, upstream):
-                return await self._relay(request, upstream, endpoint, bool(body.get("stream")),
-                                         start)
+            if self.config.mode != DISAGGREGATED:
+                async with self._open("engine", path, body, tokens) as att:
+                    return await self._relay(request, att, stream, start)
+            self.mean_prompt_tokens += 0.05 * (prompt_tokens - self.mean_prompt_tokens)
+            local = self._local_prefill_engine(prompt_tokens)
+            if local is not None:
+                return await self._serve_local(request, body, start, lp.PREFILL_BEHIND,
+                                               prompt_tokens, first=local.url)
+            prefill = await self._prefill(path, body, prompt_tokens)
+            kv = pd.kv_params_from_prefill(prefill)
+            try:
+                async with self._open("decode", path, pd.decode_body(body, kv), tokens,
+                                      handoff=True) as att:
+                    return await self._relay(request, att, stream, start, handoff=True)
+            except HandoffFailed as exc:
+                # Nothing reached the client: serve it with a local prefill instead of an error.
+                self.metrics.kv_failures_pool.inc()
+                log.warning("KV handoff failed (%s); retrying with a local prefill", exc.error)
+                return await self._serve_local(request, body, start, lp.KV_TRANSFER_FAILED,
+                                               prompt_tokens)
         except ClientError as exc:
             return web.Response(
                 status=exc.status, body=exc.body, content_type=exc.content_type
@@ -286,6 +327,47 @@ class Router:
             status = exc.status if exc.status in (503, 504) else 502
             return json_error(status, exc.message, "upstream_error"), status
 
+    # -- local prefill -------------------------------------------------------------------------
+
+    def _local_prefill_engine(self, prompt_tokens: int) -> Endpoint | None:
+        """The decode engine to prefill this request itself, or None for the P/D path."""
+        policy = self.config.local_prefill
+        if policy is None:
+            return None
+        rate = self.prefill_rate.tokens_per_s
+        prefills = [e for e in self.balancer.role_endpoints("prefill") if not e.ejected()]
+        decodes = [e for e in self.balancer.role_endpoints("decode") if not e.ejected()]
+        # Queued prompt tokens: what this router has in flight there, or the engine's own
+        # queue (which also holds other routers' work) in tokens, whichever says more.
+        d = lp.decide(
+            prompt_tokens,
+            [lp.PrefillLoad(max(e.inflight_tokens, e.waiting * self.mean_prompt_tokens), rate)
+             for e in prefills],
+            [lp.DecodeLoad(e.inflight, e.local_tokens) for e in decodes],
+            policy,
+            self.local_active,
+        )
+        if d.active != self.local_active:
+            log.info(
+                "local prefill %s: expected prefill wait %.3f s (TTFT target %.3f s), "
+                "prefill engines %d at %.0f tokens/s, decode engines %d",
+                "on" if d.active else "off", d.prefill_wait_s, policy.ttft_s, len(prefills),
+                rate, len(decodes),
+            )
+        self.local_active = d.active
+        return decodes[d.engine] if d.local and d.engine is not None else None
+
+    async def _serve_local(
+        self, request: web.Request, body: dict[str, Any], start: float, reason: str,
+        prompt_tokens: int, first: str | None = None,
+    ) -> tuple[web.StreamResponse, int]:
+        """Serve the request aggregated on a decode engine: it prefills the prompt itself."""
+        self.metrics.local_prefill_reason[reason].inc()
+        tokens = prompt_tokens + pd.requested_output_tokens(body)
+        async with self._open("decode", request.path, pd.local_body(body), tokens,
+                              first=first, local_tokens=prompt_tokens) as att:
+            return await self._relay(request, att, bool(body.get("stream")), start)
+
     async def _prefill(self, path: str, body: dict[str, Any], tokens: int) -> dict[str, Any]:
         """Run the prefill step; a failure (before or while reading the answer) is retried on
         another prefill engine. Returns the prefill's JSON answer."""
@@ -294,17 +376,20 @@ class Router:
         for _ in range(self.config.max_attempts):
             try:
                 async with self._open("prefill", path, pd.prefill_body(body), tokens,
-                                      exclude=failed) as (endpoint, resp):
+                                      exclude=failed) as att:
                     try:
-                        data = await resp.json(content_type=None)
+                        data = await att.resp.json(content_type=None)
                     except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
-                        self._failed(endpoint.url)
-                        failed.append(endpoint.url)
-                        last = UpstreamError(endpoint.url, 502,
+                        self._failed(att.endpoint.url)
+                        failed.append(att.endpoint.url)
+                        last = UpstreamError(att.endpoint.url, 502,
                                              f"prefill answer unreadable: {exc!r}")
                         continue
+                    self.prefill_rate.observe(
+                        att.queued_tokens, (self.clock() - att.sent_at) * self.config.speed
+                    )
                 if not isinstance(data, dict):
-                    raise UpstreamError(str(resp.url), 502, "prefill answer is not an object")
+                    raise UpstreamError(att.endpoint.url, 502, "prefill answer is not an object")
                 return data
             except UpstreamError as exc:
                 # _open already tried every endpoint it could: give up.
@@ -317,22 +402,35 @@ class Router:
     @asynccontextmanager
     async def _open(
         self, role: str, path: str, body: dict[str, Any], tokens: int,
-        exclude: list[str] | None = None,
-    ) -> AsyncIterator[tuple[Endpoint, aiohttp.ClientResponse]]:
-        """Send `body` to an endpoint of `role` and yield the open response once its status
-        is 2xx. Connection failures and 502/503/504 are retried on other endpoints (nothing
-        has reached the client yet); 4xx is the client's fault and is passed back."""
+        exclude: list[str] | None = None, first: str | None = None, handoff: bool = False,
+        local_tokens: int = 0,
+    ) -> AsyncIterator[Attempt]:
+        """Send `body` to an endpoint of `role` (`first` if given and present) and yield the
+        attempt once its status is 2xx. Connection failures and 502/503/504 are retried on
+        other endpoints (nothing has reached the client yet); 4xx is the client's fault and
+        is passed back. `handoff`: a decode step after a prefill, whose failure (once an
+        engine was tried) raises HandoffFailed. `local_tokens`: prompt tokens the engine
+        prefills itself, counted against it until the first token (Balancer.local_tokens)."""
         assert self.session is not None
         tried: list[str] = list(exclude or [])
         last: UpstreamError | None = None
         gauge = self.metrics.inflight_role[role]
         for _ in range(self.config.max_attempts):
-            endpoint = self.balancer.pick(role, self.clock(), exclude=tried)
+            endpoint = None
+            if first is not None and first not in tried:
+                endpoint = next((e for e in self.balancer.role_endpoints(role)
+                                 if e.url == first), None)
+            if endpoint is None:
+                endpoint = self.balancer.pick(role, self.clock(), exclude=tried)
             if endpoint is None:
                 break
             tried.append(endpoint.url)
             self.balancer.acquire(endpoint.url, tokens)
+            self.balancer.add_local_tokens(endpoint.url, local_tokens)
+            queued = endpoint.inflight_tokens
             gauge.inc()
+            att: Attempt | None = None
+            sent_at = self.clock()
             try:
                 try:
                     resp = await self.session.post(endpoint.url + path, json=body)
@@ -343,54 +441,68 @@ class Router:
                     log.warning("%s", last)
                     continue
                 async with resp:
-                    if resp.status in RETRYABLE_STATUS or resp.status >= 500:
+                    if resp.status >= 500:
                         text = (await resp.read())[:500].decode(errors="replace")
                         if resp.status in RETRYABLE_STATUS:
                             self._failed(endpoint.url)
-                        if role == "decode" and resp.status not in RETRYABLE_STATUS:
-                            self.metrics.kv_failures_pool.inc()
                         last = UpstreamError(
                             endpoint.url, resp.status, f"{role} engine answered "
                             f"{resp.status}: {text}"
                         )
                         log.warning("%s", last)
                         if resp.status not in RETRYABLE_STATUS:
+                            if handoff:
+                                raise HandoffFailed(last)
                             raise last
                         continue
                     if resp.status >= 400:
                         raise ClientError(resp.status, await resp.read(),
                                           resp.content_type or "application/json")
                     self.balancer.report_success(endpoint.url)
-                    yield endpoint, resp
+                    att = Attempt(endpoint, resp, sent_at, queued, local_tokens)
+                    yield att
                     return
             finally:
                 gauge.dec()
                 self.balancer.release(endpoint.url, tokens)
+                if att is not None:
+                    self._settle_local(att)
+                elif local_tokens:
+                    self.balancer.add_local_tokens(endpoint.url, -local_tokens)
         if last is None:
             last = UpstreamError("-", 503, f"no {role} engine available")
+        elif handoff:
+            raise HandoffFailed(last)
         raise last
 
+    def _settle_local(self, att: Attempt) -> None:
+        """The engine has prefilled (or dropped) the prompt it was computing itself."""
+        if att.local_tokens:
+            self.balancer.add_local_tokens(att.endpoint.url, -att.local_tokens)
+            att.local_tokens = 0
+
     async def _relay(
-        self, request: web.Request, upstream: aiohttp.ClientResponse, endpoint: Endpoint,
-        stream: bool, start: float,
+        self, request: web.Request, att: Attempt, stream: bool, start: float,
+        handoff: bool = False,
     ) -> tuple[web.StreamResponse, int]:
+        """Pass the engine's answer to the client. With `handoff` (a decode after a prefill),
+        a failure before anything reached the client raises HandoffFailed so the request can
+        be served another way; the client's status line waits for the first event for that."""
+        upstream, endpoint = att.resp, att.endpoint
         if not stream:
             try:
                 body = await upstream.read()
             except (aiohttp.ClientError, TimeoutError) as exc:
                 self._failed(endpoint.url)
-                if self.config.mode == DISAGGREGATED:
-                    self.metrics.kv_failures_pool.inc()
-                return json_error(502, f"engine failed mid-response: {exc!r}",
-                                  "upstream_error"), 502
+                error = UpstreamError(endpoint.url, 502, f"engine failed mid-response: {exc!r}")
+                if handoff:
+                    raise HandoffFailed(error) from exc
+                return json_error(502, error.message, "upstream_error"), 502
+            self._settle_local(att)
             return web.Response(status=upstream.status, body=body,
                                 content_type=upstream.content_type), upstream.status
 
-        response = web.StreamResponse(
-            status=200,
-            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"},
-        )
-        await response.prepare(request)
+        response: web.StreamResponse | None = None
         last_event: float | None = None
         buffer = b""
         chunks = upstream.content.iter_any().__aiter__()
@@ -400,17 +512,40 @@ class Router:
             except StopAsyncIteration:
                 break
             except (aiohttp.ClientError, TimeoutError) as exc:
-                return await self._stream_broke(response, endpoint, exc), 502
+                if response is None:  # nothing sent yet: a proper status line
+                    self._failed(endpoint.url)
+                    status = 504 if isinstance(exc, TimeoutError) else 502
+                    error = UpstreamError(endpoint.url, status,
+                                          f"engine failed before its first token: {exc!r}")
+                    if handoff:
+                        raise HandoffFailed(error) from exc
+                    return json_error(status, error.message, "upstream_error"), status
+                return await self._stream_broke(response, endpoint, exc, handoff), 502
             buffer += chunk
             cut = buffer.rfind(b"\n\n")
             if cut < 0:
                 continue
             complete, buffer = buffer[: cut + 2], buffer[cut + 2 :]
             now = self.clock()
+            if response is None:
+                if handoff and complete.startswith(b'data: {"error"'):
+                    # vLLM reports a failed KV load in the stream's first event.
+                    error = UpstreamError(endpoint.url, 502, "decode engine failed before its "
+                                          f"first token: {complete[:300].decode(errors='replace')}")
+                    raise HandoffFailed(error)
+                response = web.StreamResponse(
+                    status=200,
+                    headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"},
+                )
+                try:
+                    await response.prepare(request)
+                except ConnectionError:
+                    return response, 499
             events = complete.count(b"data: ") - complete.count(b"data: [DONE]")
             if events > 0:
                 # Events that arrive together reach the client together: gaps of 0.
                 if last_event is None:
+                    self._settle_local(att)
                     self.metrics.ttft_pool.observe((now - start) * self.config.speed)
                     events -= 1
                 else:
@@ -423,6 +558,11 @@ class Router:
                 await response.write(complete)
             except ConnectionError:
                 return response, 499  # client gone; leaving closes the upstream request
+        if response is None:  # the engine ended the stream without a single event
+            error = UpstreamError(endpoint.url, 502, "engine ended the stream without events")
+            if handoff:
+                raise HandoffFailed(error)
+            return json_error(502, error.message, "upstream_error"), 502
         try:
             if buffer:
                 await response.write(buffer)
@@ -432,12 +572,13 @@ class Router:
         return response, 200
 
     async def _stream_broke(
-        self, response: web.StreamResponse, endpoint: Endpoint, exc: BaseException
+        self, response: web.StreamResponse, endpoint: Endpoint, exc: BaseException,
+        handoff: bool,
     ) -> web.StreamResponse:
         """The engine died or stalled mid-stream: tell the client in-band (the status line is
         gone already), in the shape OpenAI clients raise on, then end the stream."""
         self._failed(endpoint.url)
-        if self.config.mode == DISAGGREGATED:
+        if handoff:
             self.metrics.kv_failures_pool.inc()
         log.warning("stream from %s broke: %r", endpoint.url, exc)
         err = error_body(502, f"engine failed mid-stream: {exc!r}", "upstream_error")

@@ -42,6 +42,7 @@ class Endpoint:
     inflight: int = 0
     inflight_tokens: int = 0
     waiting: float = 0.0  # scraped vllm:num_requests_waiting
+    local_tokens: float = 0.0  # prompt tokens sent here to prefill locally, first token not seen
     failures: int = 0  # consecutive
     ejections: int = 0  # consecutive ejections, for back-off
     ejected_until: float | None = None  # None: admitted
@@ -126,6 +127,11 @@ class Balancer:
         for e in self.by_url(url):
             e.inflight = max(0, e.inflight - 1)
             e.inflight_tokens = max(0, e.inflight_tokens - tokens)
+
+    def add_local_tokens(self, url: str, tokens: float) -> None:
+        """Prompt tokens a decode engine was given to prefill itself (negative: prefilled)."""
+        for e in self.by_url(url):
+            e.local_tokens = max(0.0, e.local_tokens + tokens)
 
     # -- health ------------------------------------------------------------------------------
 

@@ -49,7 +49,7 @@ import bisect
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, lru_cache
 from typing import Protocol
 
 # Reasons (the first is also a label value of poolpilot_router_local_prefill_total).
@@ -116,8 +116,18 @@ def max_chunk(cost: StepCost, decode_batch: int, itl_s: float, limit: int = 8192
 
 def local_rate(cost: StepCost, decode_batch: int, itl_s: float, limit: int = 8192) -> float:
     """Prompt tokens/s a decode engine prefills on top of its batch within the ITL budget."""
+    try:  # the router asks per request and decode engine: remember (hashable costs only)
+        return _cached_local_rate(cost, decode_batch, itl_s, limit)  # type: ignore[arg-type]
+    except TypeError:
+        return _local_rate(cost, decode_batch, itl_s, limit)
+
+
+def _local_rate(cost: StepCost, decode_batch: int, itl_s: float, limit: int) -> float:
     chunk = max_chunk(cost, decode_batch, itl_s, limit)
     return chunk / cost.step_s(decode_batch, chunk) if chunk > 0 else 0.0
+
+
+_cached_local_rate = lru_cache(maxsize=4096)(_local_rate)
 
 
 def prefill_wait(prompt_tokens: float, prefill: Sequence[PrefillLoad]) -> float:
@@ -153,7 +163,7 @@ def decide(
     return Decision(True, best, True, PREFILL_BEHIND, wait, best_ttft)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # identity hash: cheap to memoize on
 class MixedStepTable:
     """Measured step times of a decode batch plus a prefill chunk, interpolated.
 

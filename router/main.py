@@ -21,6 +21,7 @@ from pathlib import Path
 
 import uvloop
 from aiohttp import web
+from poolpilot.router import local_prefill as lp
 from poolpilot.router.app import AGGREGATED, DISAGGREGATED, Router, RouterConfig
 from poolpilot.router.balancer import BalancerConfig
 from poolpilot.router.discovery import KubernetesDiscovery, parse_urls
@@ -74,6 +75,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     bal.add_argument("--eject-after", type=int, default=2, help="consecutive failures to eject")
     bal.add_argument("--ramp-seconds", type=float, default=10.0,
                      help="how long a new endpoint takes to reach full weight")
+    loc = parser.add_argument_group(
+        "local prefill (disaggregated): a decode engine prefills a request itself while the "
+        "prefill role would break the TTFT target"
+    )
+    loc.add_argument("--local-prefill", choices=("on", "off"), default="on",
+                     help="default on (needs a mixed-step profile; a failed KV handoff is "
+                     "retried locally either way)")
+    loc.add_argument("--local-prefill-profile", choices=sorted(lp.PRESETS),
+                     help="measured mixed-step costs of the decode engines (default: the one "
+                     "for the config file's model, if any)")
+    loc.add_argument("--ttft-target", type=float,
+                     help="seconds (default: the config file's slo.ttft, else 1.0)")
+    loc.add_argument("--itl-target", type=float,
+                     help="decode ITL budget in seconds (default: the config file's slo.itl, "
+                     "else 0.05)")
+    loc.add_argument("--prefill-tokens-per-s", type=float,
+                     help="a prefill engine's throughput to start from (default: the "
+                     "profile's); learned from prefills of 512+ queued tokens")
     parser.add_argument(
         "--speed", type=float, default=1.0,
         help="report latencies in simulated seconds: multiply by X (the sandbox runs engines "
@@ -96,6 +115,14 @@ def apply_config_file(args: argparse.Namespace) -> None:
         raise UsageError(f"--config {args.config}: must hold a JSON object")
     args.pool = args.pool or data.get("pool")
     args.namespace = args.namespace or data.get("namespace")
+    slo = data.get("slo")
+    slo = slo if isinstance(slo, dict) else {}
+    for flag, key in (("ttft_target", "ttft"), ("itl_target", "itl")):
+        target = slo.get(key)
+        if getattr(args, flag) is None and isinstance(target, dict):
+            setattr(args, flag, target.get("seconds"))
+    if args.local_prefill_profile is None:
+        args.local_prefill_profile = lp.preset_for_model(data.get("model"))
     if args.discover and not args.mode and data.get("mode"):
         mode = str(data["mode"]).lower()
         if mode not in (DISAGGREGATED, AGGREGATED):
@@ -138,6 +165,8 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
     if not args.speed > 0:
         raise UsageError(f"--speed {args.speed}: must be > 0")
     return RouterConfig(
+        local_prefill=local_prefill_policy(args),
+        prefill_tokens_per_s=prefill_seed(args),
         mode=mode,
         pool=args.pool or "default",
         max_request_bytes=args.max_request_bytes,
@@ -150,6 +179,28 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
         speed=args.speed,
         balancer=BalancerConfig(eject_after=args.eject_after, ramp_s=args.ramp_seconds),
     )
+
+
+def local_prefill_policy(args: argparse.Namespace) -> lp.LocalPrefillPolicy | None:
+    ttft = 1.0 if args.ttft_target is None else args.ttft_target
+    itl = 0.05 if args.itl_target is None else args.itl_target
+    for flag, value in (("--ttft-target", ttft), ("--itl-target", itl)):
+        if not (isinstance(value, int | float) and 0 < value < float("inf")):
+            raise UsageError(f"{flag} {value}: must be a positive number of seconds")
+    if args.prefill_tokens_per_s is not None and not args.prefill_tokens_per_s > 0:
+        raise UsageError(f"--prefill-tokens-per-s {args.prefill_tokens_per_s}: must be > 0")
+    if args.local_prefill == "off" or args.local_prefill_profile is None:
+        return None
+    return lp.LocalPrefillPolicy(ttft_s=float(ttft), itl_s=float(itl),
+                                 cost=lp.PRESETS[args.local_prefill_profile])
+
+
+def prefill_seed(args: argparse.Namespace) -> float:
+    if args.prefill_tokens_per_s is not None:
+        return float(args.prefill_tokens_per_s)
+    if args.local_prefill_profile is not None:
+        return lp.PRESETS[args.local_prefill_profile].prefill_tokens_per_s
+    return 0.0
 
 
 async def serve(args: argparse.Namespace, config: RouterConfig) -> int:
@@ -167,6 +218,10 @@ async def serve(args: argparse.Namespace, config: RouterConfig) -> int:
             args.namespace, args.pool, router.set_endpoints, kubeconfig=args.kubeconfig
         )
         discovery_task = asyncio.create_task(discovery.run())
+    if config.mode == DISAGGREGATED and config.local_prefill is None:
+        log.info("local prefill when prefill is behind: off (%s); a failed KV handoff is still "
+                 "retried locally", "--local-prefill off" if args.local_prefill == "off" else
+                 "no mixed-step profile for this model: set --local-prefill-profile")
     port = runner.addresses[0][1]
     # One machine-readable line: tests and the sandbox read the port from it.
     print(f"poolpilot router listening on http://{args.host}:{port} mode={config.mode}",

@@ -64,6 +64,14 @@ class RouterMetrics:
             ["pool"],
             registry=r,
         )
+        self.local_prefill = Counter(
+            _base(names.ROUTER_LOCAL_PREFILL),
+            "Requests served aggregated on a decode engine (it prefilled the prompt itself, no "
+            "KV transfer), by reason: prefill_behind (the prefill role would have broken the "
+            "TTFT target) or kv_transfer_failed (the KV handoff failed; retried locally).",
+            ["pool", "reason"],
+            registry=r,
+        )
         # Children bound to this pool once: labels() costs a lock and a dict lookup, and
         # these are hit for every streamed chunk.
         self.ttft_pool = self.ttft.labels(pool)
@@ -72,6 +80,10 @@ class RouterMetrics:
         self.kv_failures_pool = self.kv_failures.labels(pool)  # exported as 0 from the start
         self.inflight_role = {
             role: self.inflight.labels(pool, role) for role in ("prefill", "decode", "engine")
+        }
+        self.local_prefill_reason = {  # exported as 0 from the start
+            reason: self.local_prefill.labels(pool, reason)
+            for reason in names.LOCAL_PREFILL_REASONS
         }
         self._codes: dict[int, Counter] = {}
 

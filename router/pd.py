@@ -47,6 +47,12 @@ def decode_body(body: dict[str, Any], kv_transfer_params: dict[str, Any] | None)
     return out
 
 
+def local_body(body: dict[str, Any]) -> dict[str, Any]:
+    """The request for a decode engine that prefills it itself: the client's request without
+    KV transfer parameters."""
+    return {k: v for k, v in body.items() if k != "kv_transfer_params"}
+
+
 def kv_params_from_prefill(response: dict[str, Any]) -> dict[str, Any] | None:
     params = response.get("kv_transfer_params")
     return params if isinstance(params, dict) else None

@@ -121,9 +121,10 @@ def spawn(cmd: list[str], env: Mapping[str, str] | None = None, cwd: Path | None
     )
 
 
-def start_fake_engine(name: str, token_delay: float = 0.0, port: int = 0) -> Proc:
+def start_fake_engine(name: str, token_delay: float = 0.0, port: int = 0,
+                      *args: str) -> Proc:
     popen = spawn([PYTHON, str(FAKE_ENGINE), "--name", name, "--port", str(port),
-                   "--token-delay", str(token_delay)])
+                   "--token-delay", str(token_delay), *args])
     m, output = wait_for_line(popen, r"listening on (\d+)", 20)
     return Proc(popen, int(m.group(1)), name, output)
 

@@ -14,6 +14,7 @@ The tiny random model is built by the `model` fixture (cached in .cache/tiny-lla
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +22,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+from poolpilot.sandbox.localprom import free_port
 from poolpilot.sandbox.tinymodel import ensure_tiny_model
 from router_support import (
     REPO,
@@ -28,6 +30,7 @@ from router_support import (
     metric_value,
     running,
     sse_events,
+    start_fake_engine,
     start_router,
     start_vllm,
     vllm_available,
@@ -65,6 +68,14 @@ CASES = [
     Case("chat-stream", chat=True, stream=True, prompt=_prompt("delta")),
 ]
 EXAMPLE_CASES = [c for c in CASES if not c.chat]
+# Prompts no engine has seen before the local-prefill tests (a prefix-cache hit on the decode
+# engine would hide whether it computed the prompt itself).
+LOCAL_CASES = [
+    Case("local-completion-stream", chat=False, stream=True, prompt=_prompt("echo")),
+    Case("local-chat", chat=True, stream=False, prompt=_prompt("foxtrot")),
+]
+HANDOFF_CASE = Case("handoff-failed-completion", chat=False, stream=False,
+                    prompt=_prompt("golf"))
 
 
 def ask(router: str, case: Case) -> str:
@@ -106,7 +117,8 @@ def reference(model: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str
     with running(engine):
         wait_vllm_ready(engine)
         with running(start_router("--engine", engine.url)) as (router,):
-            return {case.id: ask(router.url, case) for case in CASES}
+            return {case.id: ask(router.url, case)
+                    for case in [*CASES, *LOCAL_CASES, HANDOFF_CASE]}
 
 
 @dataclass
@@ -131,6 +143,11 @@ def pd_pair(model: Path, scratch: Path, connector: str, kv_config: dict) -> Iter
 
 def decode_metrics(pair: Pair) -> str:
     return httpx.get(pair.decode.url + "/metrics", timeout=10).text
+
+
+def computed_prompt_tokens(page: str) -> float:
+    """Prompt tokens an engine computed itself (not from its prefix cache or a KV transfer)."""
+    return metric_value(page, "vllm:prompt_tokens_by_source_total", {"source": "local_compute"})
 
 
 # Class scope: each pair lives only while its class runs (two engines at a time).
@@ -195,6 +212,60 @@ class TestNixl:
         assert metric_value(page, "poolpilot_router_requests_total",
                             {"pool": "tiny", "code": "200"}) >= 3
         assert metric_value(page, "poolpilot_router_kv_transfer_failures_total") == 0
+
+
+    def test_local_prefill_when_prefill_is_behind_same_output_computed_on_decode(
+        self, pair: Pair, reference: dict[str, str]
+    ) -> None:
+        """A second router on the same engines believes prefill runs at 10 tokens/s, so a
+        220-token prompt would wait 22 s against a 1 s TTFT target: it sends every request to
+        the decode engine alone, which computes the prompt itself."""
+        with running(start_router(
+            "--prefill", pair.prefill.url, "--decode", pair.decode.url, "--pool", "tiny",
+            "--local-prefill-profile", "llama-3.1-8b/h200", "--ttft-target", "1",
+            "--prefill-tokens-per-s", "10",
+        )) as (router,):
+            for case in LOCAL_CASES:
+                before_d = decode_metrics(pair)
+                before_p = httpx.get(pair.prefill.url + "/metrics", timeout=10).text
+                assert ask(router.url, case) == reference[case.id]
+                after_d = decode_metrics(pair)
+                after_p = httpx.get(pair.prefill.url + "/metrics", timeout=10).text
+                # The decode engine computed the whole prompt (more than one 128-token block)
+                # and pulled nothing over NIXL; the prefill engine saw nothing.
+                assert computed_prompt_tokens(after_d) - computed_prompt_tokens(before_d) > 128
+                xfers = "vllm:nixl_xfer_time_seconds_count"
+                assert metric_value(after_d, xfers) == metric_value(before_d, xfers)
+                prompts = "vllm:prompt_tokens_total"
+                assert metric_value(after_p, prompts) == metric_value(before_p, prompts)
+            page = httpx.get(router.url + "/metrics").text
+            assert metric_value(page, "poolpilot_router_local_prefill_total",
+                                {"reason": "prefill_behind"}) == len(LOCAL_CASES)
+            assert metric_value(page, "poolpilot_router_requests_total", {"code": "200"}) \
+                == len(LOCAL_CASES)
+
+    def test_failed_kv_handoff_is_retried_as_a_local_prefill(
+        self, pair: Pair, reference: dict[str, str], tmp_path: Path
+    ) -> None:
+        """The decode engine is told to pull KV from a prefill engine that is not there (a fake
+        prefill answering with real NIXL parameters whose side channel is a closed port): vLLM
+        fails the request, and the router serves it with a local prefill instead."""
+        real = httpx.post(pair.prefill.url + "/v1/completions", timeout=60, json={
+            "model": SERVED, "prompt": _prompt("hotel"), "max_tokens": 1,
+            "kv_transfer_params": {"do_remote_decode": True}}).json()["kv_transfer_params"]
+        dead = real | {"remote_engine_id": "gone-" + str(real["remote_engine_id"]),
+                       "remote_port": free_port()}
+        with (
+            running(start_fake_engine("P", 0.0, 0, "--kv-params", json.dumps(dead))) as (fake,),
+            running(start_router("--prefill", fake.url, "--decode", pair.decode.url,
+                                 "--pool", "tiny")) as (router,),
+        ):
+            assert ask(router.url, HANDOFF_CASE) == reference[HANDOFF_CASE.id]
+            page = httpx.get(router.url + "/metrics").text
+            assert metric_value(page, "poolpilot_router_kv_transfer_failures_total") == 1
+            assert metric_value(page, "poolpilot_router_local_prefill_total",
+                                {"reason": "kv_transfer_failed"}) == 1
+            assert metric_value(decode_metrics(pair), "vllm:nixl_num_failed_transfers_total") > 0
 
 
 class TestExample:

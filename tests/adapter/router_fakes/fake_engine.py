@@ -10,6 +10,9 @@ Prints `listening on PORT` once bound. Behaves like vLLM where the router cares:
 - /health, /v1/models, /metrics (vllm:num_requests_waiting, settable via POST /debug/waiting);
 - GET /debug/requests: bodies received; GET /debug/stats: counts, incl. cancelled requests
   (the client of this engine, i.e. the router, went away mid-request).
+- `--kv-params JSON`: the kv_transfer_params a prefill answers with (default: naming itself);
+- `--fail-kv-loads`: a request carrying a prefill's KV (do_remote_prefill) fails the way vLLM
+  reports a failed KV load: a 500, or a stream whose first event is an error.
 """
 
 from __future__ import annotations
@@ -23,9 +26,13 @@ from aiohttp import web
 
 
 class FakeEngine:
-    def __init__(self, name: str, token_delay: float) -> None:
+    def __init__(self, name: str, token_delay: float, fail_kv_loads: bool = False,
+                 kv_params: dict | None = None) -> None:
         self.name = name
+        self.kv_params = kv_params or {"remote_engine_id": name, "remote_block_ids": [1],
+                                       "do_remote_prefill": True, "do_remote_decode": False}
         self.token_delay = token_delay
+        self.fail_kv_loads = fail_kv_loads
         self.requests: list[dict] = []
         self.stats = {"requests": 0, "completed": 0, "cancelled": 0}
         self.waiting = 0.0
@@ -86,13 +93,22 @@ class FakeEngine:
         kv = body.get("kv_transfer_params") or {}
         if body.get("model") == "boom" and not kv.get("do_remote_decode"):
             return web.json_response({"error": {"message": "engine exploded"}}, status=500)
+        if self.fail_kv_loads and kv.get("do_remote_prefill"):
+            error = {"error": {"message": "Internal server error", "type": "InternalServerError",
+                               "code": 500}}
+            if not body.get("stream"):
+                return web.json_response(error, status=500)
+            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await resp.prepare(request)
+            await resp.write(b"data: " + json.dumps(error).encode() + b"\n\ndata: [DONE]\n\n")
+            await resp.write_eof()
+            return resp
         if kv.get("do_remote_decode"):
             await asyncio.sleep(self.token_delay)
             self.stats["completed"] += 1
             return web.json_response(
                 self._final(["P"], chat)
-                | {"kv_transfer_params": {"remote_engine_id": self.name, "remote_block_ids": [1],
-                                          "do_remote_prefill": True, "do_remote_decode": False}}
+                | {"kv_transfer_params": self.kv_params}
             )
         n = int(body.get("max_tokens") or 16)
         tokens = [f"{self.name}{i} " for i in range(n)]
@@ -133,9 +149,12 @@ async def main() -> None:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=0)
     p.add_argument("--token-delay", type=float, default=0.0)
+    p.add_argument("--fail-kv-loads", action="store_true")
+    p.add_argument("--kv-params", type=json.loads, default=None)
     args = p.parse_args()
     runner = web.AppRunner(
-        FakeEngine(args.name, args.token_delay).app(), handler_cancellation=True,
+        FakeEngine(args.name, args.token_delay, args.fail_kv_loads, args.kv_params).app(),
+        handler_cancellation=True,
         access_log=None,
     )
     await runner.setup()

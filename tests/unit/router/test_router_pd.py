@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from poolpilot.router import local_prefill as lp
 from poolpilot.router import pd
 from poolpilot.router.discovery import endpoints_from_slices, label_selector, parse_urls
 from poolpilot.router.main import UsageError, add_arguments, config_from_args
@@ -178,7 +180,7 @@ def test_router_arguments(case: ArgsCase) -> None:
         assert config_from_args(args).mode == case.mode
 
 
-@pytest.mark.parametrize("module", ["balancer", "pd"])
+@pytest.mark.parametrize("module", ["balancer", "pd", "local_prefill"])
 def test_selection_and_request_shaping_do_no_io(module: str) -> None:
     """import-linter cannot see the mapped router/ folder, so check the imports here."""
     import ast
@@ -224,6 +226,54 @@ def test_router_config_file_from_the_operator(
         return
     config = config_from_args(args)
     assert (config.mode, config.pool, args.namespace) == expect
+
+
+@dataclass(frozen=True)
+class LocalCase:
+    id: str
+    config: dict[str, Any]
+    flags: list[str]
+    expect: tuple[float, float, float] | None | str  # (ttft, itl, seed rate), None: off
+
+
+LOCAL_CASES = [
+    LocalCase("the pool's model and SLO",
+              {"model": "meta-llama/Llama-3.1-8B-Instruct",
+               "slo": {"ttft": {"quantile": 0.9, "seconds": 2.0},
+                       "itl": {"quantile": 0.9, "seconds": 0.04}}}, [],
+              (2.0, 0.04, lp.PRESETS["llama-3.1-8b/h200"].prefill_tokens_per_s)),
+    LocalCase("flags override the file",
+              {"model": "meta-llama/Llama-3.1-70B-Instruct"},
+              ["--ttft-target", "3", "--prefill-tokens-per-s", "5000"], (3.0, 0.05, 5000.0)),
+    LocalCase("a model without a profile: off", {"model": "Qwen/Qwen3-8B"}, [], None),
+    LocalCase("a profile named for any model", {"model": "tiny"},
+              ["--local-prefill-profile", "llama-3.1-70b-tp2/h200"],
+              (1.0, 0.05, lp.PRESETS["llama-3.1-70b-tp2/h200"].prefill_tokens_per_s)),
+    LocalCase("switched off", {"model": "meta-llama/Llama-3.1-8B-Instruct"},
+              ["--local-prefill", "off"], None),
+    LocalCase("a zero target", {"model": "meta-llama/Llama-3.1-8B-Instruct"},
+              ["--ttft-target", "0"], "--ttft-target 0.0: must be a positive"),
+]
+
+
+@pytest.mark.parametrize("case", LOCAL_CASES, ids=[c.id for c in LOCAL_CASES])
+def test_local_prefill_settings(tmp_path: Any, case: LocalCase) -> None:
+    path = tmp_path / "router.json"
+    path.write_text(json.dumps({"pool": "p", "namespace": "n"} | case.config))
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(["--discover", "kubernetes", "--config", str(path), *case.flags])
+    if isinstance(case.expect, str):
+        with pytest.raises(UsageError, match=case.expect):
+            config_from_args(args)
+        return
+    config = config_from_args(args)
+    if case.expect is None:
+        assert config.local_prefill is None
+        return
+    policy = config.local_prefill
+    assert policy is not None
+    assert (policy.ttft_s, policy.itl_s, config.prefill_tokens_per_s) == case.expect
 
 
 _KEYS = st.sampled_from(["model", "prompt", "messages", "max_tokens", "max_completion_tokens",

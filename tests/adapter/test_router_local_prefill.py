@@ -1,0 +1,101 @@
+"""Local prefill through the router process, against fake engine processes: a request goes
+to a decode engine alone while the prefill role is behind (and back to P/D when it catches
+up), and a failed KV handoff is served by a local prefill instead of an error.
+
+Real vLLM (same greedy output, the decode engine's own prompt counter) is in
+test_vllm_router.py."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from router_support import (
+    metric_value,
+    running,
+    sse_events,
+    start_fake_engine,
+    start_router,
+    wait_until,
+)
+
+pytestmark = pytest.mark.adapter
+
+FAST = ("--health-interval", "0.2", "--ramp-seconds", "0")
+LOCAL = ("--local-prefill-profile", "llama-3.1-8b/h200", "--ttft-target", "1",
+         "--itl-target", "0.05")
+
+
+def completion(url: str, stream: bool = False, max_tokens: int = 3) -> httpx.Response:
+    body = {"model": "fake", "prompt": "hello " * 50, "max_tokens": max_tokens,
+            "stream": stream}
+    return httpx.post(url + "/v1/completions", json=body, timeout=30)
+
+
+def text_of(resp: httpx.Response, stream: bool) -> str:
+    assert resp.status_code == 200, resp.text
+    if not stream:
+        return str(resp.json()["choices"][0]["text"])
+    events = sse_events(resp.text)
+    assert events[-1] == "[DONE]"
+    return "".join(e["choices"][0]["text"] for e in events if isinstance(e, dict))
+
+
+def requests_at(url: str) -> list[dict]:
+    return list(httpx.get(url + "/debug/requests", timeout=5).json())
+
+
+def local_count(router: str, reason: str) -> float:
+    page = httpx.get(router + "/metrics", timeout=5).text
+    return metric_value(page, "poolpilot_router_local_prefill_total", {"reason": reason})
+
+
+def test_prefill_behind_serves_on_the_decode_engine_then_returns_to_pd() -> None:
+    with (
+        running(start_fake_engine("P"), start_fake_engine("D")) as (p, d),
+        running(start_router("--prefill", p.url, "--decode", d.url, *FAST, *LOCAL)) as (r,),
+    ):
+        assert text_of(completion(r.url), False) == "D0 D1 D2 "
+        assert len(requests_at(p.url)) == 1  # P/D while prefill keeps up
+        assert local_count(r.url, "prefill_behind") == 0
+
+        # The prefill engine's own queue says it is minutes behind (other routers' work).
+        httpx.post(p.url + "/debug/waiting", json={"waiting": 5000}, timeout=5)
+        wait_until(lambda: completion(r.url).status_code == 200
+                   and local_count(r.url, "prefill_behind") > 0, 10, "a local prefill")
+        prefilled = len(requests_at(p.url))
+        for stream in (False, True):
+            assert text_of(completion(r.url, stream), stream) == "D0 D1 D2 "
+        assert len(requests_at(p.url)) == prefilled  # the prefill engine saw none of them
+        local = requests_at(d.url)[-1]
+        assert "kv_transfer_params" not in local and local["max_tokens"] == 3
+
+        # Prefill caught up: back to the P/D path.
+        httpx.post(p.url + "/debug/waiting", json={"waiting": 0}, timeout=5)
+        wait_until(lambda: completion(r.url).status_code == 200
+                   and len(requests_at(p.url)) > prefilled, 10, "the P/D path again")
+        count = local_count(r.url, "prefill_behind")
+        assert text_of(completion(r.url), False) == "D0 D1 D2 "
+        assert local_count(r.url, "prefill_behind") == count
+        assert "local prefill on" in (r.output.text() if r.output else "")
+        assert "local prefill off" in (r.output.text() if r.output else "")
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["non-streaming", "streaming"])
+def test_failed_kv_handoff_is_served_by_a_local_prefill(stream: bool) -> None:
+    """The decode engine cannot load the prefill's KV (vLLM: a 500, or an error as the
+    stream's first event): the client still gets its answer, prefilled on the decode engine,
+    and the failure is counted."""
+    with (
+        running(start_fake_engine("P"), start_fake_engine("D", 0.0, 0, "--fail-kv-loads"))
+        as (p, d),
+        running(start_router("--prefill", p.url, "--decode", d.url, *FAST)) as (r,),
+    ):
+        assert text_of(completion(r.url, stream), stream) == "D0 D1 D2 "
+        handoff, local = requests_at(d.url)
+        assert handoff["kv_transfer_params"]["remote_engine_id"] == "P"
+        assert "kv_transfer_params" not in local
+        page = httpx.get(r.url + "/metrics").text
+        assert metric_value(page, "poolpilot_router_kv_transfer_failures_total") == 1
+        assert metric_value(page, "poolpilot_router_local_prefill_total",
+                            {"reason": "kv_transfer_failed"}) == 1
+        assert metric_value(page, "poolpilot_router_requests_total", {"code": "200"}) == 1
