@@ -248,6 +248,13 @@ def pool_dashboard() -> Json:
             Query(_rate_by(BY_POOL, m.ROUTER_KV_TRANSFER_FAILURES, *f),
                   "{{pool}} failed handoffs"),
         ], unit="reqps", description="Prefill -> decode handoffs that failed (per second)."),
+        Panel("Local prefill on decode engines", [
+            Query(_rate_by(f"{BY_POOL}, reason", m.ROUTER_LOCAL_PREFILL, *f),
+                  "{{pool}} {{reason}}"),
+        ], unit="reqps", description="Requests a decode engine prefilled itself (no KV "
+                       "transfer): prefill_behind, the prefill role would have broken the TTFT "
+                       "target; kv_transfer_failed, a failed handoff retried locally. A pool "
+                       "living on prefill_behind needs prefill replicas."),
         Row("Replicas"),
         Panel("Desired vs ready replicas per role", [
             Query(_by("sum", BY_ROLE, m.AUTOSCALER_DESIRED, *f), "{{pool}} {{role}} desired"),
