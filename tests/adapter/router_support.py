@@ -28,6 +28,8 @@ PYTHON = sys.executable
 # whose operator/ folder shadows the stdlib module) first on sys.path.
 POOLPILOT = str(Path(sys.executable).parent / "poolpilot")
 FAKE_ENGINE = Path(__file__).parent / "router_fakes" / "fake_engine.py"
+# Router flags for tests: health checks and queue scrapes every 0.2 s, no ramp-in.
+FAST = ("--health-interval", "0.2", "--ramp-seconds", "0")
 
 
 @dataclass

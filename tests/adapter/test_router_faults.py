@@ -17,6 +17,7 @@ import httpx
 import openai
 import pytest
 from router_support import (
+    FAST,
     Proc,
     metric_value,
     running,
@@ -28,7 +29,6 @@ from router_support import (
 
 pytestmark = pytest.mark.adapter
 
-FAST = ("--health-interval", "0.2", "--ramp-seconds", "0")
 
 
 def completion(

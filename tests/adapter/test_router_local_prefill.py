@@ -10,6 +10,7 @@ from __future__ import annotations
 import httpx
 import pytest
 from router_support import (
+    FAST,
     metric_value,
     running,
     sse_events,
@@ -20,7 +21,6 @@ from router_support import (
 
 pytestmark = pytest.mark.adapter
 
-FAST = ("--health-interval", "0.2", "--ramp-seconds", "0")
 LOCAL = ("--local-prefill-profile", "llama-3.1-8b/h200", "--ttft-target", "1",
          "--itl-target", "0.05")
 

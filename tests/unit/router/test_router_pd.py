@@ -233,7 +233,7 @@ class LocalCase:
     id: str
     config: dict[str, Any]
     flags: list[str]
-    expect: tuple[float, float, float] | None | str  # (ttft, itl, seed rate), None: off
+    expect: tuple[float, float, float] | str | None  # (ttft, itl, seed rate), None: off
 
 
 LOCAL_CASES = [
