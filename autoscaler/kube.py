@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 from poolpilot.autoscaler.observe import RoleState
 
-from poolpilot import api, names
+from poolpilot import api, names, workloads
 
 Obj = dict[str, Any]
 MANAGER = "poolpilot-autoscaler"
@@ -56,8 +56,8 @@ class Workloads:
         dep = self.deployments.get((namespace, names.child_name(pool, role)))
         if dep is None:
             return None
-        replicas = int((dep.get("spec") or {}).get("replicas", 1))
-        ready = int((dep.get("status") or {}).get("readyReplicas") or 0)
+        c = workloads.counts(dep)
+        replicas, ready = c.desired, c.ready
         pods = self.pods.get((namespace, pool, role), [])
         stuck = [p for p in pods if unschedulable(p) is not None]
         message = unschedulable(stuck[0]) or "" if stuck else ""

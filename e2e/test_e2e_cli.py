@@ -14,7 +14,8 @@ import sys
 from pathlib import Path
 
 from poolpilot.sandbox.data import DEFAULT_POOL
-from poolpilot.sandbox.testing import wait_for
+
+from poolpilot.polling import wait_for
 
 SANDBOX = [sys.executable, "-m", "poolpilot.cli", "sandbox", "--no-progress"]
 

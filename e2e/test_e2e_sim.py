@@ -23,9 +23,11 @@ from poolpilot.sandbox.data import DEFAULT_TRACE
 from poolpilot.sandbox.loadgen import Replayer, RequestResult
 from poolpilot.sandbox.report import attach_reasons
 from poolpilot.sandbox.supervisor import AppliedPool, SandboxConfig
-from poolpilot.sandbox.testing import SandboxThread, wait_for
+from poolpilot.sandbox.testing import SandboxThread
 from poolpilot.sandbox.timeline import ScaleChange
 
+from poolpilot import workloads
+from poolpilot.polling import wait_for
 from poolpilot.traces import load_trace
 
 SPEED = 4.0
@@ -63,9 +65,11 @@ def kubectl_json(sb: SandboxThread, *args: str) -> Any:
 
 
 def replicas(sb: SandboxThread, pool: AppliedPool, role: str) -> tuple[int, int]:
-    d = kubectl_json(sb, "deployment", f"{pool.name}-{role}", "-n", pool.namespace) or {}
-    return (int(d.get("spec", {}).get("replicas", -1)),
-            int(d.get("status", {}).get("readyReplicas") or 0))
+    d = kubectl_json(sb, "deployment", f"{pool.name}-{role}", "-n", pool.namespace)
+    if d is None:
+        return (-1, 0)
+    c = workloads.counts(d)
+    return (c.desired, c.ready)
 
 
 def condition(sb: SandboxThread, pool: AppliedPool, ctype: str) -> dict[str, Any] | None:

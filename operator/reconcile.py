@@ -21,7 +21,7 @@ from typing import Any, Protocol
 from poolpilot.operator import builders
 from poolpilot.operator.kubeapi import Discovered
 
-from poolpilot import api, names
+from poolpilot import api, names, workloads
 
 Obj = dict[str, Any]
 DIGEST_ANNOTATION = "poolpilot.dev/applied-digest"
@@ -172,9 +172,8 @@ def _ready_for_cutover(deployments: dict[str, Obj], roles: list[str]) -> str | N
     """None when every new engine role serves; else what we are waiting for."""
     for role in roles:
         dep = deployments.get(role)
-        ready = int(((dep or {}).get("status") or {}).get("readyReplicas", 0))
-        want = int(((dep or {}).get("spec") or {}).get("replicas", 1))
-        if ready < min(1, want):
+        c = workloads.counts(dep or {})
+        if c.ready < min(1, c.desired):
             return f"waiting for {names.child_name(_pool_of(dep), role)} to have a ready pod"
     return None
 

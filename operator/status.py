@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from poolpilot import names
+from poolpilot import names, workloads
 
 READY, PROGRESSING, DEGRADED = "Ready", "Progressing", "Degraded"
 OWNED_CONDITIONS = (READY, PROGRESSING, DEGRADED)
@@ -50,16 +50,9 @@ class RoleObservation:
     def from_deployment(cls, role: str, dep: dict[str, Any] | None) -> RoleObservation:
         if dep is None:
             return cls(role=role, exists=False)
-        spec, st = dep.get("spec") or {}, dep.get("status") or {}
-        generation = (dep.get("metadata") or {}).get("generation", 0)
-        return cls(
-            role=role,
-            desired=int(spec.get("replicas", 1)),
-            replicas=int(st.get("replicas", 0)),
-            ready=int(st.get("readyReplicas", 0)),
-            updated=int(st.get("updatedReplicas", 0)),
-            rolled_out=int(st.get("observedGeneration", 0)) >= int(generation),
-        )
+        c = workloads.counts(dep)
+        return cls(role=role, desired=c.desired, replicas=c.replicas, ready=c.ready,
+                   updated=c.updated, rolled_out=c.rolled_out)
 
     @property
     def summary(self) -> str:

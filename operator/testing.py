@@ -9,8 +9,7 @@ import json
 import os
 import shutil
 import subprocess
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -21,6 +20,7 @@ from poolpilot.operator import peering
 from poolpilot.operator.handlers import OperatorConfig, register
 
 from poolpilot import crd
+from poolpilot.polling import wait_for
 
 T = TypeVar("T")
 ROOT = Path(__file__).resolve().parents[1]
@@ -68,19 +68,6 @@ class Kubectl:
             self("get", kind, "-n", namespace, *sel, "-o", "json")
         )["items"]
         return items
-
-
-def wait_for(fn: Callable[[], T | None], timeout: float = 60.0, interval: float = 0.1,
-             what: str = "condition") -> T:
-    """Poll `fn` until it returns something truthy; fail with `what` after `timeout`."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = fn()
-        if last:
-            return last
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
 
 
 def crd_without_validation_rules() -> dict[str, Any]:

@@ -19,12 +19,10 @@ import asyncio
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import partial
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +33,7 @@ from poolpilot.autoscaler.kube import KubeClient, KubeError
 from poolpilot.autoscaler.loop import Autoscaler, Options
 from poolpilot.autoscaler.observe import PrometheusSource, observation
 from poolpilot.emulator.server import KubeEmulator
-from poolpilot.sandbox.localprom import PrometheusProcess, Target, free_port
+from poolpilot.sandbox.localprom import MetricsPage, PrometheusProcess, Target, free_port
 
 from poolpilot import api, names
 from poolpilot import metrics as m
@@ -61,7 +59,7 @@ class SyntheticExporter:
         self.pools = pools
         self.started = time.time()
         self.port = free_port()
-        self._server: ThreadingHTTPServer | None = None
+        self._server: MetricsPage | None = None
         self._rates: dict[str, float] = {}  # dynamic key -> per-second growth
         self._pieces: list[bytes | str] = []  # bytes: static; str: a dynamic key
         self._build()
@@ -110,28 +108,12 @@ class SyntheticExporter:
         return b"".join(p if isinstance(p, bytes) else values[p] for p in self._pieces)
 
     def start(self) -> SyntheticExporter:
-        exporter = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                body = exporter.render()
-                self.send_response(200)
-                self.send_header("Content-Type", "text/plain; version=0.0.4")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self._server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
-        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        self._server = MetricsPage(self.render, self.port)
         return self
 
     def stop(self) -> None:
         if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
+            self._server.close()
 
 
 async def populate(kube: KubeClient, n: int) -> None:

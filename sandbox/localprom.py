@@ -1,4 +1,5 @@
-"""Run a real Prometheus server on loopback (for the sandbox and the adapter tests).
+"""Run a real Prometheus server on loopback (for the sandbox and the adapter tests), and serve
+synthetic /metrics pages for it to scrape (`MetricsPage`).
 
 Targets are given through file_sd, so callers can add and remove scrape targets while it
 runs (Prometheus re-reads the file within `refresh` seconds). Each target carries labels,
@@ -14,9 +15,11 @@ import shutil
 import socket
 import subprocess
 import tempfile
+import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +35,48 @@ def free_port(host: str = "127.0.0.1") -> int:
         s.bind((host, 0))
         port: int = s.getsockname()[1]
         return port
+
+
+TEXT_FORMAT = "text/plain; version=0.0.4"
+
+
+class MetricsPage:
+    """A /metrics page on loopback, served from a thread until `close()` (or `with`): each scrape
+    gets `render()`'s bytes as they are, in `content_type` (Prometheus's text format by default,
+    never OpenMetrics). For the exporters that tests and benchmarks synthesise; real components
+    serve theirs with prometheus_client."""
+
+    def __init__(self, render: Callable[[], bytes], port: int = 0, host: str = "127.0.0.1",
+                 content_type: str = TEXT_FORMAT) -> None:
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                body = render()
+                self.send_response(200)
+                self.send_header("Content-Type", content_type)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self._server = ThreadingHTTPServer((host, port), Handler)
+        self.host, self.port = host, int(self._server.server_address[1])
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+    def __enter__(self) -> MetricsPage:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 @dataclass(frozen=True)

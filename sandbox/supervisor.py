@@ -28,7 +28,7 @@ import yaml
 from poolpilot.sandbox import localprom
 from poolpilot.sandbox.localprom import PrometheusNotInstalled, PrometheusProcess, Target
 
-from poolpilot import names
+from poolpilot import names, workloads
 from poolpilot.api import InferencePoolSpec
 from poolpilot.validate import InvalidPool, parse_spec
 
@@ -342,8 +342,8 @@ class Sandbox:
             for role in roles:
                 d = await self.kube.get("Deployment", pool.namespace,
                                         names.child_name(pool.name, role))
-                ready = int(((d or {}).get("status") or {}).get("readyReplicas") or 0)
-                want = int(((d or {}).get("spec") or {}).get("replicas") or 0) if d else -1
+                c = workloads.counts(d or {})
+                ready, want = c.ready, c.desired if d else -1
                 state[role] = "missing" if d is None else f"{ready}/{want} ready"
                 if d is None or ready < max(1, want):
                     done = False

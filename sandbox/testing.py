@@ -11,8 +11,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import threading
-import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 from .supervisor import Sandbox, SandboxConfig
@@ -54,15 +53,3 @@ class SandboxThread:
     def call(self, coro: Coroutine[Any, Any, T], timeout: float = 120) -> T:
         return self.submit(coro).result(timeout=timeout)
 
-
-def wait_for(condition: Callable[[], T], timeout: float, what: str,
-             interval: float = 0.25) -> T:
-    """Poll `condition` until it returns something truthy; fail naming `what`."""
-    deadline = time.monotonic() + timeout
-    last: T | None = None
-    while time.monotonic() < deadline:
-        last = condition()
-        if last:
-            return last
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")

@@ -8,14 +8,11 @@ rate, so histogram_quantile(q) is `lower + (upper - lower) * q` exactly.
 
 from __future__ import annotations
 
-import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
 
-from poolpilot.sandbox.localprom import Target, free_port
+from poolpilot.sandbox.localprom import MetricsPage, Target, free_port
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
@@ -67,7 +64,7 @@ class FakeExporter(Collector):
     # escaped to underscores (vllm_num_requests_waiting): the autoscaler must read both.
     text_only: bool = False
     _started: float = field(default_factory=time.time)
-    _server: Any = None
+    _stop: Callable[[], None] | None = None
 
     def collect(self) -> Iterator[Metric]:
         elapsed = time.time() - self._started
@@ -92,31 +89,23 @@ class FakeExporter(Collector):
         registry = CollectorRegistry()
         registry.register(self)
         self.port = free_port()
-        if not self.text_only:
-            self._server, _ = start_http_server(self.port, addr="127.0.0.1", registry=registry)
+        if self.text_only:
+            self._stop = MetricsPage(lambda: generate_latest(registry), self.port,
+                                     content_type=CONTENT_TYPE_LATEST).close
             return self
+        server, _ = start_http_server(self.port, addr="127.0.0.1", registry=registry)
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                body = generate_latest(registry)
-                self.send_response(200)
-                self.send_header("Content-Type", CONTENT_TYPE_LATEST)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+        def stop() -> None:
+            server.shutdown()
+            server.server_close()
 
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self._server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
-        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        self._stop = stop
         return self
 
     def stop(self) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
+        if self._stop is not None:
+            self._stop()
+            self._stop = None
 
     def target(self, namespace: str, pool: str, role: str) -> Target:
         return Target(f"127.0.0.1:{self.port}",

@@ -14,12 +14,16 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import pytest
 from poolpilot.bench.scrape import PromView, labels_of
-from poolpilot.sandbox.localprom import PrometheusNotInstalled, PrometheusProcess, Target
+from poolpilot.sandbox.localprom import (
+    MetricsPage,
+    PrometheusNotInstalled,
+    PrometheusProcess,
+    Target,
+)
 
 pytestmark = pytest.mark.adapter
 
@@ -58,27 +62,8 @@ class State:
 @pytest.fixture
 def exporter() -> Iterator[tuple[State, str]]:
     state = State()
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            body = state.text().encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain; version=0.0.4")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield state, f"127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with MetricsPage(lambda: state.text().encode()) as page:
+        yield state, page.address
 
 
 def query(url: str, promql: str, t: float) -> list[dict]:

@@ -22,7 +22,7 @@ import threading
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,6 +32,8 @@ import pytest
 import yaml
 from poolpilot.dashboards import grafana, rules
 from poolpilot.sandbox.localprom import PrometheusProcess, Target
+
+from poolpilot.polling import wait_for
 
 pytestmark = pytest.mark.adapter
 
@@ -165,14 +167,6 @@ def start(name: str, cmd: list[str], url_pattern: str, timeout: float = 60.0) ->
     return proc
 
 
-def wait_until(check: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out waiting for {what}")
-        time.sleep(0.2)
-
-
 def available(module: str) -> bool:
     import importlib.util
 
@@ -265,7 +259,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         counts: dict[str, int] = {}
         if router is not None:
             threading.Thread(target=_drive, args=(router.url, stop, counts), daemon=True).start()
-            wait_until(lambda: counts.get("200", 0) >= 3, 60, f"requests to succeed: {counts}")
+            wait_for(lambda: counts.get("200", 0) >= 3, 60, f"requests to succeed: {counts}")
         yield Stack(prom, missing)
     finally:
         stop.set()
@@ -362,7 +356,7 @@ def test_query_returns_data(q: Q, stack: Stack) -> None:
         return _has_number(result)
 
     try:
-        wait_until(ok, 30, q.id)
+        wait_for(ok, 30, q.id)
     except TimeoutError:
         pytest.fail(f"{q.id}: no series with a number for\n{q.expr}\ngot {result}")
 
@@ -386,8 +380,8 @@ def test_rule_file_loads_and_every_rule_evaluates(stack: Stack) -> None:
         return (len(rules_) == sum(len(g["rules"]) for g in rules.rule_groups(PARAMS)["groups"])
                 and all(r["health"] == "ok" for r in rules_))
 
-    wait_until(healthy, 30, "every rule evaluated with health ok")
-    wait_until(lambda: _has_number(stack.query('poolpilot:queue_depth{role="prefill"}')), 30,
+    wait_for(healthy, 30, "every rule evaluated with health ok")
+    wait_for(lambda: _has_number(stack.query('poolpilot:queue_depth{role="prefill"}')), 30,
                "a recorded series")
 
 
@@ -395,7 +389,7 @@ def test_a_misspelt_metric_shows_no_data(stack: Stack) -> None:
     """The check above can fail: a panel on a metric nobody exports returns nothing."""
     if "engine" in stack.missing:
         pytest.skip(f"not exercised: {stack.missing['engine']}")
-    wait_until(lambda: _has_number(stack.query(substitute(QUERIES[0].expr))), 30, "data")
+    wait_for(lambda: _has_number(stack.query(substitute(QUERIES[0].expr))), 30, "data")
     assert stack.query('sum by (namespace, pool, role) ({__name__=~"vllm[:_]num_request_wait"})'
                        ) == []
 
@@ -406,5 +400,5 @@ def test_scale_events_show_as_annotations(stack: Stack) -> None:
     if "autoscaler" in stack.missing or "engine" in stack.missing:
         pytest.skip("not exercised: needs the autoscaler and the engines")
     expr = substitute(grafana.SCALE_EVENTS)
-    wait_until(lambda: any(r["metric"].get("role") == "decode" for r in stack.query(expr)), 30,
+    wait_for(lambda: any(r["metric"].get("role") == "decode" for r in stack.query(expr)), 30,
                f"a decode scale event from {expr}")

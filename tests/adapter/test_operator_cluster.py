@@ -16,9 +16,10 @@ import pytest
 from poolpilot.emulator.server import KubeEmulator
 from poolpilot.emulator.testing import cluster_from_env
 from poolpilot.operator.handlers import OperatorConfig
-from poolpilot.operator.testing import Kubectl, install, running_operator, wait_for
+from poolpilot.operator.testing import Kubectl, install, running_operator
 
 from poolpilot import names
+from poolpilot.polling import wait_for
 
 pytestmark = [pytest.mark.adapter, pytest.mark.cluster]
 
