@@ -10,9 +10,12 @@ Definitions (the same for every policy, from the replay's exact records, not fro
   inter-token gap (the statistic the SLO checks).
 - GPU-hours: each pod counts from the moment it is requested (cold start included) until it has
   left (drained), times its GPUs.
-- Goodput per GPU (DistServe, OSDI 2024): goodput is the request rate served while at least
-  `attainment_goal` (90%) of requests meet the SLO; per GPU it is divided by the time-averaged
-  number of GPUs. A run below the goal has goodput 0 at the replayed rate.
+- Goodput per GPU (DistServe, OSDI 2024): goodput is the highest request rate served while at
+  least `attainment_goal` (90%) of requests meet the SLO; per GPU it is divided by the
+  time-averaged number of GPUs. A replay measures one rate, so a run at or above the goal has
+  goodput = the replayed rate and a run below it has goodput 0 by definition (not "served
+  nothing"): it is a pass/fail number. `met_per_gpu_hour` (requests that met the SLO per
+  GPU-hour) is the continuous cost-efficiency the tables show instead.
 - Scale events: decisions that changed a role's target; direction changes: consecutive scale
   events of a role in opposite directions (flapping).
 """
@@ -133,6 +136,8 @@ class Summary:
     gpu_hours: float
     avg_gpus: float
     goodput_per_gpu: float
+    slo_met: int
+    met_per_gpu_hour: float
     scale_events: int
     direction_changes: int
     duration_s: float
@@ -152,6 +157,8 @@ class Summary:
             "gpu_hours": num(self.gpu_hours),
             "avg_gpus": num(self.avg_gpus),
             "goodput_per_gpu": num(self.goodput_per_gpu),
+            "slo_met": self.slo_met,
+            "met_per_gpu_hour": num(self.met_per_gpu_hour),
             "scale_events": self.scale_events,
             "direction_changes": self.direction_changes,
             "duration_s": num(self.duration_s),
@@ -188,6 +195,8 @@ def summarize(
         gpu_hours=gpu_hours,
         avg_gpus=avg_gpus,
         goodput_per_gpu=goodput,
+        slo_met=met,
+        met_per_gpu_hour=met / gpu_hours if gpu_hours > 0 else math.nan,
         scale_events=sum(1 for e in ledger.events if e.new != e.old),
         direction_changes=sum(direction_changes(ledger.events, r) for r in roles),
         duration_s=duration_s,

@@ -9,6 +9,7 @@ Every policy sees the same arrivals on the same simulated pool; see docs/bench.m
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import multiprocessing as mp
@@ -16,13 +17,20 @@ import queue
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, replace
+from concurrent.futures import Future, ProcessPoolExecutor
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from poolpilot.bench import report
+from poolpilot.bench.ceiling import slo_ceiling
+from poolpilot.bench.oracle import DEFAULT_TARGET, DEFAULT_WINDOW_S, plan_oracle
 from poolpilot.bench.policies.base import Bounds, Policy
+from poolpilot.bench.policies.oracle import Oracle
+from poolpilot.bench.policies.static_peak import StaticPool, peak_sizes
+from poolpilot.bench.profile import SimCapacity
 from poolpilot.bench.replay import BenchConfig, RunResult, replay
+from poolpilot.bench.static_min import PASS_GOAL, Probe, search_static_min
 from poolpilot.bench.workload import first_seconds, scale_load
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -30,7 +38,20 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from poolpilot.traces import FORMATS, TraceError, TraceRequest, load_trace
 from poolpilot.validate import InvalidPool, parse_spec
 
-POLICIES = ("poolpilot", "static-peak", "hpa", "keda-queue", "dynamo-sla")
+POLICIES = ("poolpilot", "oracle", "static-min", "static-peak", "hpa", "keda-queue",
+            "dynamo-sla")
+REFERENCES = ("oracle", "static-min")  # planned in hindsight: what the others are measured by
+
+
+@dataclass(frozen=True)
+class Options:
+    """What a policy is built from besides the trace and the BenchConfig."""
+
+    predictor: str = "constant"
+    autoscaling: dict[str, Any] | None = None
+    oracle_window: float = DEFAULT_WINDOW_S
+    oracle_target: float = DEFAULT_TARGET
+    goal: float = PASS_GOAL
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -53,6 +74,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"comma-separated, from: {', '.join(POLICIES)}")
     p.add_argument("--min-replicas", type=int, default=1, help="per role (1)")
     p.add_argument("--max-replicas", type=int, default=32, help="per role (32)")
+    p.add_argument("--goal", type=float, default=PASS_GOAL,
+                   help="SLO attainment a pool must reach to count as meeting the SLO: "
+                        "static-min's target (0.95)")
+    p.add_argument("--oracle-window", type=float, default=DEFAULT_WINDOW_S,
+                   help="seconds per window the oracle sizes on its own (30)")
+    p.add_argument("--oracle-target", type=float, default=DEFAULT_TARGET,
+                   help="share of each window's requests the oracle serves within the SLO, "
+                        "of those that can meet it at all (0.99)")
     p.add_argument("--scrape-interval", type=float, default=15.0,
                    help="Prometheus scrape interval, seconds (15)")
     p.add_argument("--dynamo-predictor", choices=("constant", "arima"), default="constant",
@@ -67,7 +96,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "themselves while the prefill role is behind (off)")
     p.add_argument("--seed", type=int, default=0, help="seed for --rate-scale copies (0)")
     p.add_argument("--jobs", type=int, default=1,
-                   help="policies replayed in parallel processes (1)")
+                   help="replays run in parallel processes (1)")
     p.add_argument("--json", dest="json_out", default=None, help="write results as JSON here")
     p.add_argument("--plot", default=None, help="write a PNG of replicas and TTFT over time")
     p.add_argument("--markdown", default=None, help="write the table as markdown here")
@@ -79,144 +108,289 @@ def parse_policies(text: str) -> list[str]:
     if bad or not names:
         raise ValueError(f"--policies: unknown {', '.join(bad) or '(none given)'}; "
                          f"choose from {', '.join(POLICIES)}")
-    return names
+    return list(dict.fromkeys(names))
+
+
+Emit = Callable[[str, float], None]
+
+
+def _capacity(cfg: BenchConfig) -> SimCapacity:
+    return SimCapacity(cfg.model, cfg.gpu, cfg.slo_itl, cfg.tensor_parallel, cfg.engine)
 
 
 def build_policy(name: str, trace: Sequence[TraceRequest], cfg: BenchConfig,
-                 predictor: str = "constant",
-                 autoscaling: dict[str, Any] | None = None) -> Policy:
-    """Policies are built where they run (each worker process builds its own)."""
+                 opts: Options | None = None,
+                 progress: Callable[[float], None] | None = None) -> Policy:
+    """Policies are built where they run (each worker process builds its own). The oracle
+    plans here (`progress` follows its plan); static-min searches here, one replay at a time
+    (`run_all` runs that search with its replays in parallel instead)."""
     from poolpilot.bench.policies.dynamo_sla import DynamoSLA
     from poolpilot.bench.policies.hpa import HPAGpuUtil
     from poolpilot.bench.policies.keda import KedaQueue
     from poolpilot.bench.policies.poolpilot_policy import PoolpilotPolicy
     from poolpilot.bench.policies.static_peak import StaticPeak, size_for, warmup_load
-    from poolpilot.bench.profile import SimCapacity
 
+    opts = opts or Options()
     bounds = Bounds(cfg.min_replicas, cfg.max_replicas)
-    cap = SimCapacity(cfg.model, cfg.gpu, cfg.slo_itl, cfg.tensor_parallel, cfg.engine)
+    cap = _capacity(cfg)
     # Autoscaled pools start warm, the same for all: sized for the first five minutes' mean.
     initial = size_for(warmup_load(trace), cap, bounds)
     if name == "static-peak":
         return StaticPeak(trace, cap, bounds)
+    if name == "oracle":
+        plan = plan_oracle(trace, cfg, bounds, cap, opts.oracle_window, opts.oracle_target,
+                           progress=progress)
+        return Oracle(plan, bounds, cfg.cold_start)
+    if name == "static-min":
+        return _static_min_inline(trace, cfg, opts)
     if name == "poolpilot":
         return PoolpilotPolicy(bounds, initial, cfg.slo_ttft, cfg.slo_itl, cfg.quantile,
-                               autoscaling=autoscaling)
+                               autoscaling=opts.autoscaling)
     if name == "hpa":
         return HPAGpuUtil(bounds, initial)
     if name == "keda-queue":
         return KedaQueue(bounds, initial)
     if name == "dynamo-sla":
         return DynamoSLA(cap, bounds, initial, cfg.slo_itl, cfg.tensor_parallel,
-                         predictor=predictor)
+                         predictor=opts.predictor)
     raise ValueError(f"unknown policy {name!r}")
 
 
-def _worker(name: str, trace: list[TraceRequest], cfg: BenchConfig, predictor: str,
-            autoscaling: dict[str, Any] | None, q: Any) -> RunResult:
-    last = [0.0]
+# ---- jobs: what the worker processes run (module level, so that they pickle) ----
+def _policy_job(name: str, trace: list[TraceRequest], cfg: BenchConfig, opts: Options,
+                emit: Emit) -> RunResult:
+    span = trace[-1].arrival_s if trace else 0.0
+    offset = span if name == "oracle" else 0.0  # its bar: the plan, then the replay
+    policy = build_policy(name, trace, cfg, opts, progress=lambda t: emit(name, t))
+    return replay(trace, policy, cfg, lambda t: emit(name, offset + t))
 
-    def progress(t: float) -> None:
-        if q is not None and (t - last[0] >= 30 or t >= (trace[-1].arrival_s if trace else 0)):
-            last[0] = t
-            q.put((name, t))
 
-    return replay(trace, build_policy(name, trace, cfg, predictor, autoscaling), cfg, progress)
+def _pool_job(sizes: tuple[int, int], trace: list[TraceRequest], cfg: BenchConfig,
+              budget: int | None, emit: Emit) -> RunResult:
+    pool = StaticPool({"prefill": sizes[0], "decode": sizes[1]}, "static-min")
+    return replay(trace, pool, cfg, lambda t: emit("static-min", t), miss_budget=budget)
+
+
+class _QueueEmit:
+    """Progress from a worker process: (name, simulated seconds) onto a Manager queue."""
+
+    def __init__(self, q: Any) -> None:
+        self.q = q
+
+    def __call__(self, name: str, t: float) -> None:
+        self.q.put((name, t))
+
+
+class Workers:
+    """`jobs` worker processes (spawned), or the calling process itself when jobs <= 1."""
+
+    def __init__(self, jobs: int, on_progress: Emit | None = None) -> None:
+        self.jobs = jobs
+        self.on_progress = on_progress or (lambda n, t: None)
+        self._stack = contextlib.ExitStack()
+        self.emit: Emit = self.on_progress
+        if jobs > 1:
+            ctx = mp.get_context("spawn")
+            mgr = self._stack.enter_context(ctx.Manager())
+            self.q = mgr.Queue()
+            self.ex = self._stack.enter_context(
+                ProcessPoolExecutor(max_workers=jobs, mp_context=ctx))
+            self.emit = _QueueEmit(self.q)
+
+    def __enter__(self) -> Workers:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stack.close()
+
+    def submit(self, fn: Callable[..., RunResult], *args: Any) -> Future[RunResult]:
+        if self.jobs <= 1:
+            fut: Future[RunResult] = Future()
+            try:
+                fut.set_result(fn(*args, self.emit))
+            except Exception as exc:
+                fut.set_exception(exc)
+            return fut
+        return self.ex.submit(fn, *args, self.emit)
+
+    def wait(self, futs: Sequence[Future[RunResult]]) -> list[RunResult]:
+        while self.jobs > 1 and not all(f.done() for f in futs):
+            self._pump(0.2)
+        if self.jobs > 1:
+            while self._pump(0.0):
+                pass
+        return [f.result() for f in futs]
+
+    def _pump(self, timeout: float) -> bool:
+        try:
+            n, t = self.q.get(timeout=timeout) if timeout else self.q.get_nowait()
+        except queue.Empty:
+            return False
+        self.on_progress(n, t)
+        return True
+
+
+def static_min(trace: list[TraceRequest], cfg: BenchConfig, opts: Options,
+               workers: Workers) -> RunResult:
+    """The static-min search (`poolpilot.bench.static_min`), its replays on `workers`."""
+    n = len(trace)
+    budget = math.floor((1.0 - opts.goal) * n + 1e-9)  # misses allowed at the goal
+    found: dict[tuple[int, int], RunResult] = {}
+
+    def replay_pools(pools: list[tuple[int, int]]) -> list[Probe]:
+        futs = [workers.submit(_pool_job, pd, trace, cfg, budget) for pd in pools]
+        out = []
+        for pd, r in zip(pools, workers.wait(futs), strict=True):
+            ok = r.aborted_at is None and r.summary.slo_attainment >= opts.goal - 1e-12
+            if ok:
+                found[pd] = r
+            out.append(Probe(pd[0], pd[1], None if r.aborted_at is not None
+                             else round(r.summary.slo_attainment, 6), ok))
+        return out
+
+    bounds = Bounds(cfg.min_replicas, cfg.max_replicas)
+    guess = peak_sizes(trace, _capacity(cfg), bounds)
+    best, probes = search_static_min(replay_pools, cfg.min_replicas, cfg.max_replicas, guess,
+                                     workers.jobs)
+    if best is None:  # nothing within the bounds meets the goal: report the largest pool
+        hi = cfg.max_replicas
+        result = workers.wait([workers.submit(_pool_job, (hi, hi), trace, cfg, None)])[0]
+    else:
+        result = found[best]
+    result.info = {
+        "found": best is not None, "goal": opts.goal,
+        "prefill": best[0] if best else None, "decode": best[1] if best else None,
+        "replays": len(probes),
+        "probes": [asdict(pr) for pr in probes],
+    }
+    if best is None:
+        result.info["largest_pool"] = {"prefill": cfg.max_replicas,
+                                       "decode": cfg.max_replicas}
+    return result
+
+
+def _static_min_inline(trace: Sequence[TraceRequest], cfg: BenchConfig,
+                       opts: Options) -> Policy:
+    with Workers(1) as w:
+        r = static_min(list(trace), cfg, opts, w)
+    sizes = r.info.get("largest_pool") or {"prefill": r.info["prefill"],
+                                           "decode": r.info["decode"]}
+    pool = StaticPool(sizes, "static-min")
+    pool.info = r.info
+    return pool
 
 
 def run_all(names: Sequence[str], trace: list[TraceRequest], cfg: BenchConfig,
-            predictor: str = "constant", jobs: int = 1,
-            on_progress: Callable[[str, float], None] | None = None,
-            autoscaling: dict[str, Any] | None = None) -> list[RunResult]:
-    if jobs <= 1:
-        out = []
-        for n in names:
-            def cb(t: float, n: str = n) -> None:
-                if on_progress is not None:
-                    on_progress(n, t)
-            out.append(replay(trace, build_policy(n, trace, cfg, predictor, autoscaling), cfg, cb))
-        return out
-    ctx = mp.get_context("spawn")
-    with ctx.Manager() as mgr:
-        q = mgr.Queue()
-        with ctx.Pool(min(jobs, len(names))) as pool:
-            futs = [pool.apply_async(_worker, (n, trace, cfg, predictor, autoscaling, q))
-                    for n in names]
-            while not all(f.ready() for f in futs):
-                try:
-                    n, t = q.get(timeout=0.2)
-                    if on_progress is not None:
-                        on_progress(n, t)
-                except queue.Empty:
-                    pass
-            results = [f.get() for f in futs]
-        while not q.empty() and on_progress is not None:
-            n, t = q.get()
-            on_progress(n, t)
-    return results
+            opts: Options | None = None, jobs: int = 1,
+            on_progress: Emit | None = None) -> list[RunResult]:
+    """Every policy replayed on the same trace, `jobs` replays at a time; results in the
+    order of `names`."""
+    opts = opts or Options()
+    with Workers(jobs, on_progress) as w:
+        # The oracle's plan is the longest job: start it first.
+        order = sorted((n for n in names if n != "static-min"), key=lambda n: n != "oracle")
+        futs = {n: w.submit(_policy_job, n, trace, cfg, opts) for n in order}
+        done: dict[str, RunResult] = {}
+        if "static-min" in names:
+            done["static-min"] = static_min(trace, cfg, opts, w)
+        for n, r in zip(futs, w.wait(list(futs.values())), strict=True):
+            done[n] = r
+    return [done[n] for n in names]
+
+
+def _fail(msg: object) -> int:
+    """A bad option or input: one line on stderr, exit code 2."""
+    text = " ".join(str(msg).split())
+    print(f"poolpilot bench: {text}", file=sys.stderr)
+    return 2
+
+
+def _check(args: argparse.Namespace) -> None:
+    for flag, v in (("--slo-ttft", args.slo_ttft), ("--slo-itl", args.slo_itl),
+                    ("--oracle-window", args.oracle_window),
+                    ("--scrape-interval", args.scrape_interval)):
+        if not v > 0:
+            raise ValueError(f"{flag} must be > 0 seconds, got {v}")
+    if args.cold_start < 0:
+        raise ValueError(f"--cold-start must be >= 0 seconds, got {args.cold_start}")
+    for flag, v in (("--goal", args.goal), ("--oracle-target", args.oracle_target)):
+        if not 0 < v <= 1:
+            raise ValueError(f"{flag} must be a share in (0, 1], got {v}")
+    if args.tensor_parallel < 1:
+        raise ValueError(f"--tensor-parallel must be >= 1, got {args.tensor_parallel}")
+    if args.jobs < 1:
+        raise ValueError(f"--jobs must be >= 1, got {args.jobs}")
+    if args.max_replicas < 1 or not 0 <= args.min_replicas <= args.max_replicas:
+        raise ValueError(f"--min-replicas {args.min_replicas} / --max-replicas "
+                         f"{args.max_replicas}: need 0 <= min <= max and max >= 1")
 
 
 def run(args: argparse.Namespace) -> int:
     console = Console(stderr=True)
     try:
+        _check(args)
         names = parse_policies(args.policies)
         raw = load_trace(args.trace, args.format)
         trace = scale_load(first_seconds(raw, args.duration), args.rate_scale, args.seed)
-        for flag, v in (("--slo-ttft", args.slo_ttft), ("--slo-itl", args.slo_itl)):
-            if not v > 0:
-                raise ValueError(f"{flag} must be > 0 seconds, got {v}")
-        if args.cold_start < 0:
-            raise ValueError(f"--cold-start must be >= 0 seconds, got {args.cold_start}")
-        if not 0 <= args.min_replicas <= args.max_replicas or args.max_replicas < 1:
-            raise ValueError("--min-replicas/--max-replicas: need 0 <= min <= max and max >= 1")
         cfg = BenchConfig(model=args.model, gpu=args.gpu, tensor_parallel=args.tensor_parallel,
                           slo_ttft=args.slo_ttft, slo_itl=args.slo_itl,
                           cold_start=args.cold_start, scrape_interval=args.scrape_interval,
+                          # a role with no replica cannot serve: every policy keeps one
                           min_replicas=max(1, args.min_replicas),
                           max_replicas=args.max_replicas,
                           local_prefill=args.local_prefill == "on")
         from poolpilot.engine_sim.des import PoolSim
 
         PoolSim(cfg.model, cfg.gpu, cfg.tensor_parallel, prefill_replicas=0, decode_replicas=0)
-        autoscaling = parse_autoscaling(args.poolpilot_autoscaling, cfg)
-    except (TraceError, InvalidPool) as exc:
-        console.print(f"[red]poolpilot bench: {exc}[/red]")
-        return 2
-    except ValueError as exc:
-        console.print(f"[red]poolpilot bench: {exc}[/red]")
-        return 2
+        opts = Options(predictor=args.dynamo_predictor,
+                       autoscaling=parse_autoscaling(args.poolpilot_autoscaling, cfg),
+                       oracle_window=args.oracle_window, oracle_target=args.oracle_target,
+                       goal=args.goal)
+    except (TraceError, InvalidPool, ValueError) as exc:
+        return _fail(exc)
     if not trace:
-        console.print("[red]poolpilot bench: no request left after --duration[/red]")
-        return 2
+        return _fail("no request left after --duration")
     span = trace[-1].arrival_s
+    ceiling = slo_ceiling(trace, cfg)
     console.print(f"{len(trace):,} requests over {span / 60:.1f} min "
                   f"({len(trace) / max(span, 1):.2f} req/s) from {args.trace}, "
                   f"rate scale {args.rate_scale:g}; {cfg.model} on {cfg.gpu} "
-                  f"(TP {cfg.tensor_parallel}); SLO TTFT {cfg.slo_ttft:g}s ITL {cfg.slo_itl:g}s")
+                  f"(TP {cfg.tensor_parallel}); SLO TTFT {cfg.slo_ttft:g}s ITL {cfg.slo_itl:g}s; "
+                  f"{100 * ceiling.share:.1f}% of requests can meet it on an idle pool "
+                  f"(prompts up to {ceiling.longest_prompt:,} tokens)")
     started = time.perf_counter()
     with Progress(TextColumn("{task.description:<12}"), BarColumn(),
                   TextColumn("{task.percentage:>5.1f}%"), TimeElapsedColumn(),
                   console=console, transient=False) as prog:
-        tasks = {n: prog.add_task(n, total=max(span, 1.0)) for n in names}
+        total = {n: max(span, 1.0) * (2 if n == "oracle" else 1) for n in names}
+        tasks = {n: prog.add_task(n, total=total[n]) for n in names}
 
         def on_progress(n: str, t: float) -> None:
             prog.update(tasks[n], completed=t)
 
-        results = run_all(names, trace, cfg, args.dynamo_predictor, args.jobs, on_progress,
-                          autoscaling)
+        try:
+            results = run_all(names, trace, cfg, opts, args.jobs, on_progress)
+        except (InvalidPool, ValueError) as exc:
+            return _fail(exc)
         for n in names:
-            prog.update(tasks[n], completed=max(span, 1.0))
+            prog.update(tasks[n], completed=total[n])
     wall = time.perf_counter() - started
     title = (f"{Path(args.trace).name} x{args.rate_scale:g}: {len(trace):,} requests, "
              f"{cfg.model} TP{cfg.tensor_parallel} on {cfg.gpu}, cold start {cfg.cold_start:g}s"
              + (", local prefill on" if cfg.local_prefill else ""))
-    report.print_table(results, title, Console(width=max(140, Console().width)))
+    report.print_table(results, title, Console(width=max(160, Console().width)))
+    for line in report.reference_notes(results):
+        console.print(line, soft_wrap=True, markup=False)
     console.print(f"replayed {len(names)} policies in {wall:.1f} s wall")
     meta = {
         "trace": {"file": str(args.trace), "requests": len(trace), "span_s": span,
                   "rate_scale": args.rate_scale, "duration": args.duration},
         "config": {k: v for k, v in asdict(replace(cfg)).items() if k != "engine"},
-        "poolpilot_autoscaling": autoscaling,
+        "slo_ceiling": {"share": round(ceiling.share, 6),
+                        "longest_prompt": ceiling.longest_prompt},
+        "goal": opts.goal,
+        "oracle": {"window_s": opts.oracle_window, "target": opts.oracle_target},
+        "poolpilot_autoscaling": opts.autoscaling,
         "wall_seconds": round(wall, 2),
     }
     doc = report.as_json(results, meta)
@@ -225,7 +399,7 @@ def run(args: argparse.Namespace) -> int:
     if args.markdown:
         Path(args.markdown).write_text(report.markdown_table(results) + "\n")
     if args.plot:
-        report.plot(results, args.plot, title, cfg.slo_ttft)
+        report.plot(results, args.plot, title, cfg.slo_ttft, opts.goal)
     return 0
 
 

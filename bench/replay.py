@@ -78,12 +78,33 @@ class RunResult:
     reasons: dict[str, dict[str, int]]
     sim_events: int
     local_prefill_requests: int | None = None  # served by the fallback (None: it was off)
+    info: dict[str, Any] = field(default_factory=dict)  # what a policy reports about itself
+    aborted_at: float | None = None  # stopped early: the miss budget was spent by then
 
     def as_json(self) -> dict[str, Any]:
         d: dict[str, Any] = dict(self.summary.as_json())
         d["scale_reasons"] = self.reasons
         d["local_prefill_requests"] = self.local_prefill_requests
+        if self.info:
+            d["info"] = self.info
         return d
+
+
+def new_pool_sim(cfg: BenchConfig, sim_class: type[PoolSim] = PoolSim) -> PoolSim:
+    """An empty simulated pool as every replay (and the oracle's search) builds it."""
+    local = LocalPrefill(cfg.slo_ttft, cfg.slo_itl) if cfg.local_prefill else None
+    return sim_class(cfg.model, cfg.gpu, cfg.tensor_parallel, mode="disaggregated",
+                     prefill_replicas=0, decode_replicas=0, config=cfg.engine,
+                     local_prefill=local)
+
+
+def meets_slo(rec: Any, slo_ttft: float, slo_itl: float) -> bool:
+    """A simulator RequestRecord against the SLO (the same rule as `Outcome.meets`)."""
+    if not rec.ok or rec.first_token_at is None or rec.finished_at is None:
+        return False
+    if rec.first_token_at - rec.arrival > slo_ttft:
+        return False
+    return rec.itl_p90 is None or rec.itl_p90 <= slo_itl
 
 
 def to_sim_requests(trace: Sequence[TraceRequest]) -> list[SimRequest]:
@@ -119,10 +140,7 @@ class Replay:
         self.trace = trace
         self.policy = policy
         self.cfg = cfg
-        local = LocalPrefill(cfg.slo_ttft, cfg.slo_itl) if cfg.local_prefill else None
-        self.sim = PoolSim(cfg.model, cfg.gpu, cfg.tensor_parallel, mode="disaggregated",
-                           prefill_replicas=0, decode_replicas=0, config=cfg.engine,
-                           local_prefill=local)
+        self.sim = new_pool_sim(cfg)
         self.prom = PromView(cfg.scrape_interval)
         self.ledger = Ledger()
         self.spans: dict[int, Span] = {}
@@ -131,6 +149,7 @@ class Replay:
         self.timeline = Timeline()
         self.reasons: dict[str, dict[str, int]] = {r: {} for r in ROLES}
         self.end = trace[-1].arrival_s if trace else 0.0
+        self._checked = self._misses = 0  # records already counted, and their misses
 
     # ---- pods ----
     def _add(self, role: str, t: float, ready_at: float) -> None:
@@ -210,7 +229,19 @@ class Replay:
             tl.billed[role].append(st.ready + st.starting + st.draining)
 
     # ---- run ----
-    def run(self, progress: Callable[[float], None] | None = None) -> RunResult:
+    def _misses_so_far(self) -> int:
+        cfg = self.cfg
+        recs = self.sim.records()
+        self._misses += sum(1 for r in recs[self._checked:]
+                            if not meets_slo(r, cfg.slo_ttft, cfg.slo_itl))
+        self._checked = len(recs)
+        return self._misses
+
+    def run(self, progress: Callable[[float], None] | None = None,
+            miss_budget: int | None = None) -> RunResult:
+        """Replay the trace. With `miss_budget`, stop as soon as more requests than that have
+        finished outside the SLO (a search that only asks "does it meet the goal?" needs no
+        more); the result then has `aborted_at` set and its numbers are partial."""
         cfg = self.cfg
         for role, n in self.policy.initial().items():
             for _ in range(n):
@@ -238,6 +269,10 @@ class Replay:
                 self._record(t)
                 if progress is not None:
                     progress(t)
+            if miss_budget is not None and steps % 12 == 0 \
+                    and self._misses_so_far() > miss_budget:
+                self._record(t)
+                return self._result(aborted_at=t)
         self._record(t)
         # Let what is in flight finish on the pool as it stands (not billed: see module doc).
         self.sim.run()
@@ -246,7 +281,7 @@ class Replay:
             progress(self.end)
         return self._result()
 
-    def _result(self) -> RunResult:
+    def _result(self, aborted_at: float | None = None) -> RunResult:
         cfg = self.cfg
         recs = {r.id: r for r in self.sim.records()}
         outcomes = []
@@ -261,10 +296,12 @@ class Replay:
         duration = max(self.end, cfg.tick)
         summary = summarize(outcomes, self.ledger, duration, cfg.slo_ttft, cfg.slo_itl)
         local = sum(self.sim.local_prefill_total.values()) if cfg.local_prefill else None
+        info = dict(getattr(self.policy, "info", None) or {})
         return RunResult(self.policy.name, summary, outcomes, self.ledger, self.timeline,
-                         self.reasons, self.sim.events_processed, local)
+                         self.reasons, self.sim.events_processed, local, info, aborted_at)
 
 
 def replay(trace: Sequence[TraceRequest], policy: Policy, cfg: BenchConfig,
-           progress: Callable[[float], None] | None = None) -> RunResult:
-    return Replay(trace, policy, cfg).run(progress)
+           progress: Callable[[float], None] | None = None,
+           miss_budget: int | None = None) -> RunResult:
+    return Replay(trace, policy, cfg).run(progress, miss_budget)

@@ -29,7 +29,8 @@ def pool_spec(
     bounds: Bounds, slo_ttft: float, slo_itl: float, quantile: float, overrides: dict[str, Any]
 ) -> dict[str, Any]:
     """An InferencePool spec as a user would write it for this benchmark."""
-    role = {"replicas": 1, "minReplicas": bounds.min_replicas, "maxReplicas": bounds.max_replicas}
+    role = {"replicas": max(1, bounds.min_replicas), "minReplicas": bounds.min_replicas,
+            "maxReplicas": bounds.max_replicas}
     return {
         "model": {"name": "bench-model"},
         "runtime": {"image": "vllm/vllm-openai:latest"},

@@ -87,19 +87,32 @@ def size_for(load: MinuteLoad, capacity: Capacity, bounds: Bounds) -> dict[str, 
     }
 
 
-class StaticPeak:
-    name = "static-peak"
+class StaticPool:
+    """A fixed pool: these replicas per role from the start, never changed."""
+
     interval = 3600.0  # never changes anything
 
-    def __init__(self, trace: Sequence[TraceRequest], capacity: Capacity, bounds: Bounds) -> None:
-        loads = minute_loads(trace)
-        sizes = [size_for(m, capacity, bounds) for m in loads] or [
-            {"prefill": bounds.min_replicas, "decode": bounds.min_replicas}
-        ]
-        self.sizes = {r: max(s[r] for s in sizes) for r in ("prefill", "decode")}
+    def __init__(self, sizes: dict[str, int], name: str = "static") -> None:
+        self.name = name
+        self.sizes = dict(sizes)
+        self.info: dict[str, object] = {"prefill": sizes["prefill"], "decode": sizes["decode"]}
 
     def initial(self) -> dict[str, int]:
         return dict(self.sizes)
 
     def decide(self, view: PoolView) -> Decision:
         return Decision(dict(self.sizes), {r: "Static" for r in self.sizes})
+
+
+def peak_sizes(trace: Sequence[TraceRequest], capacity: Capacity,
+               bounds: Bounds) -> dict[str, int]:
+    """Each role sized by the profile for its own busiest minute."""
+    sizes = [size_for(m, capacity, bounds) for m in minute_loads(trace)] or [
+        {"prefill": bounds.min_replicas, "decode": bounds.min_replicas}
+    ]
+    return {r: max(s[r] for s in sizes) for r in ("prefill", "decode")}
+
+
+class StaticPeak(StaticPool):
+    def __init__(self, trace: Sequence[TraceRequest], capacity: Capacity, bounds: Bounds) -> None:
+        super().__init__(peak_sizes(trace, capacity, bounds), "static-peak")

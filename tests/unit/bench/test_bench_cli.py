@@ -11,7 +11,9 @@ from poolpilot.cli import main as cli_main
 from poolpilot.traces import TraceRequest, write_csv
 
 KEYS = {"slo_attainment", "gpu_hours", "ttft_p90", "itl_p90", "goodput_per_gpu",
-        "scale_events", "direction_changes"}
+        "met_per_gpu_hour", "scale_events", "direction_changes", "gpu_hours_vs_oracle",
+        "gpu_hours_vs_static_min"}
+ALL = {"poolpilot", "oracle", "static-min", "static-peak", "hpa", "keda-queue", "dynamo-sla"}
 
 
 @pytest.fixture(scope="module")
@@ -32,17 +34,67 @@ def test_all_policies_json_and_plot(trace: Path, tmp_path: Path,
                      "--plot", str(png), "--markdown", str(md), "--max-replicas", "8"])
     assert code == 0
     doc = json.loads(out.read_text())
-    assert set(doc["policies"]) == {"poolpilot", "static-peak", "hpa", "keda-queue",
-                                    "dynamo-sla"}
-    for name, res in doc["policies"].items():
+    assert set(doc["policies"]) == ALL
+    pols = doc["policies"]
+    for name, res in pols.items():
         assert set(res) >= KEYS, name
         assert res["requests"] == 460
         assert 0.0 <= res["slo_attainment"] <= 1.0
         assert res["gpu_hours"] > 0
+        assert res["gpu_hours_vs_oracle"] == pytest.approx(
+            res["gpu_hours"] / pols["oracle"]["gpu_hours"], rel=1e-4)
+        assert res["gpu_hours_vs_static_min"] == pytest.approx(
+            res["gpu_hours"] / pols["static-min"]["gpu_hours"], rel=1e-4)
+    assert pols["oracle"]["slo_attainment"] >= 0.95
+    assert pols["static-min"]["slo_attainment"] >= 0.95
+    assert pols["static-min"]["info"]["found"] is True
     assert doc["trace"]["requests"] == 460
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert md.read_text().count("\n") == 7  # header, rule, five policies
+    table = md.read_text()
+    assert table.count("\n") == 9  # header, rule, seven policies
+    assert "| vs oracle | vs static-min |" in table
     assert "static-peak" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "bounds,jobs",
+    [((3, 3), 1), ((2, 8), 2)],
+    ids=["fixed 3+3 pool", "min 2, parallel"],
+)
+def test_non_default_bounds_hold_for_every_policy(trace: Path, tmp_path: Path,
+                                                  bounds: tuple[int, int], jobs: int) -> None:
+    out = tmp_path / "r.json"
+    lo, hi = bounds
+    code = cli_main(["bench", "--trace", str(trace), "--cold-start", "30", "--json", str(out),
+                     "--min-replicas", str(lo), "--max-replicas", str(hi),
+                     "--jobs", str(jobs)])
+    assert code == 0
+    doc = json.loads(out.read_text())
+    assert set(doc["policies"]) == ALL
+    assert doc["config"]["min_replicas"] == lo and doc["config"]["max_replicas"] == hi
+    for name, res in doc["policies"].items():
+        # every policy's bill lies between `lo` and `hi` pods per role over the whole span
+        gpus = res["avg_gpus"]
+        assert 2 * lo - 1e-6 <= gpus <= 2 * hi + 1e-6, name
+    if lo == hi:  # one possible pool: every policy bills exactly it
+        fixed = doc["policies"]["static-peak"]["gpu_hours"]
+        assert [r["gpu_hours"] for r in doc["policies"].values()] == pytest.approx(
+            [fixed] * len(ALL))
+
+
+def test_no_static_pool_within_the_bounds_says_so(trace: Path, tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "r.json"
+    code = cli_main(["bench", "--trace", str(trace), "--cold-start", "30", "--json", str(out),
+                     "--max-replicas", "1", "--policies", "static-min,static-peak"])
+    assert code == 0
+    doc = json.loads(out.read_text())
+    smin = doc["policies"]["static-min"]
+    assert smin["info"]["found"] is False and smin["slo_attainment"] < 0.95
+    assert doc["policies"]["static-peak"]["gpu_hours_vs_static_min"] is None
+    captured = capsys.readouterr()
+    assert "no fixed pool up to --max-replicas reaches 95%" in captured.err
+    assert "static-min: none (1+1 misses)" in captured.out
 
 
 @pytest.mark.parametrize(
@@ -53,13 +105,21 @@ def test_all_policies_json_and_plot(trace: Path, tmp_path: Path,
         (["--poolpilot-autoscaling", "{nope"], "not valid JSON"),
         (["--rate-scale", "0"], "--rate-scale must be > 0"),
         (["--model", "gpt-17"], "gpt-17"),
+        (["--min-replicas", "5", "--max-replicas", "2"], "--min-replicas 5 / --max-replicas 2"),
+        (["--oracle-target", "1.5"], "--oracle-target must be a share in (0, 1]"),
+        (["--goal", "0"], "--goal must be a share in (0, 1]"),
+        (["--oracle-window", "0"], "--oracle-window must be > 0"),
+        (["--jobs", "0"], "--jobs must be >= 1"),
     ],
-    ids=["unknown policy", "invalid autoscaling field", "bad JSON", "zero rate", "unknown model"],
+    ids=["unknown policy", "invalid autoscaling field", "bad JSON", "zero rate", "unknown model",
+         "min above max", "target above 1", "zero goal", "zero window", "zero jobs"],
 )
-def test_bad_options_exit_2_naming_the_fix(trace: Path, args: list[str], says: str,
-                                          capsys: pytest.CaptureFixture[str]) -> None:
+def test_bad_options_exit_2_in_one_line(trace: Path, args: list[str], says: str,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
     assert cli_main(["bench", "--trace", str(trace), *args]) == 2
-    assert says in capsys.readouterr().err.replace("\n", "")
+    err = capsys.readouterr().err
+    assert says in err
+    assert err.count("\n") == 1 and err.startswith("poolpilot bench: ")
 
 
 def test_local_prefill_fallback_is_a_flag_recorded_with_its_count(trace: Path,

@@ -99,7 +99,7 @@ def test_policies_see_only_scraped_metrics() -> None:
     assert set(pol.waiting[30.0]) == {("prefill",), ("decode",)}
 
 
-ALL = ("poolpilot", "static-peak", "hpa", "keda-queue", "dynamo-sla")
+ALL = ("poolpilot", "oracle", "static-min", "static-peak", "hpa", "keda-queue", "dynamo-sla")
 
 
 @settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])

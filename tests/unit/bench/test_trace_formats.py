@@ -112,8 +112,8 @@ def test_formats_replay_identically(tmp_path: Path) -> None:
         reqs = [TraceRequest(i * 0.5, 200 + 37 * i, 5 + i) for i in range(30)]
         writer(path, reqs)
         out = tmp_path / f"{fmt}.json"
-        code = cli_main(["bench", "--trace", str(path), "--format", fmt,
-                         "--policies", "static-peak,keda-queue", "--json", str(out)])
+        code = cli_main(["bench", "--trace", str(path), "--format", fmt, "--json", str(out),
+                         "--policies", "oracle,static-min,static-peak,keda-queue"])
         assert code == 0
         doc = json.loads(out.read_text())
         docs.append({k: v for k, v in doc["policies"].items()})
