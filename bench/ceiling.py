@@ -13,6 +13,7 @@ by simulating every request.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -56,13 +57,8 @@ def slo_ceiling(trace: Sequence[TraceRequest], cfg: BenchConfig) -> Ceiling:
         t = _alone(cfg, prompt)
         return t is not None and t <= cfg.slo_ttft
 
-    lo, hi = 0, limit  # meets(lo) (vacuously for 0); the answer is in [lo, hi)
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if meets(mid):
-            lo = mid
-        else:
-            hi = mid
+    # the first prompt length that misses; every shorter one meets the target
+    lo = bisect.bisect_left(range(1, limit + 1), True, key=lambda n: not meets(n))
     out = []
     for r in trace:
         bad = r.input_tokens > lo or r.input_tokens + r.output_tokens > limit
