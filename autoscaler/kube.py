@@ -1,4 +1,5 @@
-"""Kubernetes adapter (kubernetes_asyncio): pools, role sizes, scale, status and Events.
+"""Kubernetes adapter (on the shared `poolpilot.kubeclient`): pools, role sizes, scale, status
+and Events.
 
 Each cycle lists InferencePools, Deployments and pods once (cluster-wide, or once per watched
 namespace), never per pool. Writes: the Deployment's scale subresource, the pool's status
@@ -7,15 +8,15 @@ subresource (only the autoscaler's own fields and conditions) and Events.
 
 from __future__ import annotations
 
-import os
 import socket
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any, Protocol
 
 from poolpilot.autoscaler.observe import RoleState
+from poolpilot.kubeclient import ApiError, NoCredentials
+from poolpilot.kubeclient import KubeClient as SharedClient
 
 from poolpilot import api, names, workloads
 
@@ -25,10 +26,8 @@ AUTOSCALER_CONDITIONS = (api.ConditionType.METRICS_AVAILABLE, api.ConditionType.
 CONFLICT_RETRIES = 5
 
 
-class KubeError(RuntimeError):
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(f"{status}: {message}")
-        self.status = status
+# The shared client's error (transient or permanent), under the name this adapter used.
+KubeError = ApiError
 
 
 def rfc3339(t: float) -> str:
@@ -94,73 +93,53 @@ class Kube(Protocol):
 
 
 class KubeClient:
-    """The real adapter. `namespaces` empty: cluster-wide lists."""
+    """The real adapter, on the shared client. `namespaces` empty: cluster-wide lists."""
 
-    def __init__(self, api_client: Any, namespaces: Iterable[str] = ()) -> None:
-        self.api = api_client
+    def __init__(self, kube: SharedClient, namespaces: Iterable[str] = ()) -> None:
+        self.kube = kube
         self.namespaces = tuple(namespaces)
-        self.requests = 0  # API calls made (the benchmark reports them)
 
     @classmethod
-    async def connect(cls, kubeconfig: str | None = None, namespaces: Iterable[str] = ()
-                      ) -> KubeClient:
-        """From a kubeconfig (--kubeconfig, $KUBECONFIG, ~/.kube/config) or in-cluster."""
-        from kubernetes_asyncio import client, config
-
-        cfg = client.Configuration()
-        path = kubeconfig or os.environ.get("KUBECONFIG")
-        default = Path.home() / ".kube" / "config"
+    async def connect(cls, kubeconfig: str | None = None, namespaces: Iterable[str] = (),
+                      timeout: float = 10.0, identity: str | None = None) -> KubeClient:
+        """Credentials in the shared order: --kubeconfig, in-cluster, $KUBECONFIG,
+        ~/.kube/config (see poolpilot.kubeclient.credentials)."""
+        agent = f"{MANAGER}/{identity or socket.gethostname()}"
         try:
-            if path or default.exists():
-                await config.load_kube_config(config_file=path, client_configuration=cfg)
-            else:
-                config.load_incluster_config(client_configuration=cfg)
-        except (config.ConfigException, OSError) as exc:
-            raise KubeError(0, f"no usable cluster configuration ({exc}); pass --kubeconfig, "
-                            "set KUBECONFIG, or run inside a cluster") from exc
-        return cls(client.ApiClient(cfg), namespaces)
+            kube = await SharedClient.connect(kubeconfig, timeout=timeout, user_agent=agent)
+        except NoCredentials as exc:
+            raise KubeError(0, str(exc)) from exc
+        return cls(kube, namespaces)
+
+    @property
+    def requests(self) -> int:
+        """API calls made (the benchmark reports them)."""
+        return self.kube.requests
 
     async def close(self) -> None:
-        await self.api.close()
+        await self.kube.close()
 
     async def request(self, method: str, path: str, query: list[tuple[str, str]] | None = None,
                       body: Any = None, content_type: str = "application/json") -> Obj:
-        from kubernetes_asyncio.client.rest import ApiException
-
-        self.requests += 1
-        try:
-            data = await self.api.call_api(
-                path, method, query_params=query or [],
-                header_params={"Accept": "application/json", "Content-Type": content_type},
-                body=body, response_types_map={200: "object", 201: "object"},
-                auth_settings=["BearerToken"], _return_http_data_only=True,
-            )
-        except ApiException as exc:
-            raise KubeError(int(exc.status or 0), str(exc.body or exc.reason)[:500]) from exc
+        data = await self.kube.request(method, path, query=query, body=body,
+                                       content_type=content_type)
         return data if isinstance(data, dict) else {}
 
-    def _paths(self, cluster: str, namespaced: str) -> list[str]:
-        if not self.namespaces:
-            return [cluster]
-        return [namespaced.format(ns=ns) for ns in self.namespaces]
-
-    async def _list(self, cluster: str, namespaced: str, selector: str | None = None
+    async def _list(self, api_version: str, kind: str, selector: str | None = None
                     ) -> list[Obj]:
+        """One LIST cluster-wide, or one per watched namespace."""
         items: list[Obj] = []
-        query = [("labelSelector", selector)] if selector else []
-        for path in self._paths(cluster, namespaced):
-            items += (await self.request("GET", path, query)).get("items") or []
+        for ns in self.namespaces or (None,):
+            items += await self.kube.list(api_version, kind, ns, label_selector=selector)
         return items
 
     async def list_pools(self) -> list[Obj]:
-        g = f"/apis/{api.GROUP}/{api.VERSION}"
-        return await self._list(f"{g}/{api.PLURAL}", g + "/namespaces/{ns}/" + api.PLURAL)
+        return await self._list(api.API_VERSION, api.KIND)
 
     async def workloads(self) -> Workloads:
         managed = f"{names.MANAGED_BY}={names.MANAGER}"
-        deps = await self._list("/apis/apps/v1/deployments",
-                                "/apis/apps/v1/namespaces/{ns}/deployments", managed)
-        pods = await self._list("/api/v1/pods", "/api/v1/namespaces/{ns}/pods", managed)
+        deps = await self._list("apps/v1", "Deployment", managed)
+        pods = await self._list("v1", "Pod", managed)
         by_pool: dict[tuple[str, str, str], list[Obj]] = {}
         for pod in pods:
             meta = pod.get("metadata") or {}
@@ -174,29 +153,28 @@ class KubeClient:
         )
 
     async def scale(self, namespace: str, name: str, replicas: int) -> None:
-        await self.request(
-            "PATCH", f"/apis/apps/v1/namespaces/{namespace}/deployments/{name}/scale",
-            [("fieldManager", MANAGER)], {"spec": {"replicas": replicas}},
-            "application/merge-patch+json",
-        )
+        await self.kube.merge_patch("apps/v1", "Deployment", namespace, name,
+                                    {"spec": {"replicas": replicas}}, subresource="scale",
+                                    manager=MANAGER)
 
     async def patch_status(self, namespace: str, name: str, role_fields: Mapping[str, Obj],
                            metrics: Obj | None, conditions: Iterable[Obj]) -> bool:
         """Merge the autoscaler's fields into the pool's status. Per-role fields are merged
         key by key; conditions are a list, so they are read, merged by type and written with
         the resourceVersion read (409 -> read again). Returns False when nothing changed."""
-        path = (f"/apis/{api.GROUP}/{api.VERSION}/namespaces/{namespace}/{api.PLURAL}/{name}")
         wanted = list(conditions)
         for attempt in range(CONFLICT_RETRIES):
-            live = await self.request("GET", path)
+            live = await self.kube.get(api.API_VERSION, api.KIND, namespace, name)
+            if live is None:
+                return False  # deleted since it was listed
             patch = status_patch(live.get("status") or {}, role_fields, metrics, wanted)
             if patch is None:
                 return False
             body = {"metadata": {"resourceVersion": live["metadata"]["resourceVersion"]},
                     "status": patch}
             try:
-                await self.request("PATCH", path + "/status", [("fieldManager", MANAGER)], body,
-                                   "application/merge-patch+json")
+                await self.kube.merge_patch(api.API_VERSION, api.KIND, namespace, name, body,
+                                            subresource="status", manager=MANAGER)
                 return True
             except KubeError as exc:
                 if exc.status != 409 or attempt == CONFLICT_RETRIES - 1:
@@ -226,7 +204,7 @@ class KubeClient:
             "lastTimestamp": now[:19] + "Z",
             "count": 1,
         }
-        await self.request("POST", f"/api/v1/namespaces/{meta['namespace']}/events", body=body)
+        await self.kube.create(body)
 
 
 def status_patch(live: Obj, role_fields: Mapping[str, Obj], metrics: Obj | None,

@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import signal
+import socket
 import sys
 
 from poolpilot.autoscaler import queries
@@ -27,7 +29,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="decide and log only: no scale, no status, no Events (every pool "
                    "behaves as Advisory, without even writing status)")
     p.add_argument("--kubeconfig", metavar="FILE",
-                   help="kubeconfig (default: $KUBECONFIG, ~/.kube/config, else in-cluster)")
+                   help="kubeconfig (default: in-cluster when running in a pod, then "
+                   "$KUBECONFIG, then ~/.kube/config)")
     p.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
                    help="serve the autoscaler's own metrics on this port (0: a free port)")
     p.add_argument("--metrics-host", default="0.0.0.0", metavar="HOST",
@@ -39,12 +42,44 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "cooldowns and the rate window are divided by it, token rates and the "
                    "router's wall-clock TTFT multiplied (engines report simulated seconds) "
                    "(default 1)")
+    ha = p.add_argument_group("high availability (several replicas, one acting)")
+    ha.add_argument("--leader-elect", action="store_true",
+                    help="campaign for a Lease and act only while holding it; run two "
+                    "replicas with this (default: act alone)")
+    ha.add_argument("--leader-election-namespace", default=os.environ.get("POD_NAMESPACE"),
+                    metavar="NS", help="namespace of the Lease (default: $POD_NAMESPACE, else "
+                    "default)")
+    ha.add_argument("--leader-election-name", default="poolpilot-autoscaler", metavar="NAME",
+                    help="name of the Lease (default poolpilot-autoscaler)")
+    ha.add_argument("--leader-election-identity", default=None, metavar="ID",
+                    help="this replica's name in the Lease (default: $POD_NAME, else "
+                    "host-pid)")
+    ha.add_argument("--lease-duration", type=int, default=15, metavar="SECONDS",
+                    help="a follower takes over after seeing no renewal for this long "
+                    "(default 15)")
+    ha.add_argument("--renew-deadline", type=float, default=10.0, metavar="SECONDS",
+                    help="a leader that cannot renew for this long stops acting; must be "
+                    "below --lease-duration (default 10)")
+    ha.add_argument("--retry-period", type=float, default=2.0, metavar="SECONDS",
+                    help="how often the leader renews and followers try (default 2)")
+
+
+def identity() -> str:
+    """This replica's name in the Lease: the pod's name in a cluster."""
+    return os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}"
 
 
 def run(args: argparse.Namespace) -> int:
     if args.speed <= 0 or args.interval <= 0 or args.rate_window <= 0:
         print("poolpilot autoscaler: --speed, --interval and --rate-window must be > 0",
               file=sys.stderr)
+        return 2
+    if args.leader_elect and not (args.retry_period >= 1
+                                  and args.renew_deadline > 1.2 * args.retry_period
+                                  and args.lease_duration > args.renew_deadline):
+        print("poolpilot autoscaler: leader election needs --retry-period >= 1, "
+              "--renew-deadline > 1.2 x --retry-period and --lease-duration > "
+              "--renew-deadline", file=sys.stderr)
         return 2
     try:
         return asyncio.run(_main(args))
@@ -57,6 +92,7 @@ async def _main(args: argparse.Namespace) -> int:
     from poolpilot.autoscaler.loop import Autoscaler, Options
     from poolpilot.autoscaler.metrics import AutoscalerMetrics
     from poolpilot.autoscaler.observe import PrometheusSource
+    from poolpilot.kubeclient import leader
     from prometheus_client import start_http_server
 
     namespaces = tuple(args.namespace)
@@ -68,7 +104,8 @@ async def _main(args: argparse.Namespace) -> int:
         print(f"autoscaler metrics on http://{args.metrics_host}:"
               f"{server.server_address[1]}/metrics", flush=True)
     try:
-        kube = await KubeClient.connect(args.kubeconfig, namespaces)
+        me = args.leader_election_identity or identity()
+        kube = await KubeClient.connect(args.kubeconfig, namespaces, identity=me)
     except KubeError as exc:
         print(f"poolpilot autoscaler: {exc}", file=sys.stderr)
         return 2
@@ -76,8 +113,8 @@ async def _main(args: argparse.Namespace) -> int:
         args.prometheus,
         queries.QuerySet(window_seconds=args.rate_window / args.speed, namespaces=namespaces),
     )
-    scaler = Autoscaler(kube, source, Options(interval=args.interval, dry_run=args.dry_run,
-                                              speed=args.speed), metrics)
+    options = Options(interval=args.interval, dry_run=args.dry_run, speed=args.speed)
+    scaler = Autoscaler(kube, source, options, metrics)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -89,7 +126,27 @@ async def _main(args: argparse.Namespace) -> int:
             print(f"pools={result.pools} decided={result.decided} scaled={result.scaled} "
                   f"status_writes={result.status_writes} queries={result.queries}", flush=True)
             return 1 if result.errors else 0
-        await scaler.run(stop)
+        if not args.leader_elect:
+            metrics.leader.set(1)
+            await scaler.run(stop)
+            return 0
+
+        async def work() -> None:
+            # A fresh loop per term: the history starts over as after a restart (cooldowns
+            # come back from status.lastScaleTime, scale-downs wait for a full window).
+            await Autoscaler(kube, source, options, metrics).run(stop)
+
+        def on_change(leading: bool) -> None:
+            metrics.leader.set(1 if leading else 0)
+            if not leading:
+                metrics.forget_all()  # the new leader reports the pools now
+
+        await leader.lead(
+            kube.kube, name=args.leader_election_name,
+            namespace=args.leader_election_namespace or "default",
+            identity=me, work=work, stop=stop,
+            lease_s=args.lease_duration, renew_s=args.renew_deadline,
+            retry_s=args.retry_period, on_change=on_change)
         return 0
     finally:
         await kube.close()

@@ -40,6 +40,9 @@ class AutoscalerMetrics:
             ROLE, registry=r)
         self.cycle = Histogram(m.AUTOSCALER_CYCLE, "Seconds per autoscaler cycle.",
                                buckets=CYCLE_BUCKETS, registry=r)
+        self.leader = Gauge(m.AUTOSCALER_LEADER,
+                            "1 on the replica that holds the leader lease (the one acting).",
+                            registry=r)
         self._signals: dict[tuple[str, str, str], set[str]] = {}
         self._limited: dict[tuple[str, str, str], str] = {}
 
@@ -62,6 +65,11 @@ class AutoscalerMetrics:
         if d.limited:
             self.limited.labels(*key, d.limited).set(1)
             self._limited[key] = d.limited
+
+    def forget_all(self) -> None:
+        """Drop every pool's series (leadership lost: the new leader reports them now)."""
+        for ns, pool in {k[:2] for k in self._signals}:
+            self.forget(ns, pool)
 
     def forget(self, ns: str, pool: str) -> None:
         """Drop a deleted pool's series (the decision counters stay, as counters do)."""

@@ -14,11 +14,13 @@ import asyncio
 import datetime
 import logging
 import os
+import time
 from dataclasses import dataclass
 from typing import Any
 
 import kopf
-from poolpilot.operator import builders, reconcile, status
+from poolpilot.kubeclient import credentials
+from poolpilot.operator import builders, reconcile, retry, status
 from poolpilot.operator.kubeapi import ApiError, KubeApi
 
 from poolpilot import api, names
@@ -54,9 +56,10 @@ def configure(settings: kopf.OperatorSettings, config: OperatorConfig) -> None:
     settings.peering.lifetime = config.peering_lifetime
     settings.peering.name = config.peering_name
     settings.peering.mandatory = config.peering_mandatory
-    # Only explicit kopf.event() calls become Events (transitions), never log lines.
+    # Only explicit kopf.event() calls become Events (transitions and API refusals, see
+    # _api_failed), never log lines: one per retry would flood `kubectl describe`.
     settings.posting.loggers = False
-    # Exponential-ish backoff for transient API failures (409, 5xx, timeouts).
+    # Retries of a failed Event post itself.
     settings.posting.default_backoffs = (1, 1, 2, 3, 5, 8, 13)
 
 
@@ -128,15 +131,26 @@ async def _handle_locked(body: kopf.Body, memo: kopf.Memo, logger: logging.Logge
     meta = body["metadata"]
     name, namespace = meta["name"], meta["namespace"]
     generation = int(meta.get("generation", 0))
+    if memo.get("generation") != generation:  # a new spec: no backoff carried over
+        memo.update(generation=generation, failures=0, retry_at=0.0)
+    if from_timer and time.monotonic() < memo.get("retry_at", 0.0):
+        return  # backing off after a permanent API error; the change handler retries too
     previous = _previous_status(body, memo)
     endpoint = names.router_endpoint(name, namespace)
+    caps = reconcile.capabilities(memo["discovered"])
     try:
         spec = parse_spec(dict(body.get("spec") or {}))
     except InvalidPool as exc:
         result = status.compute_status(generation=generation, roles=[], pods=[],
                                        previous=previous, endpoint=endpoint, now=_now(),
                                        invalid=exc.errors)
-        await _write_status(kube, body, memo, result.status, previous)
+        try:
+            await _write_status(kube, body, memo, result.status, previous)
+        except ApiError as err:
+            await _api_failed(err, body, memo, logger, None, caps, from_timer=from_timer,
+                              writing_status=True)
+            return
+        _succeeded(memo)
         _post(body, result.events)
         logger.warning("%s/%s: invalid spec, children left as they are: %s", namespace, name,
                        "; ".join(exc.errors))
@@ -145,7 +159,7 @@ async def _handle_locked(body: kopf.Body, memo: kopf.Memo, logger: logging.Logge
         return
     pool = builders.Pool(name=name, namespace=namespace, spec=spec, uid=meta.get("uid"))
     try:
-        outcome = await reconcile.reconcile(kube, pool, reconcile.capabilities(memo["discovered"]))
+        outcome = await reconcile.reconcile(kube, pool, caps)
         roles = [*spec.engine_roles(), "router"]
         observations = [status.RoleObservation.from_deployment(r, outcome.deployments.get(r))
                         for r in roles]
@@ -153,9 +167,10 @@ async def _handle_locked(body: kopf.Body, memo: kopf.Memo, logger: logging.Logge
         pods = ([] if all(o.settled for o in observations) else
                 await kube.list("v1", "Pod", namespace, {names.POOL_LABEL: name}))
     except ApiError as exc:
-        # Transient (409, 5xx, timeouts) or not, Kopf retries with backoff; every write is an
-        # idempotent apply, so a retry finishes whatever a failed attempt left half done.
-        raise kopf.TemporaryError(f"API error while reconciling: {exc}", delay=2) from None
+        # Every write is an idempotent apply, so a retry finishes whatever a failed attempt
+        # left half done.
+        await _api_failed(exc, body, memo, logger, pool, caps, from_timer=from_timer)
+        return
     if outcome.pool_gone:
         logger.info("%s/%s: the pool is being deleted; nothing to do", namespace, name)
         return
@@ -171,10 +186,71 @@ async def _handle_locked(body: kopf.Body, memo: kopf.Memo, logger: logging.Logge
     try:
         await _write_status(kube, body, memo, result.status, previous)
     except ApiError as exc:
-        raise kopf.TemporaryError(f"could not write status: {exc}", delay=2) from None
+        exc.what = exc.what or "write the pool's status"
+        await _api_failed(exc, body, memo, logger, pool, caps, from_timer=from_timer,
+                          writing_status=True)
+        return
+    _succeeded(memo)
     _post(body, result.events)
     if outcome.waiting and not from_timer:
         raise kopf.TemporaryError(f"mode switch: {outcome.waiting}", delay=config.cutover_poll)
+
+
+def _succeeded(memo: kopf.Memo) -> None:
+    memo.update(failures=0, retry_at=0.0)
+
+
+async def _pool_gone(kube: KubeApi, body: kopf.Body) -> bool:
+    meta = body["metadata"]
+    try:
+        live = await kube.get(api.API_VERSION, api.KIND, meta["namespace"], meta["name"])
+    except ApiError:
+        return False  # cannot tell: treat as present
+    return live is None or live["metadata"].get("uid") != meta.get("uid")
+
+
+async def _api_failed(exc: ApiError, body: kopf.Body, memo: kopf.Memo,
+                      logger: logging.Logger | Any, pool: builders.Pool | None,
+                      caps: builders.Capabilities, *, from_timer: bool,
+                      writing_status: bool = False) -> None:
+    """An API error while reconciling. Transient: retried in 2 s. Permanent (403, 422,
+    quota): Degraded=True with the API's message, an Event, retries backing off from 5 s to
+    5 min. A pool deleted meanwhile: its leftover children removed, nothing retried."""
+    kube: KubeApi = memo["kube"]
+    meta = body["metadata"]
+    where = f"{meta['namespace']}/{meta['name']}"
+    if await _pool_gone(kube, body):
+        removed = await reconcile.remove_orphans(kube, pool, caps) if pool is not None else []
+        logger.info("%s: deleted while being reconciled (%s); removed %s", where, exc,
+                    ", ".join(removed) or "nothing")
+        return
+    memo["failures"] = memo.get("failures", 0) + 1
+    wait = retry.delay(transient=exc.transient, failures=memo["failures"])
+    if exc.transient:
+        logger.warning("%s: API error, retrying in %.0fs: %s", where, wait, exc)
+        raise kopf.TemporaryError(f"API error: {exc}", delay=wait)
+    memo["retry_at"] = time.monotonic() + wait
+    blocked = status.api_failure(exc.status, exc.message, exc.what)
+    logger.error("%s: the API server refused to %s (HTTP %d %s): %s; retrying in %.0fs",
+                 where, exc.what or "answer", exc.status, exc.reason, exc.message, wait)
+    reported = False
+    if not writing_status:
+        previous = _previous_status(body, memo)
+        result = status.compute_status(
+            generation=int(meta.get("generation", 0)), roles=[], pods=[], previous=previous,
+            endpoint=names.router_endpoint(meta["name"], meta["namespace"]), now=_now(),
+            blocked=blocked)
+        try:
+            await _write_status(kube, body, memo, result.status, previous)
+            _post(body, result.events)
+            reported = True
+        except ApiError as err:
+            logger.error("%s: could not report it in the status either: %s", where, err)
+    if not reported and memo["failures"] == 1:
+        # The status cannot carry it: an Event is what `kubectl describe` still shows.
+        _post(body, [status.EventSpec("Warning", blocked.reason, blocked.message)])
+    if not from_timer:
+        raise kopf.TemporaryError(f"{blocked.reason}: {blocked.message}", delay=wait)
 
 
 def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
@@ -183,19 +259,20 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
 
     @kopf.on.login(registry=registry)
     def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
-        if config.kubeconfig:
-            os.environ["KUBECONFIG"] = config.kubeconfig  # what Kopf's kubeconfig login reads
-        else:
-            info = kopf.login_with_service_account(**kwargs)
-            if info is not None:
-                return info
+        # Kopf's own client follows the same credential order as ours (kubeclient).
+        source = credentials.resolve(config.kubeconfig)
+        if source.in_cluster:
+            return kopf.login_with_service_account(**kwargs)
+        assert source.kubeconfig is not None
+        os.environ["KUBECONFIG"] = source.kubeconfig  # what Kopf's kubeconfig login reads
         return kopf.login_with_kubeconfig(**kwargs)
 
     @kopf.on.startup(registry=registry)
     async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
         configure(settings, config)
-        kube = await KubeApi.from_kubeconfig(config.kubeconfig, timeout=config.request_timeout)
-        kube.set_user_agent(f"{names.FIELD_MANAGER}/{config.identity or 'main'}")
+        kube = await KubeApi.connect(
+            config.kubeconfig, timeout=config.request_timeout,
+            user_agent=f"{names.FIELD_MANAGER}/{config.identity or 'main'}")
         memo["kube"] = kube
         # Shared by every pool's memo (each is a shallow copy of this one).
         memo["slots"] = asyncio.Semaphore(config.max_concurrent_reconciles)

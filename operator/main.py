@@ -8,10 +8,12 @@ waits, taking over once the active one's heartbeat is older than --peering-lifet
 from __future__ import annotations
 
 import argparse
-import os
+import logging
 import random
+import sys
 
 import kopf
+from poolpilot.kubeclient import NoCredentials, credentials
 from poolpilot.operator import peering
 from poolpilot.operator.handlers import OperatorConfig, register
 
@@ -22,8 +24,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="watch this namespace (repeatable; globs like 'team-*' work)")
     scope.add_argument("-A", "--all-namespaces", action="store_true",
                        help="watch every namespace (the default when no --namespace is given)")
-    parser.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, then "
-                        "KUBECONFIG, then ~/.kube/config)")
+    parser.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster when "
+                        "running in a pod, then $KUBECONFIG, then ~/.kube/config)")
     parser.add_argument("--liveness", default="http://0.0.0.0:8080/healthz",
                         help="liveness endpoint URL (empty to disable)")
     parser.add_argument("--peering", default=peering.DEFAULT_NAME,
@@ -45,9 +47,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.kubeconfig:
-        # Kopf's own login reads KUBECONFIG; our API client gets the path explicitly.
-        os.environ["KUBECONFIG"] = args.kubeconfig
+    try:
+        source = credentials.resolve(args.kubeconfig)
+    except NoCredentials as exc:
+        print(f"poolpilot operator: {exc}", file=sys.stderr)
+        return 2
+    logging.getLogger("poolpilot.operator").info("credentials: %s (%s)", source.describe(),
+                                                 source.why)
     config = OperatorConfig(
         kubeconfig=args.kubeconfig,
         drift_interval=args.drift_interval,

@@ -14,16 +14,18 @@ from __future__ import annotations
 
 import asyncio
 import re
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from poolpilot.operator import builders
-from poolpilot.operator.kubeapi import Discovered
+from poolpilot.operator.kubeapi import ApiError, Discovered
 
 from poolpilot import api, names, workloads
 
 Obj = dict[str, Any]
+T = TypeVar("T")
 DIGEST_ANNOTATION = "poolpilot.dev/applied-digest"
 
 # Stale children are deleted workloads first, so nothing routes to a half-removed role.
@@ -58,6 +60,15 @@ def capabilities(discovered: Discovered) -> builders.Capabilities:
 
 def label(obj: Obj) -> str:
     return f"{obj['kind']}/{obj['metadata']['name']}"
+
+
+async def _doing(what: str, call: Awaitable[T]) -> T:
+    """Await a write; a failure says which child it was about (for the Degraded message)."""
+    try:
+        return await call
+    except ApiError as exc:
+        exc.what = exc.what or what
+        raise
 
 
 def stamped(obj: Obj) -> Obj:
@@ -211,13 +222,14 @@ async def reconcile(cluster: Cluster, pool: builders.Pool, caps: builders.Capabi
             elif _owns_replicas_by_apply(cur):
                 # Hand the size over before our apply stops setting it, so the Deployment
                 # keeps its size (see KubeApi.apply_size).
-                await cluster.apply_size(pool.namespace, obj["metadata"]["name"],
-                                         int(cur["spec"].get("replicas", 1)))
+                await _doing(f"hand over the size of {label(obj)}", cluster.apply_size(
+                    pool.namespace, obj["metadata"]["name"], int(cur["spec"].get("replicas", 1))))
                 out.writes += 1
-        result = await cluster.apply(obj)
+        result = await _doing(f"apply {label(obj)}", cluster.apply(obj))
         out.writes += 1
         if starting_size is not None and starting_size != result["spec"].get("replicas"):
-            await cluster.apply_size(pool.namespace, obj["metadata"]["name"], starting_size)
+            await _doing(f"set the size of {label(obj)}", cluster.apply_size(
+                pool.namespace, obj["metadata"]["name"], starting_size))
             out.writes += 1
             result["spec"]["replicas"] = starting_size
         if cur is None:
@@ -235,10 +247,25 @@ async def reconcile(cluster: Cluster, pool: builders.Pool, caps: builders.Capabi
         out.waiting = _ready_for_cutover(out.deployments, pool.spec.engine_roles())
         if out.waiting is None:
             for obj in sorted(stale, key=lambda o: _DELETE_ORDER.index(o["kind"])):
-                await cluster.delete(obj)
+                await _doing(f"delete {label(obj)}", cluster.delete(obj))
                 out.writes += 1
                 out.deleted.append(label(obj))
     return out
+
+
+async def remove_orphans(cluster: Cluster, pool: builders.Pool,
+                         caps: builders.Capabilities) -> list[str]:
+    """Delete the children still owned by `pool.uid` after the pool itself is gone.
+
+    A reconcile that was writing when the pool was deleted may create children after the
+    garbage collector has run; a real cluster's collector finds them later (their owner is
+    missing), this removes them now and on API servers without that sweep."""
+    removed = []
+    for key, obj in (await live_children(cluster, pool, caps)).items():
+        if _owned_by(obj, pool.uid):
+            await cluster.delete(obj)
+            removed.append(f"{key[1]}/{key[2]}")
+    return removed
 
 
 def _digest_of(obj: Obj) -> str | None:

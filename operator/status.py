@@ -22,6 +22,11 @@ UNSCHEDULABLE = "Unschedulable"
 IMAGE_PULL = "ImagePullBackOff"
 CRASH_LOOP = "CrashLoop"
 INVALID_SPEC = "InvalidSpec"
+# The API server refused a write (a person must act: RBAC, quota, an admission webhook).
+FORBIDDEN = "Forbidden"
+QUOTA_EXCEEDED = "QuotaExceeded"
+REJECTED = "Rejected"
+API_ERROR = "ApiError"
 ALL_READY = "AllReplicasReady"
 NOT_READY = "ReplicasNotReady"
 UPDATING = "ReplicasUpdating"
@@ -82,6 +87,29 @@ class EventSpec:
     type: str  # Normal | Warning
     reason: str
     message: str
+
+
+@dataclass(frozen=True)
+class Blocked:
+    """Why the operator could not converge the pool: Degraded=True with this reason and
+    message, Progressing=False, the role entries kept (the children were not all written)."""
+
+    reason: str
+    message: str
+
+
+def api_failure(status: int, message: str, what: str = "") -> Blocked:
+    """A permanent API refusal as the condition users read (the API's own message kept)."""
+    if status == 403 and "exceeded quota" in message:
+        reason = QUOTA_EXCEEDED
+    elif status == 403:
+        reason = FORBIDDEN
+    elif status == 422:
+        reason = REJECTED
+    else:
+        reason = API_ERROR
+    prefix = f"{what}: " if what else ""
+    return Blocked(reason, f"{prefix}HTTP {status}: {message}")
 
 
 @dataclass
@@ -161,12 +189,14 @@ def compute_status(
     endpoint: str,
     now: str,
     invalid: list[str] | None = None,
+    blocked: Blocked | None = None,
     stale_roles: tuple[str, ...] = (),
 ) -> StatusResult:
     """The new status and the Events its transitions deserve.
 
     `invalid` (errors from parsing the spec) sets Degraded/InvalidSpec and keeps the previous
     role entries: the children were left untouched, so what they report is still true.
+    `blocked` (a permanent API refusal) does the same with its own reason and message.
     `stale_roles` are roles of the other mode whose entries are removed (set to None).
     """
     previous = previous or {}
@@ -175,12 +205,14 @@ def compute_status(
     out: dict[str, Any] = {}
 
     if invalid:
-        message = "; ".join(invalid)
+        blocked = Blocked(INVALID_SPEC, "; ".join(invalid))
+    if blocked is not None:
+        hint = "fix the spec: " if blocked.reason == INVALID_SPEC else "cannot converge: "
         conditions[DEGRADED] = _condition(
-            DEGRADED, True, INVALID_SPEC, message, generation, now, prev_conditions
+            DEGRADED, True, blocked.reason, blocked.message, generation, now, prev_conditions
         )
         conditions[PROGRESSING] = _condition(
-            PROGRESSING, False, INVALID_SPEC, "fix the spec: " + message, generation, now,
+            PROGRESSING, False, blocked.reason, hint + blocked.message, generation, now,
             prev_conditions,
         )
         if READY in prev_conditions:

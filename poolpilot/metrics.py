@@ -67,6 +67,7 @@ AUTOSCALER_SIGNAL_TARGET = "poolpilot_autoscaler_signal_target"  # same labels: 
 AUTOSCALER_CYCLE = "poolpilot_autoscaler_cycle_seconds"  # histogram
 AUTOSCALER_LIMITED = "poolpilot_autoscaler_scaling_limited"  # gauge {..,reason}: 1 while limited
 AUTOSCALER_METRICS_AVAILABLE = "poolpilot_autoscaler_metrics_available"  # gauge {ns,pool,role}
+AUTOSCALER_LEADER = "poolpilot_autoscaler_leader"  # gauge: 1 on the replica that holds the lease
 
 # Latency histogram buckets (vLLM's own buckets for TTFT and ITL, vLLM 0.3x).
 TTFT_BUCKETS = (

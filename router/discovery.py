@@ -3,7 +3,9 @@
 The operator gives each role a headless Service named `<pool>-prefill`, `<pool>-decode` or
 `<pool>-engine`; Kubernetes keeps EndpointSlices labelled `kubernetes.io/service-name=<that>`
 with one address per ready pod. Watching them (list, then watch from the list's
-resourceVersion; relist on 410 Gone or a dropped stream) shows scaling within seconds.
+resourceVersion; relist on 410 Gone or a dropped stream) shows scaling within seconds. The API
+client is the shared one (`poolpilot.kubeclient`): same credentials order and timeouts as the
+operator and autoscaler.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from poolpilot.names import ENGINE_PORT, ENGINE_ROLES, child_name
 
 log = logging.getLogger("poolpilot.router.discovery")
 SERVICE_LABEL = "kubernetes.io/service-name"
+SLICE_API = "discovery.k8s.io/v1"
 
 OnChange = Callable[[str, list[str], bool], None]  # (role, urls, initial)
 
@@ -75,28 +78,19 @@ class KubernetesDiscovery:
 
     def __init__(
         self, namespace: str, pool: str, on_change: OnChange, kubeconfig: str | None = None,
-        relist_delay_s: float = 1.0,
+        relist_delay_s: float = 1.0, request_timeout_s: float = 10.0,
+        watch_timeout_s: int = 300,
     ) -> None:
         self.namespace = namespace
         self.pool = pool
         self.on_change = on_change
         self.kubeconfig = kubeconfig
         self.relist_delay_s = relist_delay_s
+        self.request_timeout_s = request_timeout_s
+        self.watch_timeout_s = watch_timeout_s
         self.synced = asyncio.Event()
         self._slices: dict[str, dict[str, Any]] = {}
         self._last: dict[str, list[str]] = {}
-
-    async def _client(self) -> Any:
-        from kubernetes_asyncio import client, config
-
-        if self.kubeconfig:
-            await config.load_kube_config(config_file=self.kubeconfig)
-        else:
-            try:
-                config.load_incluster_config()
-            except config.ConfigException:
-                await config.load_kube_config()
-        return client.ApiClient()
 
     def _emit(self) -> None:
         current = endpoints_from_slices(self.pool, self._slices.values())
@@ -108,52 +102,43 @@ class KubernetesDiscovery:
         self.synced.set()
 
     async def run(self) -> None:
-        from kubernetes_asyncio import client, watch
-        from kubernetes_asyncio.client.exceptions import ApiException
+        """List, then watch from the list's resourceVersion; on 410 Gone, a dropped stream
+        or the server's watch timeout, list again. The last view is kept meanwhile."""
+        from poolpilot.kubeclient import ApiError, KubeClient, NoCredentials
 
-        api_client = await self._client()
-        api = client.DiscoveryV1Api(api_client)
+        try:
+            kube = await KubeClient.connect(self.kubeconfig, timeout=self.request_timeout_s,
+                                            user_agent=f"poolpilot-router/{self.pool}")
+        except NoCredentials as exc:  # the router stays not ready (/ready answers 503)
+            log.error("cannot discover engines: %s", exc)
+            return
         selector = label_selector(self.pool)
         try:
             while True:
                 try:
-                    listed = await api.list_namespaced_endpoint_slice(
-                        self.namespace, label_selector=selector
-                    )
-                    self._slices = {
-                        item.metadata.name: api_client.sanitize_for_serialization(item)
-                        for item in listed.items
-                    }
+                    items, rv = await kube.list_with_version(
+                        SLICE_API, "EndpointSlice", self.namespace, label_selector=selector)
+                    self._slices = {item["metadata"]["name"]: item for item in items}
                     self._emit()
-                    w = watch.Watch()
-                    async with w.stream(
-                        api.list_namespaced_endpoint_slice, self.namespace,
-                        label_selector=selector,
-                        resource_version=listed.metadata.resource_version,
-                        timeout_seconds=300, allow_watch_bookmarks=True,
-                    ) as events:
-                        async for event in events:
-                            self._apply(event, api_client)
-                except asyncio.CancelledError:
-                    raise
-                except ApiException as exc:
-                    # 410 Gone (too old a resourceVersion) and friends: list again.
-                    log.info("endpointslice watch: %s; relisting", exc.status)
-                except Exception as exc:  # network errors: keep the last view, retry
-                    log.warning("endpointslice watch failed: %r; relisting", exc)
+                    async for kind, obj in kube.watch(
+                        SLICE_API, "EndpointSlice", self.namespace, resource_version=rv,
+                        label_selector=selector, timeout_seconds=self.watch_timeout_s,
+                    ):
+                        self._apply(kind, obj)
+                except ApiError as exc:
+                    # 410 Gone (too old a resourceVersion), no answer, a refused request.
+                    level = logging.INFO if exc.transient or exc.status == 410 else logging.ERROR
+                    log.log(level, "endpointslice watch: %s; relisting", exc)
                 await asyncio.sleep(self.relist_delay_s)
         finally:
-            await api_client.close()
+            await kube.close()
 
-    def _apply(self, event: Mapping[str, Any], api_client: Any) -> None:
-        kind = event.get("type")
-        obj = event.get("object")
-        if kind not in ("ADDED", "MODIFIED", "DELETED") or obj is None:
-            return  # BOOKMARK, ERROR (the stream ends and we relist)
-        data = obj if isinstance(obj, dict) else api_client.sanitize_for_serialization(obj)
-        name = data["metadata"]["name"]
+    def _apply(self, kind: str, obj: Mapping[str, Any]) -> None:
+        if kind not in ("ADDED", "MODIFIED", "DELETED"):
+            return
+        name = obj["metadata"]["name"]
         if kind == "DELETED":
             self._slices.pop(name, None)
         else:
-            self._slices[name] = data
+            self._slices[name] = dict(obj)
         self._emit()

@@ -44,7 +44,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     src.add_argument("--engine", default="", help="aggregated engine URLs, comma-separated")
     src.add_argument("--discover", choices=("kubernetes",), help="watch EndpointSlices")
     src.add_argument("--namespace", help="namespace of the pool (with --discover)")
-    src.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, then ~/.kube)")
+    src.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster when running "
+                     "in a pod, then $KUBECONFIG, then ~/.kube/config)")
     src.add_argument(
         "--mode", choices=(DISAGGREGATED, AGGREGATED),
         help="with --discover: which Services to use (default: the config file's, else "

@@ -178,7 +178,7 @@ class Sandbox:
             await asyncio.sleep(0.1)
         if not self.kubeconfig.exists():
             raise SandboxError(f"the emulator wrote no kubeconfig; see {self.emulator.log_path}")
-        self.kube = KubeClient(self.api_url)
+        self.kube = KubeClient(self.kubeconfig)
 
     async def _wait_http(self, url: str, child: Child | None, what: str,
                          timeout: float) -> None:
