@@ -29,8 +29,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from poolpilot.kubeclient import KubeClient
 from poolpilot.operator import builders
-from poolpilot.operator.kubeapi import object_path
 
 from poolpilot import api, crd, names
 from poolpilot.validate import parse_spec
@@ -186,8 +186,10 @@ async def _check_all_children(client: httpx.AsyncClient, n: int) -> None:
         raise RuntimeError(f"{len(short)} pools lack Deployments, e.g. {short[:3]}")
 
 
-async def _measure_baseline(url: str, n: int) -> Result:
-    """One client applying the rendered children directly, 16 pools at a time."""
+async def _measure_baseline(url: str, kubeconfig: Path, n: int) -> Result:
+    """One client (the operator's own, kubeclient) applying the rendered children directly,
+    16 pools at a time."""
+    kube = await KubeClient.connect(kubeconfig, timeout=60)
     async with httpx.AsyncClient(base_url=url, timeout=60) as client:
         await _install_crd(client)
         sem = asyncio.Semaphore(CONCURRENCY)
@@ -205,17 +207,13 @@ async def _measure_baseline(url: str, n: int) -> Result:
                 uid = r.json()["metadata"]["uid"]
                 pool = builders.Pool(name, NS, parse_spec(body["spec"]), uid)
                 for obj in builders.build_children(pool, builders.Capabilities(rbac=False)):
-                    m = obj["metadata"]
-                    resp = await client.patch(
-                        object_path(obj["apiVersion"], obj["kind"], m["namespace"], m["name"]),
-                        params={"fieldManager": names.FIELD_MANAGER, "force": "true"},
-                        content=json.dumps(obj),
-                        headers={"Content-Type": "application/apply-patch+yaml"},
-                    )
-                    resp.raise_for_status()
+                    await kube.apply(obj, manager=names.FIELD_MANAGER)
                 seen[name] = time.monotonic()
 
-        await asyncio.gather(*(one(i) for i in range(n)))
+        try:
+            await asyncio.gather(*(one(i) for i in range(n)))
+        finally:
+            await kube.close()
         return _summary(n, created, seen)
 
 
@@ -224,8 +222,8 @@ def run_bench(counts: list[int]) -> list[tuple[Result, Result]]:
     with tempfile.TemporaryDirectory(prefix="operator-bench-") as tmp:
         workdir = Path(tmp)
         for n in counts:
-            with _emulator(workdir) as (url, _):
-                base = asyncio.run(_measure_baseline(url, n))
+            with _emulator(workdir) as (url, kubeconfig):
+                base = asyncio.run(_measure_baseline(url, kubeconfig, n))
             with _emulator(workdir) as (url, kubeconfig):
                 op = asyncio.run(_measure_operator(url, kubeconfig, n, workdir))
             out.append((op, base))

@@ -27,14 +27,14 @@ import yaml
 from autoscaler_exporters import FakeExporter, engine
 from poolpilot.autoscaler import queries as q
 from poolpilot.autoscaler.observe import PrometheusSource
+from poolpilot.emulator.server import KubeEmulator
+from poolpilot.emulator.testing import cluster_from_env
 from poolpilot.kubeclient import KubeClient
+from poolpilot.localprom import PrometheusProcess
 from poolpilot.operator.testing import wait_for
 
 from poolpilot import api, names
 from poolpilot import metrics as m
-from poolpilot.kube.emulator import KubeEmulator
-from poolpilot.kube.testing import cluster_from_env
-from poolpilot.localprom import PrometheusProcess
 
 pytestmark = [pytest.mark.adapter, pytest.mark.cluster]
 

@@ -9,10 +9,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from poolpilot.emulator.server import KubeEmulator
 from poolpilot.kubeclient import ApiError, KubeClient
 from poolpilot.operator.testing import monitoring_crds
-
-from poolpilot.kube.emulator import KubeEmulator
 
 pytestmark = [pytest.mark.adapter]
 
