@@ -30,11 +30,11 @@ from poolpilot.autoscaler.observe import PrometheusSource
 from poolpilot.emulator.server import KubeEmulator
 from poolpilot.emulator.testing import cluster_from_env
 from poolpilot.kubeclient import KubeClient
-from poolpilot.localprom import PrometheusProcess
-from poolpilot.operator.testing import wait_for
+from poolpilot.sandbox.localprom import PrometheusProcess
 
 from poolpilot import api, names
 from poolpilot import metrics as m
+from poolpilot.polling import wait_for
 
 pytestmark = [pytest.mark.adapter, pytest.mark.cluster]
 
