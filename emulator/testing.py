@@ -46,7 +46,7 @@ def cluster_from_env(workdir: str | Path | None = None, *, kubeconfig: str | Pat
     with contextlib.ExitStack() as stack:
         if workdir is None:
             workdir = stack.enter_context(tempfile.TemporaryDirectory(prefix="kube-emu-"))
-        emu = KubeEmulator(**emulator_options)
+        emu = KubeEmulator(**emulator_options)  # type: ignore[arg-type]
         stack.enter_context(emu.running())
         path = emu.write_kubeconfig(Path(workdir) / "kubeconfig", namespace=namespace)
         yield path, emu
