@@ -17,11 +17,12 @@ token when the decode engine samples it. Aggregated: one engine does both.
 
 Local prefill (`local_prefill=LocalPrefill(ttft_s, itl_s)`, disaggregated only): at each
 arrival the router's own rule, `poolpilot.router.local_prefill.decide`, chooses between the
-P/D path and prefilling on a decode engine (aggregated there: no KV transfer). It is fed what a
-router knows: per ready prefill engine the prompt tokens sent and not yet prefilled and the
-prefill throughput learned from completed prefills (`RateEstimate`, seeded from the step
-model); per ready decode engine its requests and the prompt tokens it was given to prefill
-locally; the mixed-step cost is the simulator's own step model. Decode engines then size each
+P/D path and prefilling on a decode engine (aggregated there: no KV transfer). It is fed what
+the router (router/app.py) feeds it: per ready prefill engine the prompt tokens in flight
+there and the prefill throughput learned from completed prefills (`RateEstimate`, seeded from
+the step model); per ready decode engine its requests in flight and the prompt tokens it was
+given to prefill locally, until their first token; the mixed-step cost is the simulator's own
+step model (the router uses the measured H200 table). Decode engines then size each
 step's prompt chunk from the ITL budget (`EngineConfig.itl_budget`): the step of a decode batch
 plus a prefill chunk is priced as one mixed step.
 
@@ -133,7 +134,6 @@ class Replica:
     version: int = 0  # invalidates stale step-done events
     # what a router knows of it: prompt tokens sent to prefill (P/D or local) not yet done
     queued_tokens: int = 0
-    local_pending: int = 0  # requests sent to prefill locally, before their first token
 
     def is_ready(self, now: float) -> bool:
         return self.ready_at <= now and not self.draining and self.removed_at is None
@@ -399,8 +399,7 @@ class PoolSim:
             max_chunk_tokens=self.configs["decode"].max_num_batched_tokens)
         d = lp.decide(req.prompt_tokens,
                       [lp.PrefillLoad(r.queued_tokens, rate) for r in prefill],
-                      [lp.DecodeLoad(r.engine.load() - r.local_pending, r.queued_tokens)
-                       for r in decode],
+                      [lp.DecodeLoad(r.engine.load(), r.queued_tokens) for r in decode],
                       policy, self._lp_active)
         self._lp_active = d.active
         if not d.local or d.engine is None:
@@ -434,7 +433,6 @@ class PoolSim:
             job.decode_replica = rep.id
             seq = Seq(req.id, req.prompt_tokens, req.output_tokens, self.now, payload=job)
             rep.queued_tokens += req.prompt_tokens
-            rep.local_pending += 1
         elif rep.role == "decode":
             job.decode_replica = rep.id
             seq = Seq(req.id, req.prompt_tokens, req.output_tokens, self.now,
@@ -478,7 +476,6 @@ class PoolSim:
         for s in out.first_tokens:
             if s.payload.local:  # a local prefill is done: the router sees its first token
                 rep.queued_tokens -= s.prompt
-                rep.local_pending -= 1
         for s in out.finished:
             job: _Job = s.payload
             job.preemptions += s.preemptions
