@@ -14,6 +14,7 @@ COPY bench bench
 COPY sandbox sandbox
 COPY dashboards dashboards
 COPY runtime_image runtime_image
+COPY kubeclient kubeclient
 RUN pip wheel --no-cache-dir --wheel-dir /wheels .
 
 FROM python:3.11-slim
