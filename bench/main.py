@@ -31,6 +31,7 @@ from poolpilot.bench.policies.static_peak import StaticPool, peak_sizes
 from poolpilot.bench.profile import SimCapacity
 from poolpilot.bench.replay import BenchConfig, RunResult, replay
 from poolpilot.bench.static_min import PASS_GOAL, Probe, search_static_min
+from poolpilot.bench.sweeps import parse_policy_spec, split_specs, variant_name, with_sweeps
 from poolpilot.bench.workload import first_seconds, scale_load
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -71,7 +72,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--duration", type=float, default=None,
                    help="replay only the first SECONDS of the trace")
     p.add_argument("--policies", default=",".join(POLICIES),
-                   help=f"comma-separated, from: {', '.join(POLICIES)}")
+                   help=f"comma-separated, from: {', '.join(POLICIES)}; a baseline with other "
+                        "settings as e.g. hpa(target=65), keda-queue(threshold=2), "
+                        "dynamo-sla(interval=60,margin=0.5)")
+    p.add_argument("--sweep", action="store_true",
+                   help="also run each baseline (hpa, keda-queue, dynamo-sla) with a few "
+                        "values of its main knob, and report its best point")
     p.add_argument("--min-replicas", type=int, default=1, help="per role (1)")
     p.add_argument("--max-replicas", type=int, default=32, help="per role (32)")
     p.add_argument("--goal", type=float, default=PASS_GOAL,
@@ -102,13 +108,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--markdown", default=None, help="write the table as markdown here")
 
 
-def parse_policies(text: str) -> list[str]:
-    names = [n.strip() for n in text.split(",") if n.strip()]
-    bad = [n for n in names if n not in POLICIES]
-    if bad or not names:
-        raise ValueError(f"--policies: unknown {', '.join(bad) or '(none given)'}; "
-                         f"choose from {', '.join(POLICIES)}")
-    return list(dict.fromkeys(names))
+def parse_policies(text: str, sweep: bool = False) -> list[str]:
+    """Policy names, variants like `hpa(target=65)` normalized; with `sweep`, each baseline's
+    sweep variants added after it."""
+    specs = split_specs(text)
+    if not specs:
+        raise ValueError(f"--policies: none given; choose from {', '.join(POLICIES)}")
+    names = [variant_name(*parse_policy_spec(s, POLICIES)) for s in specs]
+    return with_sweeps(names) if sweep else list(dict.fromkeys(names))
 
 
 Emit = Callable[[str, float], None]
@@ -124,13 +131,21 @@ def build_policy(name: str, trace: Sequence[TraceRequest], cfg: BenchConfig,
     """Policies are built where they run (each worker process builds its own). The oracle
     plans here (`progress` follows its plan); static-min searches here, one replay at a time
     (`run_all` runs that search with its replays in parallel instead)."""
+    opts = opts or Options()
+    base, params = parse_policy_spec(name, POLICIES)
+    policy = _build(base, params, trace, cfg, opts, progress)
+    policy.name = name
+    return policy
+
+
+def _build(name: str, params: dict[str, float], trace: Sequence[TraceRequest],
+           cfg: BenchConfig, opts: Options, progress: Callable[[float], None] | None) -> Policy:
     from poolpilot.bench.policies.dynamo_sla import DynamoSLA
     from poolpilot.bench.policies.hpa import HPAGpuUtil
     from poolpilot.bench.policies.keda import KedaQueue
     from poolpilot.bench.policies.poolpilot_policy import PoolpilotPolicy
     from poolpilot.bench.policies.static_peak import StaticPeak, size_for, warmup_load
 
-    opts = opts or Options()
     bounds = Bounds(cfg.min_replicas, cfg.max_replicas)
     cap = _capacity(cfg)
     # Autoscaled pools start warm, the same for all: sized for the first five minutes' mean.
@@ -147,13 +162,19 @@ def build_policy(name: str, trace: Sequence[TraceRequest], cfg: BenchConfig,
         return PoolpilotPolicy(bounds, initial, cfg.slo_ttft, cfg.slo_itl, cfg.quantile,
                                autoscaling=opts.autoscaling)
     if name == "hpa":
-        return HPAGpuUtil(bounds, initial)
+        return HPAGpuUtil(bounds, initial, **_knobs(params, target="target_util"))
     if name == "keda-queue":
-        return KedaQueue(bounds, initial)
+        return KedaQueue(bounds, initial, **_knobs(params, threshold="threshold"))
     if name == "dynamo-sla":
-        return DynamoSLA(cap, bounds, initial, cfg.slo_itl, cfg.tensor_parallel,
-                         predictor=opts.predictor)
+        return DynamoSLA(cap, bounds, initial, cfg.slo_ttft, cfg.slo_itl, cfg.tensor_parallel,
+                         predictor=opts.predictor,
+                         **_knobs(params, interval="interval", margin="margin"))
     raise ValueError(f"unknown policy {name!r}")
+
+
+def _knobs(params: dict[str, float], **arg_of: str) -> dict[str, float]:
+    """A variant's knobs as the policy's constructor arguments."""
+    return {arg_of[k]: v for k, v in params.items()}
 
 
 # ---- jobs: what the worker processes run (module level, so that they pickle) ----
@@ -329,7 +350,7 @@ def run(args: argparse.Namespace) -> int:
     console = Console(stderr=True)
     try:
         _check(args)
-        names = parse_policies(args.policies)
+        names = parse_policies(args.policies, args.sweep)
         raw = load_trace(args.trace, args.format)
         trace = scale_load(first_seconds(raw, args.duration), args.rate_scale, args.seed)
         cfg = BenchConfig(model=args.model, gpu=args.gpu, tensor_parallel=args.tensor_parallel,
@@ -359,7 +380,7 @@ def run(args: argparse.Namespace) -> int:
                   f"{100 * ceiling.share:.1f}% of requests can meet it on an idle pool "
                   f"(prompts up to {ceiling.longest_prompt:,} tokens)")
     started = time.perf_counter()
-    with Progress(TextColumn("{task.description:<12}"), BarColumn(),
+    with Progress(TextColumn("{task.description:<34}"), BarColumn(),
                   TextColumn("{task.percentage:>5.1f}%"), TimeElapsedColumn(),
                   console=console, transient=False) as prog:
         total = {n: max(span, 1.0) * (2 if n == "oracle" else 1) for n in names}
@@ -378,7 +399,7 @@ def run(args: argparse.Namespace) -> int:
     title = (f"{Path(args.trace).name} x{args.rate_scale:g}: {len(trace):,} requests, "
              f"{cfg.model} TP{cfg.tensor_parallel} on {cfg.gpu}, cold start {cfg.cold_start:g}s"
              + (", local prefill on" if cfg.local_prefill else ""))
-    report.print_table(results, title, Console(width=max(160, Console().width)))
+    report.print_table(results, title, Console(width=max(160, Console().width)), opts.goal)
     for line in report.reference_notes(results):
         console.print(line, soft_wrap=True, markup=False)
     console.print(f"replayed {len(names)} policies in {wall:.1f} s wall")
@@ -393,11 +414,11 @@ def run(args: argparse.Namespace) -> int:
         "poolpilot_autoscaling": opts.autoscaling,
         "wall_seconds": round(wall, 2),
     }
-    doc = report.as_json(results, meta)
+    doc = report.as_json(results, meta, opts.goal)
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(doc, indent=2, default=_json_default) + "\n")
     if args.markdown:
-        Path(args.markdown).write_text(report.markdown_table(results) + "\n")
+        Path(args.markdown).write_text(report.markdown_table(results, opts.goal) + "\n")
     if args.plot:
         report.plot(results, args.plot, title, cfg.slo_ttft, opts.goal)
     return 0

@@ -23,6 +23,7 @@ so a policy cannot lower its bill by leaving work unfinished.
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -39,6 +40,10 @@ from poolpilot.traces import TraceRequest
 
 # Series the policies query (the rest of vLLM's histograms are not scraped, to save time).
 SCRAPED_HISTOGRAMS = (m.VLLM_TTFT, m.VLLM_ITL, m.VLLM_E2E)
+# The front door's count of requests it started (arrivals so far): what Dynamo's planner reads
+# as offered load (its frontend exports `dynamo_frontend_requests_started_total`; poolpilot's
+# router counts answered requests only, in poolpilot_router_requests_total).
+FRONTEND_STARTED = "frontend_requests_started_total"
 
 
 @dataclass(frozen=True)
@@ -150,6 +155,7 @@ class Replay:
         self.reasons: dict[str, dict[str, int]] = {r: {} for r in ROLES}
         self.end = trace[-1].arrival_s if trace else 0.0
         self._checked = self._misses = 0  # records already counted, and their misses
+        self._arrivals = sorted(r.arrival_s for r in trace)
 
     # ---- pods ----
     def _add(self, role: str, t: float, ready_at: float) -> None:
@@ -199,6 +205,8 @@ class Replay:
             samples.append((m.DCGM_GPU_UTIL, labels_of(labels), util))
         for reason, n in self.sim.local_prefill_total.items():  # the router's counter
             samples.append((m.ROUTER_LOCAL_PREFILL, labels_of({"reason": reason}), float(n)))
+        started = bisect.bisect_right(self._arrivals, t)
+        samples.append((FRONTEND_STARTED, labels_of({}), float(started)))
         self.busy.clear()
         self.samples.clear()
         self.prom.scrape(t, samples)

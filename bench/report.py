@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from poolpilot.bench.replay import RunResult
+from poolpilot.bench.static_min import PASS_GOAL
+from poolpilot.bench.sweeps import best_points, family
 from rich.console import Console
 from rich.table import Table
 
@@ -73,7 +75,9 @@ def ratios(r: RunResult, refs: Mapping[str, float | None]) -> dict[str, float | 
             "gpu_hours_vs_static_min": ratio(refs["static-min"])}
 
 
-def label(r: RunResult) -> str:
+def label(r: RunResult, best: Mapping[str, str] | None = None) -> str:
+    if best and best.get(family(r.policy)) == r.policy:
+        return f"{r.policy} (best)"
     if r.policy == "static-min":
         i = r.info
         if i.get("found", True) and "prefill" in i:
@@ -86,14 +90,17 @@ def label(r: RunResult) -> str:
     return r.policy
 
 
-def rows(results: Sequence[RunResult]) -> list[list[str]]:
+def rows(results: Sequence[RunResult], shown: Sequence[RunResult] | None = None,
+         goal: float = PASS_GOAL) -> list[list[str]]:
+    """Table rows for `shown` (default: all results); ratios and best points come from all."""
     refs = reference_hours(results)
+    best = best_points(results, goal)
     out = []
-    for r in results:
+    for r in results if shown is None else shown:
         s = r.summary
         vals = {k: getattr(s, k, None) for _, k in COLUMNS[1:]}
         vals.update(ratios(r, refs))
-        vals["policy"] = label(r)
+        vals["policy"] = label(r, best)
         vals["local_prefill_requests"] = r.local_prefill_requests
         out.append([fmt(k, vals[k]) for _, k in COLUMNS])
     return out
@@ -121,24 +128,40 @@ def reference_notes(results: Sequence[RunResult]) -> list[str]:
     return notes
 
 
-def print_table(results: Sequence[RunResult], title: str, console: Console | None = None) -> None:
+def print_table(results: Sequence[RunResult], title: str, console: Console | None = None,
+                goal: float = PASS_GOAL) -> None:
     t = Table(title=title)
     for head, _ in COLUMNS:
         t.add_column(head, justify="left" if head == "policy" else "right",
                      no_wrap=head == "policy")
-    for row in rows(results):
+    for row in rows(results, goal=goal):
         t.add_row(*row)
     (console or Console()).print(t)
 
 
-def markdown_table(results: Sequence[RunResult]) -> str:
+def _markdown(results: Sequence[RunResult], shown: Sequence[RunResult], goal: float) -> str:
     lines = ["| " + " | ".join(h for h, _ in COLUMNS) + " |",
              "|" + "---|" * len(COLUMNS)]
-    lines += ["| " + " | ".join(r) + " |" for r in rows(results)]
+    lines += ["| " + " | ".join(r) + " |" for r in rows(results, shown, goal)]
     return "\n".join(lines)
 
 
-def as_json(results: Sequence[RunResult], meta: Mapping[str, Any]) -> dict[str, Any]:
+def markdown_table(results: Sequence[RunResult], goal: float = PASS_GOAL) -> str:
+    """One table of every policy at its defaults plus each swept baseline's best point; when
+    baselines were swept, a second table with every setting tried."""
+    best = best_points(results, goal)
+    main = [r for r in results if "(" not in r.policy or r.policy in best.values()]
+    text = _markdown(results, main, goal)
+    swept = [r for r in results if family(r.policy) in best]
+    if swept:
+        text += (f"\n\nBaseline settings tried (best: the cheapest that reaches "
+                 f"{100 * goal:g}% attainment, else the highest attainment):\n\n"
+                 + _markdown(results, swept, goal))
+    return text
+
+
+def as_json(results: Sequence[RunResult], meta: Mapping[str, Any],
+            goal: float = PASS_GOAL) -> dict[str, Any]:
     refs = reference_hours(results)
 
     def one(r: RunResult) -> dict[str, Any]:
@@ -146,7 +169,13 @@ def as_json(results: Sequence[RunResult], meta: Mapping[str, Any]) -> dict[str, 
         d.update({k: None if v is None else round(v, 6) for k, v in ratios(r, refs).items()})
         return d
 
-    return {**meta, "policies": {r.policy: one(r) for r in results}}
+    doc = {**meta, "policies": {r.policy: one(r) for r in results}}
+    best = best_points(results, goal)
+    if best:
+        doc["best_points"] = best
+        doc["best_rule"] = (f"cheapest GPU-hours with SLO attainment >= {goal:g}, "
+                            f"else the highest attainment")
+    return doc
 
 
 def plot(results: Sequence[RunResult], path: str | Path, title: str, slo_ttft: float,

@@ -13,6 +13,7 @@ from poolpilot.bench.policies.hpa import HPAGpuUtil
 from poolpilot.bench.policies.keda import KedaQueue
 from poolpilot.bench.policies.poolpilot_policy import PoolpilotPolicy
 from poolpilot.bench.policies.static_peak import StaticPeak
+from poolpilot.bench.replay import FRONTEND_STARTED
 from poolpilot.bench.scrape import PromView, labels_of
 
 from poolpilot import metrics as m
@@ -83,49 +84,82 @@ def test_hpa_uses_ready_pods_gpu_utilization() -> None:
 
 
 def _dynamo_view(t: float, n: float, isl: float, osl: float, ttft: float, itl: float,
-                 duration: float) -> PromView:
-    """Counters growing linearly so that increase() over 180 s gives exactly these numbers."""
+                 duration: float, finished: float | None = None) -> PromView:
+    """Counters growing linearly so that increase() over 180 s gives exactly these numbers:
+    n requests started at the front door, `finished` (default n) of them finished."""
+    done = n if finished is None else finished
     view = PromView()
     for k in range(0, 13):
         s = t - 180 + 15 * k
         f = (s - (t - 180)) / 180 + 1.0  # from 1x to 2x of the interval's totals
         pre, dec = {"role": "prefill", "pod": "p0"}, {"role": "decode", "pod": "d0"}
         samples = [
+            (FRONTEND_STARTED, labels_of({}), n * f),
             (m.VLLM_PROMPT_TOKENS, labels_of(pre), n * isl * f),
             (f"{m.VLLM_TTFT}_count", labels_of(pre), n * f),
             (f"{m.VLLM_TTFT}_sum", labels_of(pre), n * ttft * f),
-            (m.VLLM_GENERATION_TOKENS, labels_of(dec), n * osl * f),
-            (m.VLLM_REQUEST_SUCCESS, labels_of({**dec, "finished_reason": "length"}), n * f),
-            (f"{m.VLLM_ITL}_count", labels_of(dec), n * osl * f),
-            (f"{m.VLLM_ITL}_sum", labels_of(dec), n * osl * itl * f),
-            (f"{m.VLLM_E2E}_count", labels_of(dec), n * f),
-            (f"{m.VLLM_E2E}_sum", labels_of(dec), n * duration * f),
+            (m.VLLM_GENERATION_TOKENS, labels_of(dec), done * osl * f),
+            (m.VLLM_REQUEST_SUCCESS, labels_of({**dec, "finished_reason": "length"}), done * f),
+            (f"{m.VLLM_ITL}_count", labels_of(dec), done * osl * f),
+            (f"{m.VLLM_ITL}_sum", labels_of(dec), done * osl * itl * f),
+            (f"{m.VLLM_E2E}_count", labels_of(dec), done * f),
+            (f"{m.VLLM_E2E}_sum", labels_of(dec), done * duration * f),
         ]
         view.scrape(s, samples)
     return view
 
 
-def test_dynamo_planner_formula() -> None:
-    # 1,800 requests in 180 s (10 req/s) of ISL 300 and OSL 200:
-    # prefill: 10 x 300 = 3,000 tok/s x min(1, 0.2 / 0.1) / 1,000 -> 3 replicas;
-    # decode: 10 x 200 = 2,000 tok/s / 500 -> 4 replicas.
-    view = _dynamo_view(360.0, 1800, 300, 200, ttft=0.2, itl=0.02, duration=4.0)
-    d = DynamoSLA(FlatCapacity(), BOUNDS, {"prefill": 1, "decode": 1}, slo_itl=0.05)
+def dynamo(margin: float = 0.0, slo_ttft: float = 1.0, start: int = 1) -> DynamoSLA:
+    return DynamoSLA(FlatCapacity(), BOUNDS, {"prefill": start, "decode": start},
+                     slo_ttft=slo_ttft, slo_itl=0.05, margin=margin)
+
+
+@pytest.mark.parametrize(
+    "margin,slo_ttft,want",
+    [(0.0, 1.0, {"prefill": 3, "decode": 12}),
+     (0.5, 1.0, {"prefill": 5, "decode": 18}),
+     (0.0, 0.025, {"prefill": 4, "decode": 12})],
+    ids=["defaults", "margin 0.5", "TTFT floor"],
+)
+def test_dynamo_planner_formula(margin: float, slo_ttft: float, want: dict[str, int]) -> None:
+    # 5,400 requests started in 180 s (30 req/s), ISL 300, OSL 200; one prefill takes 0.1 s:
+    # prefill = ceil(30 x 0.1 x (1 + margin)); with a 25 ms TTFT target the floor is
+    # ceil(0.1 / 0.025) = 4; decode = ceil(30 x 200 x (1 + margin) / 500 tok/s per replica).
+    view = _dynamo_view(360.0, 5400, 300, 200, ttft=0.2, itl=0.02, duration=4.0)
+    d = dynamo(margin, slo_ttft)
     obs = d.observe(PoolView(360.0, view, roles()))
-    assert obs["num_req"] == pytest.approx(1800)
+    assert obs["num_req"] == pytest.approx(5400)
     assert obs["isl"] == pytest.approx(300) and obs["osl"] == pytest.approx(200)
-    assert obs["ttft"] == pytest.approx(0.2)
-    dec = d.decide(PoolView(360.0, view, roles()))
-    assert d.p_corr == pytest.approx(2.0)
-    assert dec.replicas == {"prefill": 3, "decode": 4}
+    assert d.decide(PoolView(360.0, view, roles())).replicas == want
 
 
-def test_dynamo_holds_when_nothing_finished() -> None:
-    """Dynamo skips the adjustment on NaN metrics (so it never scales down at zero traffic)."""
-    d = DynamoSLA(FlatCapacity(), BOUNDS, {"prefill": 4, "decode": 4}, slo_itl=0.05)
-    dec = d.decide(PoolView(180.0, PromView(), roles(4, 4)))
+def test_dynamo_sizes_for_requests_started_not_finished() -> None:
+    """A saturated pool finishes 600 of 5,400 started requests: the planner still sizes for
+    the 5,400 (older planners counted finished requests and sized for what was served)."""
+    view = _dynamo_view(360.0, 5400, 300, 200, ttft=30.0, itl=0.02, duration=40.0,
+                        finished=600)
+    assert dynamo().decide(PoolView(360.0, view, roles())).replicas == {"prefill": 3,
+                                                                       "decode": 12}
+
+
+def test_dynamo_scales_an_idle_pool_to_the_minimum() -> None:
+    view = _dynamo_view(360.0, 0, 300, 200, ttft=0.2, itl=0.02, duration=4.0)
+    dec = dynamo(start=4).decide(PoolView(360.0, view, roles(4, 4)))
+    assert dec.replicas == {"prefill": 1, "decode": 1}
+
+
+def test_dynamo_holds_when_requests_started_but_none_finished() -> None:
+    view = _dynamo_view(360.0, 900, 300, 200, ttft=0.2, itl=0.02, duration=4.0, finished=0)
+    dec = dynamo(start=4).decide(PoolView(360.0, view, roles(4, 4)))
     assert dec.replicas == {"prefill": 4, "decode": 4}
     assert dec.reasons["prefill"] == "MetricsNaN"
+
+
+def test_dynamo_fits_the_gpu_budget() -> None:
+    d = DynamoSLA(FlatCapacity(), BOUNDS, {"prefill": 1, "decode": 1}, slo_ttft=1.0,
+                  slo_itl=0.05, max_gpu_budget=10)
+    p, dec = d.replicas_for(5400, 300, 200)  # wants 3 + 12 = 15 GPUs
+    assert p + dec <= 10 and p >= 1 and dec >= 1
 
 
 def test_poolpilot_policy_calls_the_real_decide(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from poolpilot.bench.main import build_policy
 from poolpilot.bench.policies.base import Decision, PoolView
-from poolpilot.bench.replay import BenchConfig, replay
+from poolpilot.bench.replay import FRONTEND_STARTED, BenchConfig, replay
 
 from poolpilot.traces import TraceRequest
 
@@ -97,6 +97,9 @@ def test_policies_see_only_scraped_metrics() -> None:
     assert pol.scrapes[10.0] == 0 and pol.waiting[10.0] == {}
     assert pol.scrapes[30.0] == 2
     assert set(pol.waiting[30.0]) == {("prefill",), ("decode",)}
+    # the front door's started-request counter: every arrival up to the scrape (t = 0..30)
+    started = pol.seen[-1].prom.gauge(FRONTEND_STARTED, at=30.0)
+    assert started == {(): 16.0}
 
 
 ALL = ("poolpilot", "oracle", "static-min", "static-peak", "hpa", "keda-queue", "dynamo-sla")
