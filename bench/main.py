@@ -140,9 +140,9 @@ def build_policy(name: str, trace: Sequence[TraceRequest], cfg: BenchConfig,
 
 def _build(name: str, params: dict[str, float], trace: Sequence[TraceRequest],
            cfg: BenchConfig, opts: Options, progress: Callable[[float], None] | None) -> Policy:
-    from poolpilot.bench.policies.dynamo_sla import DynamoSLA
-    from poolpilot.bench.policies.hpa import HPAGpuUtil
-    from poolpilot.bench.policies.keda import KedaQueue
+    from poolpilot.bench.policies.dynamo_sla import ADJUSTMENT_INTERVAL_S, DynamoSLA
+    from poolpilot.bench.policies.hpa import TARGET_UTIL, HPAGpuUtil
+    from poolpilot.bench.policies.keda import QUEUE_THRESHOLD, KedaQueue
     from poolpilot.bench.policies.poolpilot_policy import PoolpilotPolicy
     from poolpilot.bench.policies.static_peak import StaticPeak, size_for, warmup_load
 
@@ -162,19 +162,15 @@ def _build(name: str, params: dict[str, float], trace: Sequence[TraceRequest],
         return PoolpilotPolicy(bounds, initial, cfg.slo_ttft, cfg.slo_itl, cfg.quantile,
                                autoscaling=opts.autoscaling)
     if name == "hpa":
-        return HPAGpuUtil(bounds, initial, **_knobs(params, target="target_util"))
+        return HPAGpuUtil(bounds, initial, target_util=params.get("target", TARGET_UTIL))
     if name == "keda-queue":
-        return KedaQueue(bounds, initial, **_knobs(params, threshold="threshold"))
+        return KedaQueue(bounds, initial, threshold=params.get("threshold", QUEUE_THRESHOLD))
     if name == "dynamo-sla":
         return DynamoSLA(cap, bounds, initial, cfg.slo_ttft, cfg.slo_itl, cfg.tensor_parallel,
                          predictor=opts.predictor,
-                         **_knobs(params, interval="interval", margin="margin"))
+                         interval=params.get("interval", ADJUSTMENT_INTERVAL_S),
+                         margin=params.get("margin", 0.0))
     raise ValueError(f"unknown policy {name!r}")
-
-
-def _knobs(params: dict[str, float], **arg_of: str) -> dict[str, float]:
-    """A variant's knobs as the policy's constructor arguments."""
-    return {arg_of[k]: v for k, v in params.items()}
 
 
 # ---- jobs: what the worker processes run (module level, so that they pickle) ----
