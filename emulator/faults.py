@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import re
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass
 class Fault:
     """One rule. `status` is an HTTP code (409, 429, 500, 503, ...), "timeout" (hold the request
-    `delay_s` seconds, then answer 504: the client's own timeout fires first) or "disconnect"
-    (drop the connection without an answer). `when="after"` serves the request first and then
-    answers with the error (the write happened, the client does not know it)."""
+    `delay_s` seconds, then answer 504: the client's own timeout fires first), "disconnect"
+    (drop the connection without an answer) or "delay" (hold the request until `release()` or
+    `delay_s`, then serve it as usual: a test acts while a client's request is in flight).
+    `when="after"` serves the request first and then answers with the error (the write
+    happened, the client does not know it)."""
 
     method: str | None = None  # None: any
     path: str = ""  # regex searched in the URL path; "" matches all
@@ -23,6 +25,11 @@ class Fault:
     when: str = "before"
     message: str = ""
     hits: int = 0
+    released: threading.Event = field(default_factory=threading.Event)
+
+    def release(self) -> None:
+        """Let a held ("delay") request through."""
+        self.released.set()
 
     def matches(self, method: str, path: str, is_watch: bool) -> bool:
         if self.method is not None and self.method.upper() != method.upper():
@@ -42,9 +49,9 @@ class Faults:
     def add(self, method: str | None = None, path: str = "", status: int | str = 500,
             times: int | None = 1, *, watch: bool | None = None, delay_s: float = 30.0,
             when: str = "before", message: str = "") -> Fault:
-        if status not in ("timeout", "disconnect") and not isinstance(status, int):
-            raise ValueError(f"status must be an HTTP code, 'timeout' or 'disconnect', "
-                             f"not {status!r}")
+        if status not in ("timeout", "disconnect", "delay") and not isinstance(status, int):
+            raise ValueError(f"status must be an HTTP code, 'timeout', 'disconnect' or "
+                             f"'delay', not {status!r}")
         if when not in ("before", "after"):
             raise ValueError(f"when must be 'before' or 'after', not {when!r}")
         rule = Fault(method, path, status, times, watch, delay_s, when, message)
@@ -54,6 +61,8 @@ class Faults:
 
     def clear(self) -> None:
         with self._lock:
+            for rule in self._rules:
+                rule.release()  # held requests go through
             self._rules.clear()
 
     @property

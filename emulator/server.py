@@ -316,6 +316,9 @@ class KubeEmulator:
         if limit is not None and len(self.requests) > 2 * limit:
             del self.requests[: len(self.requests) - limit]  # amortised trimming
         fault = self.faults.take(request.method, request.path, is_watch)
+        if fault is not None and fault.status == "delay":
+            await asyncio.to_thread(fault.released.wait, fault.delay_s)
+            fault = None  # then served as usual
         if fault is not None and fault.when == "before":
             resp = await self._fault(request, fault)
             record.status = resp.status

@@ -45,6 +45,8 @@ class OperatorConfig:
     # Pools reconciled at once. Unbounded, 1,000 new pools would put 20,000 requests in flight,
     # every one would time out in the API server's queue and every retry start over.
     max_concurrent_reconciles: int = 16
+    # Backoff after a permanent API error (403, 422, quota): first wait, doubling up to the max.
+    permanent_backoff: tuple[float, float] = (retry.PERMANENT_FIRST_S, retry.PERMANENT_MAX_S)
 
 
 def configure(settings: kopf.OperatorSettings, config: OperatorConfig) -> None:
@@ -130,11 +132,16 @@ async def _handle_locked(body: kopf.Body, memo: kopf.Memo, logger: logging.Logge
     kube: KubeApi = memo["kube"]
     meta = body["metadata"]
     name, namespace = meta["name"], meta["namespace"]
+    if meta.get("deletionTimestamp"):
+        return  # being deleted: the collector removes the children, nothing to converge
     generation = int(meta.get("generation", 0))
     if memo.get("generation") != generation:  # a new spec: no backoff carried over
         memo.update(generation=generation, failures=0, retry_at=0.0)
-    if from_timer and time.monotonic() < memo.get("retry_at", 0.0):
-        return  # backing off after a permanent API error; the change handler retries too
+    wait = memo.get("retry_at", 0.0) - time.monotonic()
+    if wait > 0:  # backing off after a permanent API error
+        if from_timer:
+            return
+        raise kopf.TemporaryError("backing off after a permanent API error", delay=wait)
     previous = _previous_status(body, memo)
     endpoint = names.router_endpoint(name, namespace)
     caps = reconcile.capabilities(memo["discovered"])
@@ -147,8 +154,8 @@ async def _handle_locked(body: kopf.Body, memo: kopf.Memo, logger: logging.Logge
         try:
             await _write_status(kube, body, memo, result.status, previous)
         except ApiError as err:
-            await _api_failed(err, body, memo, logger, None, caps, from_timer=from_timer,
-                              writing_status=True)
+            await _api_failed(err, body, memo, logger, None, caps, config,
+                              from_timer=from_timer, writing_status=True)
             return
         _succeeded(memo)
         _post(body, result.events)
@@ -169,7 +176,7 @@ async def _handle_locked(body: kopf.Body, memo: kopf.Memo, logger: logging.Logge
     except ApiError as exc:
         # Every write is an idempotent apply, so a retry finishes whatever a failed attempt
         # left half done.
-        await _api_failed(exc, body, memo, logger, pool, caps, from_timer=from_timer)
+        await _api_failed(exc, body, memo, logger, pool, caps, config, from_timer=from_timer)
         return
     if outcome.pool_gone:
         logger.info("%s/%s: the pool is being deleted; nothing to do", namespace, name)
@@ -187,7 +194,7 @@ async def _handle_locked(body: kopf.Body, memo: kopf.Memo, logger: logging.Logge
         await _write_status(kube, body, memo, result.status, previous)
     except ApiError as exc:
         exc.what = exc.what or "write the pool's status"
-        await _api_failed(exc, body, memo, logger, pool, caps, from_timer=from_timer,
+        await _api_failed(exc, body, memo, logger, pool, caps, config, from_timer=from_timer,
                           writing_status=True)
         return
     _succeeded(memo)
@@ -206,16 +213,18 @@ async def _pool_gone(kube: KubeApi, body: kopf.Body) -> bool:
         live = await kube.get(api.API_VERSION, api.KIND, meta["namespace"], meta["name"])
     except ApiError:
         return False  # cannot tell: treat as present
-    return live is None or live["metadata"].get("uid") != meta.get("uid")
+    return (live is None or live["metadata"].get("uid") != meta.get("uid")
+            or bool(live["metadata"].get("deletionTimestamp")))
 
 
 async def _api_failed(exc: ApiError, body: kopf.Body, memo: kopf.Memo,
                       logger: logging.Logger | Any, pool: builders.Pool | None,
-                      caps: builders.Capabilities, *, from_timer: bool,
+                      caps: builders.Capabilities, config: OperatorConfig, *, from_timer: bool,
                       writing_status: bool = False) -> None:
     """An API error while reconciling. Transient: retried in 2 s. Permanent (403, 422,
     quota): Degraded=True with the API's message, an Event, retries backing off from 5 s to
-    5 min. A pool deleted meanwhile: its leftover children removed, nothing retried."""
+    5 min. A pool deleted meanwhile: nothing retried or reported, and children written for
+    it after it was gone (its finalizer removed by hand) are deleted."""
     kube: KubeApi = memo["kube"]
     meta = body["metadata"]
     where = f"{meta['namespace']}/{meta['name']}"
@@ -225,7 +234,9 @@ async def _api_failed(exc: ApiError, body: kopf.Body, memo: kopf.Memo,
                     ", ".join(removed) or "nothing")
         return
     memo["failures"] = memo.get("failures", 0) + 1
-    wait = retry.delay(transient=exc.transient, failures=memo["failures"])
+    first, ceiling = config.permanent_backoff
+    wait = retry.delay(transient=exc.transient, failures=memo["failures"], first=first,
+                       ceiling=ceiling)
     if exc.transient:
         logger.warning("%s: API error, retrying in %.0fs: %s", where, wait, exc)
         raise kopf.TemporaryError(f"API error: {exc}", delay=wait)

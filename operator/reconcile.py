@@ -203,7 +203,8 @@ async def reconcile(cluster: Cluster, pool: builders.Pool, caps: builders.Capabi
         # Children are missing: make sure the pool itself still exists, or re-creating them
         # would race its garbage collection (a timer tick right after `kubectl delete`).
         owner = await cluster.get(api.API_VERSION, api.KIND, pool.namespace, pool.name)
-        if owner is None or owner["metadata"].get("uid") != pool.uid:
+        if (owner is None or owner["metadata"].get("uid") != pool.uid
+                or owner["metadata"].get("deletionTimestamp")):
             out.pool_gone = True
             return out
     for obj in desired:

@@ -13,8 +13,9 @@ PERMANENT_FIRST_S = 5.0
 PERMANENT_MAX_S = 300.0
 
 
-def delay(*, transient: bool, failures: int) -> float:
+def delay(*, transient: bool, failures: int, first: float = PERMANENT_FIRST_S,
+          ceiling: float = PERMANENT_MAX_S) -> float:
     """Seconds before the next try; `failures` counts this failure too (>= 1)."""
     if transient:
         return TRANSIENT_DELAY_S
-    return min(PERMANENT_MAX_S, PERMANENT_FIRST_S * 2 ** max(0, failures - 1))
+    return min(ceiling, first * 2 ** min(max(0, failures - 1), 32))  # no float overflow

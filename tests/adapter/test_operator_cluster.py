@@ -8,6 +8,7 @@ The operator runs with a 1 s drift timer; every wait polls for the condition wit
 from __future__ import annotations
 
 import itertools
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,13 @@ pytestmark = [pytest.mark.adapter, pytest.mark.cluster]
 
 ROOT = Path(__file__).resolve().parents[2]
 DRIFT = 1.0
-CONFIG = OperatorConfig(drift_interval=DRIFT, cutover_poll=0.3, request_timeout=10.0)
+# Permanent API errors back off 0.5 s, 1 s, 2 s, ... (5 s, 10 s, ... by default).
+CONFIG = OperatorConfig(drift_interval=DRIFT, cutover_poll=0.3, request_timeout=10.0,
+                        permanent_backoff=(0.5, 8.0))
+# Every kind of child the operator makes (the monitors when the cluster serves them).
+CHILD_KINDS = ("configmaps", "serviceaccounts", "roles", "rolebindings", "services",
+               "deployments", "poddisruptionbudgets")
+MONITOR_KINDS = ("podmonitors", "servicemonitors")
 _names = (f"t{i}" for i in itertools.count())
 
 
@@ -78,6 +85,13 @@ class Cluster:
         start = self.timer_ticks(pool, ns)
         wait_for(lambda: self.timer_ticks(pool, ns) >= start + n, timeout=60,
                  what=f"{n} more reconciles of {pool}")
+
+    def children(self, pool: str, ns: str = "ops") -> dict[tuple[str, str], str]:
+        """(kind, name) -> resourceVersion of every child labelled with the pool."""
+        kinds = CHILD_KINDS + (MONITOR_KINDS if self.emu is not None else ())
+        return {(kind, o["metadata"]["name"]): o["metadata"]["resourceVersion"]
+                for kind in kinds
+                for o in self.kubectl.list(kind, ns, f"{names.POOL_LABEL}={pool}")}
 
     def writes_for(self, pool: str, ns: str = "ops") -> int:
         emu = self.need_emulator()
@@ -174,8 +188,9 @@ def test_invalid_spec_degrades_and_leaves_children_untouched(
     k = cluster.kubectl
     k.apply(cluster.pool(name))
     wait_for(lambda: cluster.settled(name), what="first reconcile")
-    before = {o["metadata"]["name"]: o["metadata"]["resourceVersion"]
-              for o in k.list("deployments", "ops", f"{names.POOL_LABEL}={name}")}
+    before = cluster.children(name)
+    kinds = {kind for kind, _ in before}
+    assert kinds >= set(CHILD_KINDS), kinds  # every kind is watched, not just Deployments
     k.apply(cluster.pool(name, decode={"gpus": 0, "minReplicas": 5, "maxReplicas": 2,
                                        "replicas": 5}))
     cond = wait_for(lambda: (c := cluster.condition(name, "Degraded")) and
@@ -188,13 +203,153 @@ def test_invalid_spec_degrades_and_leaves_children_untouched(
     seen = f"ops/{name}: invalid spec"
     wait_for(lambda: sum(seen in r.getMessage() for r in caplog.records) >= 3,
              what="the timer to run over the invalid spec")
-    after = {o["metadata"]["name"]: o["metadata"]["resourceVersion"]
-             for o in k.list("deployments", "ops", f"{names.POOL_LABEL}={name}")}
-    assert after == before
+    assert cluster.children(name) == before
     # Fixing the spec recovers.
     k.apply(cluster.pool(name, decode={"gpus": 0, "replicas": 2, "maxReplicas": 4}))
     wait_for(lambda: (c := cluster.condition(name, "Degraded")) and c["status"] == "False",
              what="Degraded=False after the fix")
+
+
+QUOTA = ('deployments.apps "{d}" is forbidden: exceeded quota: gpus, requested: '
+         'requests.nvidia.com/gpu=1, used: requests.nvidia.com/gpu=8, limited: '
+         'requests.nvidia.com/gpu=8')
+
+
+def _refuse(cluster: Cluster, name: str, status: int, message: str) -> tuple[str, Any]:
+    """Every apply of the pool's decode Deployment refused with `status` and `message`."""
+    dep = f"{name}-decode"
+    message = message.format(d=dep)
+    fault = cluster.need_emulator().faults.add("PATCH", rf"/deployments/{dep}$", status,
+                                               times=None, message=message)
+    return message, fault
+
+
+def _degraded(cluster: Cluster, name: str, reason: str, status: int, message: str) -> None:
+    cond = wait_for(lambda: (c := cluster.condition(name, "Degraded")) and
+                    c["reason"] == reason and c, what=f"Degraded/{reason}")
+    assert cond["status"] == "True"
+    assert cond["message"] == f"apply Deployment/{name}-decode: HTTP {status}: {message}"
+    progressing = cluster.condition(name, "Progressing") or {}
+    assert (progressing.get("status"), progressing.get("reason")) == ("False", reason)
+    events = wait_for(lambda: cluster.events(name, reason), what=f"a {reason} Event")
+    assert events[0]["type"] == "Warning" and message in events[0]["message"]
+
+
+def test_a_quota_refusal_degrades_backs_off_and_recovers(cluster: Cluster,
+                                                         operator: None) -> None:
+    emu = cluster.need_emulator()
+    name = next(_names)
+    message, fault = _refuse(cluster, name, 403, QUOTA)
+    tries: list[float] = []
+
+    def count() -> bool:
+        if fault.hits > len(tries):
+            tries.extend([time.monotonic()] * (fault.hits - len(tries)))
+        return len(tries) >= 4
+
+    try:
+        cluster.kubectl.apply(cluster.pool(name))
+        _degraded(cluster, name, "QuotaExceeded", 403, message)
+        # Retried, each wait longer than the last (0.5 s, 1 s, 2 s here), not every 2 s.
+        wait_for(count, interval=0.02, timeout=60, what="four tries")
+        gaps = [b - a for a, b in itertools.pairwise(tries)]
+        assert gaps[-1] > 2.5 * gaps[0], gaps
+        assert len(cluster.events(name, "QuotaExceeded")) == 1  # one Event, not one per try
+    finally:
+        emu.faults.clear()
+    # The quota raised: converged within the backoff, without touching the pool.
+    wait_for(lambda: (c := cluster.condition(name, "Degraded")) and c["status"] == "False",
+             timeout=30, what="Degraded=False once the API accepts the write")
+    assert cluster.get("deployment", f"{name}-decode") is not None
+
+
+@pytest.mark.parametrize("status,message,reason", [
+    (403, 'deployments.apps "{d}" is forbidden: User "system:serviceaccount:poolpilot:op" '
+          'cannot patch resource "deployments" in API group "apps"', "Forbidden"),
+    (422, 'Deployment.apps "{d}" is invalid: spec.template.spec.containers[0].image: '
+          'Required value (admission webhook "policy.example.com" denied the request)',
+     "Rejected"),
+], ids=["403-rbac", "422-webhook"])
+def test_permanent_api_errors_degrade_with_the_api_message(
+    cluster: Cluster, operator: None, status: int, message: str, reason: str
+) -> None:
+    name = next(_names)
+    message, _ = _refuse(cluster, name, status, message)
+    try:
+        cluster.kubectl.apply(cluster.pool(name))
+        _degraded(cluster, name, reason, status, message)
+    finally:
+        cluster.need_emulator().faults.clear()
+
+
+@pytest.mark.parametrize("status,times", [(503, 2), (403, None)],
+                         ids=["transient-503", "permanent-403"])
+def test_an_error_while_writing_the_invalid_spec_status(cluster: Cluster, operator: None,
+                                                        status: int, times: int | None) -> None:
+    emu = cluster.need_emulator()
+    name = next(_names)
+    k = cluster.kubectl
+    k.apply(cluster.pool(name))
+    wait_for(lambda: cluster.settled(name), what="first reconcile")
+    before = cluster.children(name)
+    message = f'inferencepools.poolpilot.dev "{name}" is forbidden: cannot patch status'
+    fault = emu.faults.add("PATCH", rf"/inferencepools/{name}/status$", status, times=times,
+                           message=message)
+    try:
+        k.apply(cluster.pool(name, decode={"gpus": 0, "minReplicas": 5, "maxReplicas": 2,
+                                           "replicas": 5}))
+        if times is None:
+            # The status cannot carry it: a Warning Event does, with the API's message.
+            events = wait_for(lambda: cluster.events(name, "Forbidden"),
+                              what="a Forbidden Event")
+            assert events[0]["type"] == "Warning" and message in events[0]["message"]
+            wait_for(lambda: fault.hits >= 2, what="a retry")
+            assert (cluster.condition(name, "Degraded") or {}).get("reason") != "InvalidSpec"
+    finally:
+        emu.faults.clear()
+    cond = wait_for(lambda: (c := cluster.condition(name, "Degraded")) and
+                    c["reason"] == "InvalidSpec" and c, timeout=30,
+                    what="Degraded/InvalidSpec once the status can be written")
+    assert "spec.decode.maxReplicas" in cond["message"]
+    assert cluster.children(name) == before  # nothing touched meanwhile
+
+
+@pytest.mark.parametrize("force", [False, True], ids=["delete", "delete-finalizer-removed"])
+def test_a_pool_deleted_mid_reconcile_leaves_nothing_behind(
+    cluster: Cluster, operator: None, caplog: pytest.LogCaptureFixture, force: bool
+) -> None:
+    emu = cluster.need_emulator()
+    name = next(_names)
+    selector = f"{names.POOL_LABEL}={name}"
+
+    def left() -> list[str]:
+        return [f"{kind}/{o['metadata']['name']}" for kind in CHILD_KINDS + MONITOR_KINDS
+                for o in emu.objects(kind, "ops", selector)]
+
+    # The reconcile is held at its decode Deployment (the children before it exist) while the
+    # pool is deleted; then it goes on writing. Kopf's finalizer keeps the pool until the
+    # handler ends; with it removed by hand (force), the pool is gone and collected at once.
+    held = emu.faults.add("PATCH", rf"/deployments/{name}-decode$", "delay", delay_s=60)
+    try:
+        cluster.kubectl.apply(cluster.pool(name))
+        wait_for(lambda: held.hits >= 1, what="the reconcile to reach the decode Deployment")
+        assert emu.get("configmaps", f"{name}-router", "ops") is not None
+        emu.delete("inferencepools", name, "ops")
+        if force:
+            emu.patch("inferencepools", name, {"metadata": {"finalizers": None}}, "ops")
+            wait_for(lambda: not left() or None, what="the collector to remove the children")
+    finally:
+        held.release()
+    wait_for(lambda: emu.get("inferencepools", name, "ops") is None, what="the pool gone")
+    wait_for(lambda: not left() or None, timeout=30, what="no child left behind")
+    if force:  # what it wrote after the pool was gone it deleted itself
+        gone = f"ops/{name}: deleted while being reconciled"
+        assert any(gone in r.getMessage() for r in caplog.records)
+    errors = [r.getMessage() for r in caplog.records
+              if f"ops/{name}" in r.getMessage() and r.levelname == "ERROR"]
+    assert errors == []
+    cluster.kubectl.apply(cluster.pool(name))  # the name is free for a new pool
+    wait_for(lambda: cluster.settled(name), what="the new pool reconciled")
 
 
 def test_api_faults_are_retried_and_converge(cluster: Cluster, operator: None) -> None:

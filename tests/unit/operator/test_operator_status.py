@@ -191,3 +191,27 @@ def _apply(doc: Any, patch: Any) -> Any:
 def test_merge_patch_reaches_desired(live: dict[str, Any], desired: dict[str, Any]) -> None:
     patched = _apply(live, s.merge_patch(live, desired) or {})
     assert s.merge_patch(patched, desired) is None
+
+
+@pytest.mark.parametrize("status,message,reason", [
+    (403, 'pods "x" is forbidden: exceeded quota: team-a, requested: requests.nvidia.com/gpu=1',
+     s.QUOTA_EXCEEDED),
+    (403, 'User "op" cannot patch resource "deployments"', s.FORBIDDEN),
+    (422, 'Deployment.apps "x" is invalid: spec.replicas: Invalid value: -1', s.REJECTED),
+    (400, "the body of the request was in an unknown format", s.API_ERROR),
+], ids=["quota", "rbac", "invalid", "other"])
+def test_api_refusal_becomes_degraded_with_the_api_message(status: int, message: str,
+                                                          reason: str) -> None:
+    blocked = s.api_failure(status, message, "apply Deployment/p-decode")
+    assert blocked == s.Blocked(reason, f"apply Deployment/p-decode: HTTP {status}: {message}")
+    previous = {"decode": {"replicas": 2, "summary": "2/2"},
+                "conditions": [{"type": "Ready", "status": "True", "reason": "AllReplicasReady",
+                                "message": "m", "lastTransitionTime": NOW}]}
+    result = s.compute_status(generation=2, roles=[], pods=[], previous=previous, endpoint="e",
+                              now=LATER, blocked=blocked)  # fmt: skip
+    assert _cond(result, s.DEGRADED) == ("True", reason)
+    assert _cond(result, s.PROGRESSING) == ("False", reason)
+    assert _cond(result, s.READY) == ("True", "AllReplicasReady")  # what still serves, serves
+    assert "decode" not in result.status
+    assert [(e.type, e.reason) for e in result.events] == [("Warning", reason)]
+    assert message in result.events[0].message
