@@ -1,12 +1,14 @@
 """Prometheus adapter: run the fixed query set once per cycle and turn it into Observations.
 
-`PrometheusSource.fetch()` does the I/O (through prometheus-api-client); `observation()` is a
-pure function that assembles one pool's `decide.Observation` from a `Snapshot` and the
-Kubernetes view of its roles.
+`PrometheusSource.fetch()` does the I/O (through prometheus-api-client): it reads the
+autoscaler's recording rules with one query where Prometheus has them loaded (see
+`recording`), and queries the rest raw. `observation()` is a pure function that assembles one
+pool's `decide.Observation` from a `Snapshot` and the Kubernetes view of its roles.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Iterable, Mapping
@@ -15,8 +17,10 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from poolpilot.autoscaler import queries as q
+from poolpilot.autoscaler import recording
 from poolpilot.autoscaler.decide import Observation, RoleObservation
 
+log = logging.getLogger("poolpilot.autoscaler")
 GroupKey = tuple[str, str, str]  # (namespace, pool, role); role "" for per-pool series
 
 
@@ -32,6 +36,7 @@ class Snapshot:
     values: dict[str, dict[GroupKey, float]] = field(default_factory=dict)
     error: str | None = None
     queries: int = 0
+    recorded: int = 0  # signals read from recording rules (the rest were queried raw)
 
     def get(self, key: str, group: GroupKey) -> float | None:
         return self.values.get(key, {}).get(group)
@@ -54,10 +59,13 @@ class RoleState:
 
 
 class PrometheusSource:
-    """Runs the QuerySet against a Prometheus server, a few queries in parallel."""
+    """Runs the QuerySet against a Prometheus server, a few queries in parallel.
+
+    `use_rules`: read the autoscaler's recording rules where Prometheus has them (checked on
+    /api/v1/rules every `rules_refresh` seconds); False: always the raw queries."""
 
     def __init__(self, url: str, query_set: q.QuerySet | None = None, timeout: float = 10.0,
-                 parallel: int = 4) -> None:
+                 parallel: int = 4, use_rules: bool = True, rules_refresh: float = 60.0) -> None:
         from prometheus_api_client import PrometheusConnect
         from urllib3.util.retry import Retry
 
@@ -65,6 +73,11 @@ class PrometheusSource:
         self.query_set = query_set or q.QuerySet()
         self.timeout = timeout
         self.parallel = parallel
+        self.use_rules = use_rules
+        self.rules_refresh = rules_refresh
+        self.rules = recording.Loaded()
+        self._rules_checked = -math.inf
+        self._rules_said: str | None = None
         # One quick retry: a cycle that cannot reach Prometheus holds and tries next cycle.
         # POST, because the namespace matcher can make a query long.
         self._prom = PrometheusConnect(
@@ -76,13 +89,39 @@ class PrometheusSource:
             method="POST",
         )
 
+    def _check_rules(self) -> None:
+        """Which recording rules Prometheus evaluates now; any failure means none (raw)."""
+        now = time.monotonic()
+        if not self.use_rules or now - self._rules_checked < self.rules_refresh:
+            return
+        self._rules_checked = now
+        expected = recording.recording_rules(self.query_set.window())
+        try:
+            resp = self._prom._session.get(
+                f"{self.url}/api/v1/rules", params={"type": "record"},
+                headers=self._prom.headers, auth=self._prom.auth, timeout=self.timeout)
+            resp.raise_for_status()
+            self.rules = recording.loaded(resp.json(), expected)
+            said = self.rules.summary(len(expected))
+        except Exception as exc:  # an older or proxied Prometheus without the rules API
+            self.rules = recording.Loaded()
+            said = f"cannot read recording rules ({type(exc).__name__}: {exc}"[:300] + ")"
+        if said != self._rules_said:  # one line when it changes, not one per cycle
+            self._rules_said = said
+            log.info("prometheus %s: %s; %s", self.url, said,
+                     "querying the rest raw" if self.rules.missing else "one query per cycle")
+
     def fetch(self, ttft_quantiles: Iterable[float] = (0.9,),
               itl_quantiles: Iterable[float] = (0.9,)) -> Snapshot:
-        queries = self.query_set.build(ttft_quantiles, itl_quantiles)
+        self._check_rules()
+        plan = recording.plan(self.query_set, ttft_quantiles, itl_quantiles, self.rules.usable)
         # One evaluation time for every query, so all signals describe the same instant.
-        snap = Snapshot(time=time.time(), queries=len(queries))
+        snap = Snapshot(time=time.time(), queries=plan.count)
+        jobs = list(plan.raw.items())
+        if plan.combined is not None:
+            jobs.insert(0, ("", plan.combined))  # the big one first
 
-        def run(item: tuple[str, str]) -> tuple[str, dict[GroupKey, float] | str]:
+        def run(item: tuple[str, str]) -> tuple[str, list[Any] | str]:
             key, promql = item
             try:
                 result = self._prom.custom_query(
@@ -90,15 +129,34 @@ class PrometheusSource:
                 )
             except Exception as exc:  # connection refused, 4xx/5xx, timeouts: all "no data"
                 return key, f"{type(exc).__name__}: {exc}"
-            return key, parse_vector(result)
+            return key, result
 
         with ThreadPoolExecutor(max_workers=self.parallel) as pool:
-            for key, out in pool.map(run, queries.items()):
+            for key, out in pool.map(run, jobs):
                 if isinstance(out, str):
-                    snap.error = snap.error or f"{key}: {out}"[:500]
+                    snap.error = snap.error or f"{key or 'recorded signals'}: {out}"[:500]
+                    if not key:  # the rules may be gone: look again next cycle
+                        self._rules_checked = -math.inf
+                elif key:
+                    snap.values[key] = parse_vector(out)
                 else:
-                    snap.values[key] = out
+                    for k, values in parse_combined(out, plan).items():
+                        snap.values.setdefault(k, {}).update(values)
+                    snap.recorded = plan.recorded
         return snap
+
+
+def parse_combined(result: Any, plan: recording.Plan) -> dict[str, dict[GroupKey, float]]:
+    """The combined query's series, split by query key."""
+    out: dict[str, dict[GroupKey, float]] = {}
+    for series in result or []:
+        labels = series.get("metric", {})
+        key = plan.key_of(labels)
+        if key is None:
+            continue
+        group = (labels.get("namespace", ""), labels.get("pool", ""), labels.get("role", ""))
+        out.setdefault(key, {})[group] = float(series["value"][1])
+    return out
 
 
 def parse_vector(result: Any) -> dict[GroupKey, float]:

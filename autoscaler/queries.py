@@ -84,12 +84,18 @@ class QuerySet:
         vLLM name (and its escaped form) if there is one."""
         return " or ".join(build(name) for name in name_variants(metric))
 
-    def _quantile(self, q: float, histogram: str) -> str:
+    def bucket_rates(self, histogram: str) -> str:
+        """Per-group bucket rates of an engine histogram: the input of its quantiles."""
         s, w = self.selector(), self.window()
-        inner = self._compat(
-            histogram, lambda h: f"sum by ({BY}, le) (rate({h}_bucket{s}[{w}]))"
-        )
-        return f"histogram_quantile({q:g}, {inner})"
+        return self._compat(histogram, lambda h: f"sum by ({BY}, le) (rate({h}_bucket{s}[{w}]))")
+
+    def router_bucket_rates(self) -> str:
+        """Per-pool bucket rates of the router's TTFT histogram."""
+        s, w = self.selector(), self.window()
+        return f"sum by (namespace, pool, le) (rate({m.ROUTER_TTFT}_bucket{s}[{w}]))"
+
+    def _quantile(self, q: float, histogram: str) -> str:
+        return f"histogram_quantile({q:g}, {self.bucket_rates(histogram)})"
 
     def build(
         self, ttft_quantiles: Iterable[float] = (0.9,), itl_quantiles: Iterable[float] = (0.9,)
@@ -115,11 +121,7 @@ class QuerySet:
         }
         for q in sorted(set(ttft_quantiles)):
             queries[ttft_key(q)] = self._quantile(q, m.VLLM_TTFT)
-            s_router = s
-            queries[router_ttft_key(q)] = (
-                f"histogram_quantile({q:g}, sum by (namespace, pool, le) "
-                f"(rate({m.ROUTER_TTFT}_bucket{s_router}[{w}])))"
-            )
+            queries[router_ttft_key(q)] = f"histogram_quantile({q:g}, {self.router_bucket_rates()})"
         for q in sorted(set(itl_quantiles)):
             queries[itl_key(q)] = self._quantile(q, m.VLLM_ITL)
         return queries

@@ -1,9 +1,12 @@
-"""Prometheus rules: recording rules per namespace/pool/role and poolpilot's alerts.
+"""Prometheus rules: recording rules per namespace/pool/role, the autoscaler's recording rules
+and poolpilot's alerts.
 
 The chart ships the groups with `@@name@@` placeholders (charts/poolpilot/files/
 prometheus-rules.yaml) that its PrometheusRule template replaces with values
-(`prometheusRule.*`); `rule_groups(RuleParams())` gives the same groups with the chart's
-default values, which is what `promtool` and the live-query test check.
+(`prometheusRule.*`, and `autoscaler.rateWindowSeconds` for the autoscaler's group);
+`rule_groups(RuleParams())` gives the same groups with the chart's default values, which is
+what `promtool` and the live-query test check. The autoscaler's group comes from
+`poolpilot.autoscaler.recording` (the autoscaler checks it finds exactly those rules).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
+from poolpilot.autoscaler import recording
 from poolpilot.dashboards.promql import (
     BY_POOL,
     BY_ROLE,
@@ -45,9 +49,14 @@ class RuleParams:
     not_ready_for: str = "10m"
     scaling_limited_for: str = "15m"
     metrics_missing_for: str = "5m"
+    # The autoscaler's group: its --rate-window in whole seconds, and how often Prometheus
+    # evaluates the group (each recorded value is up to that much older than a raw query's).
+    autoscaler_window_seconds: str = "60"
+    autoscaler_interval: str = "10s"
 
 
-# Placeholder name in the chart file -> values path under .Values.prometheusRule.
+# Placeholder name in the chart file -> values path under .Values.prometheusRule (under
+# .Values for autoscaler.*).
 VALUE_PATHS: dict[str, str] = {
     "rate_window": "rateWindow",
     "ttft_seconds": "slo.ttftSeconds",
@@ -62,6 +71,8 @@ VALUE_PATHS: dict[str, str] = {
     "not_ready_for": "notReadyFor",
     "scaling_limited_for": "scalingLimitedFor",
     "metrics_missing_for": "metricsMissingFor",
+    "autoscaler_window_seconds": "autoscaler.rateWindowSeconds",
+    "autoscaler_interval": "autoscalerRulesInterval",
 }
 
 
@@ -268,6 +279,7 @@ def rule_groups(p: RuleParams) -> dict[str, Any]:
     return {
         "groups": [
             {"name": "poolpilot.recording", "rules": recording_rules(p)},
+            recording.rule_group(f"{p.autoscaler_window_seconds}s", p.autoscaler_interval),
             {"name": "poolpilot.alerts", "rules": [a.to_rule() for a in alerts(p)]},
         ]
     }

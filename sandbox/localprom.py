@@ -121,12 +121,12 @@ class PrometheusProcess:
         config, targets_dir, tsdb = self._paths()
         targets_dir.mkdir(parents=True, exist_ok=True)
         self.set_targets(targets)
-        interval = _duration(self.scrape_interval)
+        interval = duration(self.scrape_interval)
         cfg: dict[str, Any] = {
             "global": {
                 "scrape_interval": interval,
                 "scrape_timeout": interval,
-                "evaluation_interval": _duration(self.evaluation_interval or self.scrape_interval),
+                "evaluation_interval": duration(self.evaluation_interval or self.scrape_interval),
             },
             "rule_files": [str(p) for p in self.rule_files],
             "scrape_configs": [
@@ -217,7 +217,7 @@ class PrometheusProcess:
         self.stop()
 
 
-def _duration(seconds: float) -> str:
+def duration(seconds: float) -> str:
     """Prometheus duration string; sub-second intervals as milliseconds."""
     ms = max(1, round(seconds * 1000))
     return f"{ms // 1000}s" if ms % 1000 == 0 else f"{ms}ms"

@@ -25,6 +25,8 @@ from typing import Any
 
 import httpx
 import yaml
+from poolpilot.autoscaler import recording
+from poolpilot.autoscaler.queries import QuerySet
 from poolpilot.sandbox import localprom
 from poolpilot.sandbox.localprom import PrometheusNotInstalled, PrometheusProcess, Target
 
@@ -227,9 +229,18 @@ class Sandbox:
 
     def _start_prometheus(self) -> None:
         interval = self.cfg.scrape_interval_s / self.cfg.speed
+        workdir = self.out / "prometheus"
+        workdir.mkdir(parents=True, exist_ok=True)
+        # The autoscaler's recording rules (as the chart's PrometheusRule ships them), for its
+        # --rate-window on the sandbox's clock, evaluated at every scrape.
+        window = QuerySet(window_seconds=self.cfg.rate_window_s / self.cfg.speed).window()
+        rules = workdir / "autoscaler-rules.yaml"
+        rules.write_text(yaml.safe_dump(
+            {"groups": [recording.rule_group(window, localprom.duration(interval))]},
+            sort_keys=False))
         self.prometheus = PrometheusProcess(
-            scrape_interval=interval, port=self.cfg.prometheus_port,
-            workdir=self.out / "prometheus",
+            scrape_interval=interval, port=self.cfg.prometheus_port, workdir=workdir,
+            rule_files=[rules],
         )
         try:
             self.prometheus.start()

@@ -1,4 +1,10 @@
-"""The autoscaler's queries against a real Prometheus scraping exporters with known values."""
+"""The autoscaler's queries against a real Prometheus scraping exporters with known values.
+
+Every test runs twice against one Prometheus that has the autoscaler's recording rules
+loaded: once with the raw queries (what an autoscaler does with a Prometheus without
+poolpilot's rules) and once reading the recorded series (one query reads them all); both must
+give the same observations.
+"""
 
 from __future__ import annotations
 
@@ -6,10 +12,13 @@ import math
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
+import yaml
 from autoscaler_exporters import FakeExporter, Hist, engine, router
 from poolpilot.autoscaler import queries as q
+from poolpilot.autoscaler import recording
 from poolpilot.autoscaler.decide import History, Policy, decide
 from poolpilot.autoscaler.observe import PrometheusSource, RoleState, Snapshot, observation
 from poolpilot.sandbox.localprom import PrometheusProcess, Target, free_port
@@ -28,7 +37,8 @@ ITL_OLD = Hist(upper=0.2, buckets=m.ITL_BUCKETS)  # 0.15 + 0.05 * 0.9 = 0.195
 # served as text 0.0.4 (names keep their colons).
 # Pool beta (team-b): one decode engine on the names older vLLM releases used, served the way
 # prometheus_client negotiates with Prometheus 2.x (colons escaped to underscores).
-# Pool gamma (team-b): a decode engine whose KV gauge is NaN; later it disappears (stale).
+# Pool gamma (team-b): a decode engine whose KV gauge is NaN.
+# Pool delta (team-b): a decode engine that disappears (stale) in the last test.
 EXPORTERS: dict[tuple[str, str, str, int], FakeExporter] = {
     ("team-a", "alpha", "prefill", 0): engine(waiting=3, running=1, prompt_rate=200, ttft=TTFT_PRE,
                                               text_only=True),
@@ -43,13 +53,13 @@ EXPORTERS: dict[tuple[str, str, str, int], FakeExporter] = {
     ("team-b", "beta", "decode", 0): engine(running=10, kv=0.6, generation_rate=7, itl=ITL_OLD,
                                            old_names=True),
     ("team-b", "gamma", "decode", 0): engine(running=1, kv=math.nan),
+    ("team-b", "delta", "decode", 0): engine(running=1, kv=0.1),
 }
 
 
 @dataclass
 class Env:
     prom: PrometheusProcess
-    source: PrometheusSource
     targets: list[Target]
 
 
@@ -66,20 +76,45 @@ def poll(fetch: Callable[[], Snapshot], ok: Callable[[Snapshot], bool], timeout:
     return snap
 
 
+def rule_file(tmp: Path, window: float = WINDOW) -> Path:
+    """The autoscaler's recording rules for a rate window, evaluated every 0.5 s."""
+    path = tmp / f"rules-{window:g}.yml"
+    group = recording.rule_group(q.QuerySet(window_seconds=window).window(), "500ms")
+    path.write_text(yaml.safe_dump({"groups": [group]}))
+    return path
+
+
 @pytest.fixture(scope="module")
-def env() -> Iterator[Env]:
+def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     started = []
     try:
         for exp in EXPORTERS.values():
             started.append(exp.start())
         targets = [exp.target(ns, pool, role) for (ns, pool, role, _), exp in EXPORTERS.items()]
-        with PrometheusProcess(scrape_interval=0.5) as prom:
+        files = [rule_file(tmp_path_factory.mktemp("rules"))]
+        with PrometheusProcess(scrape_interval=0.5, rule_files=files) as prom:
             prom.start(targets)
-            source = PrometheusSource(prom.url, q.QuerySet(window_seconds=WINDOW))
-            yield Env(prom, source, targets)
+            yield Env(prom, targets)
     finally:
         for exp in started:
             exp.stop()
+
+
+@dataclass
+class Source:
+    prom: PrometheusSource
+    rules: bool
+
+    def fetch(self, *quantiles: tuple[float, ...]) -> Snapshot:
+        return self.prom.fetch(*quantiles)
+
+
+@pytest.fixture(scope="module", params=["raw", "rules"])
+def source(request: pytest.FixtureRequest, env: Env) -> Source:
+    rules = request.param == "rules"
+    # With rules, they are looked up every 0.2 s: usable from their first evaluation on.
+    return Source(PrometheusSource(env.prom.url, q.QuerySet(window_seconds=WINDOW),
+                                   use_rules=rules, rules_refresh=0.2), rules)
 
 
 def ready(snap: Snapshot) -> bool:
@@ -133,13 +168,18 @@ def window_filled(env: Env) -> bool:
 
     full = WINDOW / env.prom.scrape_interval - 1
     got = PrometheusConnect(env.prom.url).custom_query(
-        f'min(count_over_time(up{{pool!=""}}[{WINDOW:g}s]))')
+        f'min(count_over_time(up{{pool!="", pool!="delta"}}[{WINDOW:g}s]))')
     return bool(got) and float(got[0]["value"][1]) >= full
 
 
+def all_recorded(source: Source, snap: Snapshot) -> bool:
+    return not source.rules or snap.queries == 1
+
+
 @pytest.fixture(scope="module")
-def snapshot(env: Env) -> Snapshot:
-    return poll(env.source.fetch, lambda s: ready(s) and window_filled(env))
+def snapshot(env: Env, source: Source) -> Snapshot:
+    return poll(source.fetch,
+                lambda s: ready(s) and window_filled(env) and all_recorded(source, s))
 
 
 @pytest.mark.parametrize("e", EXPECTED, ids=[e.id for e in EXPECTED])
@@ -154,17 +194,51 @@ def test_query_returns_what_the_exporters_imply(snapshot: Snapshot, e: Expect) -
         assert got == pytest.approx(e.value, rel=e.rel), (e.key, snapshot.values.get(e.key))
 
 
-def test_one_fixed_query_set_for_all_pools(snapshot: Snapshot, env: Env) -> None:
-    # 8 plain signals + TTFT at engines and router + ITL, whatever the number of pools.
-    assert snapshot.queries == 11
-    assert len({g[:2] for g in snapshot.values[q.WAITING]}) == 3  # alpha, beta, gamma
+def test_one_fixed_query_set_for_all_pools(snapshot: Snapshot, source: Source) -> None:
+    # Raw: 8 plain signals + TTFT at engines and router + ITL, whatever the number of pools.
+    # With the recording rules: every signal in one query.
+    raw = len(q.QuerySet().build())
+    assert (snapshot.queries, snapshot.recorded) == ((1, raw) if source.rules else (raw, 0))
+    assert {g[:2] for g in snapshot.values[q.WAITING]} >= {("team-a", "alpha"),
+                                                           ("team-b", "beta"), G_PRE[:2]}
     scoped = q.QuerySet(namespaces=("team-b",)).build()
     assert all('namespace=~"team-b"' in promql for promql in scoped.values())
 
 
 def test_samples_are_fresh(snapshot: Snapshot) -> None:
+    # Recorded, the newest sample's time is as old as the last scrape before the last rule
+    # evaluation: still well within a pool's max metric age.
     age = snapshot.time - (snapshot.get(q.SAMPLE_TIME, A_PRE) or 0)
     assert 0 <= age < 5
+
+
+QUANTILE_CASES = [
+    # 0.9 is recorded; 0.85 is not: computed from the recorded bucket rates in one more query
+    # per histogram, with the same result as the raw query.
+    ("recorded-quantile", 0.9, 0),
+    ("quantile-from-recorded-buckets", 0.85, 3),
+]
+
+
+@pytest.mark.parametrize(("quantile", "extra"), [c[1:] for c in QUANTILE_CASES],
+                         ids=[c[0] for c in QUANTILE_CASES])
+def test_any_slo_quantile(snapshot: Snapshot, source: Source, quantile: float, extra: int
+                          ) -> None:
+    snap = source.fetch((quantile,), (quantile,))
+    assert snap.queries == (1 + extra if source.rules else len(q.QuerySet().build()))
+    assert snap.get(q.ttft_key(quantile), A_PRE) == pytest.approx(TTFT_PRE.quantile(quantile))
+    assert snap.get(q.itl_key(quantile), A_DEC) == pytest.approx(ITL_NEW.quantile(quantile))
+    assert snap.get(q.router_ttft_key(quantile), A_POOL) == pytest.approx(
+        TTFT_ROUTER.quantile(quantile))
+
+
+def test_rules_for_another_window_are_not_used(snapshot: Snapshot, env: Env) -> None:
+    """An autoscaler whose --rate-window the loaded rules were not made for queries raw."""
+    other = PrometheusSource(env.prom.url, q.QuerySet(window_seconds=WINDOW + 1))
+    snap = other.fetch()
+    assert (snap.queries, snap.recorded) == (len(q.QuerySet().build()), 0)
+    assert snap.get(q.WAITING, A_PRE) == 7
+    assert "not for --rate-window 7s" in " ".join(other.rules.problems)
 
 
 def test_observation_feeds_the_decision(snapshot: Snapshot) -> None:
@@ -210,11 +284,13 @@ def test_prometheus_down_is_no_data_not_zero() -> None:
     assert d.metrics_available.reason == "MetricsUnavailable"
 
 
-def test_vanished_target_goes_stale_and_holds(env: Env, snapshot: Snapshot) -> None:
-    # Runs last in this module: gamma's exporter is removed from the scrape targets.
-    env.prom.set_targets([t for t in env.targets if t.labels["pool"] != "gamma"])
-    snap = poll(env.source.fetch, lambda s: G_PRE not in s.values.get(q.WAITING, {}))
+def test_vanished_target_goes_stale_and_holds(env: Env, source: Source, snapshot: Snapshot
+                                             ) -> None:
+    # delta's exporter is removed from the scrape targets (no other test reads delta).
+    env.prom.set_targets([t for t in env.targets if t.labels["pool"] != "delta"])
+    gone = ("team-b", "delta", "decode")
+    snap = poll(source.fetch, lambda s: gone not in s.values.get(q.WAITING, {}))
     assert A_PRE in snap.values[q.WAITING]  # the others are still there
-    obs = observation("team-b", "gamma", {"decode": RoleState(3, 3)}, snap, 0.9, 0.9)
+    obs = observation("team-b", "delta", {"decode": RoleState(3, 3)}, snap, 0.9, 0.9)
     d = decide(obs, Policy(bounds={"decode": (1, 8)}), History.warm(), snap.time)
     assert (d.replicas["decode"], d.roles["decode"].reason) == (3, "MetricsUnavailable")
