@@ -1,18 +1,23 @@
-"""`poolpilot sandbox` as a user runs it: clear errors, Ctrl-C stops everything it started,
-and a second run right after (from another folder, with relative paths) works and writes its
-report. Budget: about a minute."""
+"""`poolpilot sandbox` as a user runs it: clear errors; the Prometheus graph links it prints
+work while the trace runs (loaded in headless Chromium); Ctrl-C stops everything it started;
+a second run right after (from another folder, with relative paths, --keep) writes its report,
+then keeps serving (kubectl, the OpenAI API, the graphs) until Ctrl-C. Budget: about a minute."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
+import browser
+import httpx
 from poolpilot.sandbox.data import DEFAULT_POOL
 
 from poolpilot.polling import wait_for
@@ -68,18 +73,58 @@ def test_bad_trace_line_is_named(tmp_path: Path) -> None:
     assert f"{trace}:3: input_tokens must be an integer" in r.stderr
 
 
-def test_ctrl_c_stops_everything_then_a_second_run_works(tmp_path: Path) -> None:
+# What each key panel's graph must show for the pool: (label, values) pairs every one of which
+# some drawn series has.
+PANEL_SERIES = {
+    "replicas desired vs ready per role": [("role", r) for r in ("prefill", "decode")]
+    + [("series", s) for s in ("desired", "ready (scraped)")],
+    "router TTFT p90 vs the SLO": [("series", "p90"), ("series", "target")],
+    "queue depth per role": [("role", "prefill"), ("role", "decode")],
+    "autoscaler decisions by reason": [("role", "prefill"), ("role", "decode")],
+}
+LINK = re.compile(r"^ +(?P<label>[A-Za-z0-9 :.]+): (?P<url>http://\S+/classic/graph\?\S+)$", re.M)
+
+
+def graph_links(output: str) -> dict[str, str]:
+    """The Prometheus graph links the sandbox printed, by panel (the first of each)."""
+    links: dict[str, str] = {}
+    for m in LINK.finditer(output):
+        links.setdefault(m["label"], m["url"])
+    return links
+
+
+def graphs_show_the_pool(links: dict[str, str]) -> bool:
+    """Every key panel's link, loaded in headless Chromium, draws series of the pool."""
+    drawn = browser.graph_series([links[label] for label in PANEL_SERIES])
+    for wanted, series in zip(PANEL_SERIES.values(), drawn, strict=True):
+        if not series or any(s.get("pool") != "demo" or s.get("namespace") != "sandbox"
+                             for s in series):
+            return False
+        if not all(any(s.get(k) == v for s in series) for k, v in wanted):
+            return False
+    return True
+
+
+def test_links_work_mid_run_ctrl_c_stops_all_then_a_kept_run_serves(tmp_path: Path) -> None:
     trace = tmp_path / "t.csv"
     trace.write_text("arrival_s,input_tokens,output_tokens\n"
                      + "".join(f"{i * 2},{500 + 10 * i},{8 + i}\n" for i in range(6)))
     first = tmp_path / "first"
-    log = (tmp_path / "first.log").open("w")
-    proc = subprocess.Popen([*SANDBOX, "--trace", str(trace), "--speed", "8", "--report",
-                             str(first)], stdout=log, stderr=subprocess.STDOUT, text=True)
+    first_log = tmp_path / "first.log"
+    # A long idle tail (75 s real) so that the run is still going when it is interrupted.
+    proc = subprocess.Popen([*SANDBOX, "--trace", str(trace), "--speed", "8", "--duration",
+                             "600", "--report", str(first)], stdout=first_log.open("w"),
+                            stderr=subprocess.STDOUT)
     try:
-        wait_for(lambda: "replaying the trace" in (tmp_path / "first.log").read_text()
+        wait_for(lambda: "replaying the trace" in first_log.read_text()
                  or proc.poll() is not None, timeout=180, what="the pool to become ready")
-        assert proc.poll() is None, (tmp_path / "first.log").read_text()
+        assert proc.poll() is None, first_log.read_text()
+        # The links are printed before the trace starts and work while it runs.
+        links = graph_links(first_log.read_text().split("replaying the trace")[0])
+        assert set(links) == set(PANEL_SERIES), first_log.read_text()
+        wait_for(lambda: graphs_show_the_pool(links), timeout=60, interval=1,
+                 what="every key panel's graph to show the pool's series in Chromium")
+        assert proc.poll() is None, "the run should still be going (its idle tail)"
         assert processes_using(first), "the sandbox's processes should be running"
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=60) == 130
@@ -89,19 +134,60 @@ def test_ctrl_c_stops_everything_then_a_second_run_works(tmp_path: Path) -> None
     assert wait_for(lambda: not processes_using(first), timeout=15,
                     what="every process of the interrupted run to be gone", interval=0.5) is True
     # A second run right after, to the end: it gets its own ports and writes the report.
-    # It runs from another folder with relative --pool, --trace and --report: pods run in
-    # folders of their own, so every path handed to them must be absolute.
+    # It runs from another folder with relative --pool, --trace and --report (pods run in
+    # folders of their own, so every path handed to them must be absolute), with --keep.
     second = tmp_path / "second"
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     shutil.copy(DEFAULT_POOL, tmp_path / "pool.yaml")
-    r = sandbox("--pool", "../pool.yaml", "--trace", "../t.csv", "--speed", "8",
-                "--duration", "30", "--report", "../second", cwd=elsewhere)
-    assert r.returncode == 0, r.stderr[-3000:]
-    report = json.loads((second / "report.json").read_text())
-    assert report["requests"] == {**report["requests"], "sent": 6, "ok": 6, "failed": 0}
-    assert report["ttft_seconds"]["p50"] > 0
-    assert {p.name for p in second.glob("*.png")} == {"ttft.png", "queue.png", "replicas.png",
-                                                       "request_rate.png"}
-    assert "scale events" in r.stdout + r.stderr
-    assert not processes_using(second)
+    second_log = tmp_path / "second.log"
+    proc = subprocess.Popen([*SANDBOX, "--pool", "../pool.yaml", "--trace", "../t.csv",
+                             "--speed", "8", "--duration", "30", "--report", "../second",
+                             "--keep"], cwd=elsewhere, stdout=second_log.open("w"),
+                            stderr=subprocess.STDOUT)
+    try:
+        wait_for(lambda: "Ctrl-C stops it" in second_log.read_text() or proc.poll() is not None,
+                 timeout=180, what="the kept sandbox's instructions")
+        out = second_log.read_text()
+        assert proc.poll() is None, out
+        report = json.loads((second / "report.json").read_text())
+        assert report["requests"] == {**report["requests"], "sent": 6, "ok": 6, "failed": 0}
+        assert report["ttft_seconds"]["p50"] > 0
+        assert {p.name for p in second.glob("*.png")} == {
+            "ttft.png", "queue.png", "replicas.png", "request_rate.png"}
+        assert "scale events" in out
+        kept = out.split("Ctrl-C stops it")[1]
+        # The printed kubectl command (without -w) shows the pool, ready.
+        watch = re.search(r"watch the pool: +(\S+ --kubeconfig \S+ get ipool -n \S+) -w", kept)
+        assert watch, kept
+        got = subprocess.run(watch[1].split(), capture_output=True, text=True, timeout=30)
+        assert got.returncode == 0 and re.search(r"^demo +Disaggregated .* True ", got.stdout,
+                                                 re.M), got.stdout + got.stderr
+        # The printed OpenAI URL streams a completion.
+        api = re.search(r"OpenAI API: +(http://\S+/v1)$", kept, re.M)
+        assert api, kept
+        chunks = completion_chunks(api[1], "llama-3.1-8b")
+        assert len(chunks) == 4 and all(c["object"] == "text_completion" for c in chunks)
+        # After the report the graphs still draw the pool.
+        assert graphs_show_the_pool(graph_links(kept))
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == 0, second_log.read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert "stopping every process the sandbox started" in second_log.read_text()
+    assert wait_for(lambda: not processes_using(second), timeout=15, interval=0.5,
+                    what="every process of the kept run to be gone") is True
+
+
+def completion_chunks(base_url: str, model: str) -> list[dict[str, Any]]:
+    """A streamed completion of 4 tokens, as `curl -N` would read it: the data events."""
+    body = {"model": model, "prompt": "Once upon a time", "max_tokens": 4, "stream": True,
+            "ignore_eos": True}
+    chunks = []
+    with httpx.stream("POST", f"{base_url}/completions", json=body, timeout=30) as r:
+        assert r.status_code == 200, r.read()
+        for line in r.iter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                chunks.append(json.loads(line.removeprefix("data: ")))
+    return chunks

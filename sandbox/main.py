@@ -1,18 +1,27 @@
 """`poolpilot sandbox`: the whole system on this machine, replaying a real trace.
 
     poolpilot sandbox [--pool FILE] [--trace FILE] [--engine sim|vllm-cpu] [--speed X]
-                      [--rate-scale X] [--duration SECONDS] [--report DIR]
+                      [--rate-scale X] [--duration SECONDS] [--report DIR] [--keep]
 
 The bare command applies the shipped sandbox pool and replays a 90-second burst of the Azure
 code trace, then idles so the scale-down shows: a few minutes in all. Every time-like setting
-is in simulated seconds; the whole world runs --speed times faster (one clock).
+is in simulated seconds; the whole world runs --speed times faster (one clock). Links into
+Prometheus's graph page, one per key dashboard panel, are printed once the pool is applied;
+with --keep everything stays up after the report until Ctrl-C.
+
+POOLPILOT_SANDBOX_DURATION (simulated seconds), when set, is the default of --duration: the
+README's bare command on a shorter run (the verbatim-README test uses it).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import json
 import math
+import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -21,6 +30,7 @@ from rich.console import Console
 
 from poolpilot.traces import TraceError, TraceRequest, clamp_tokens, load_trace, scale_rate, window
 
+from . import live
 from . import report as R
 from .data import DEFAULT_POOL, DEFAULT_TRACE, VLLM_POOL
 from .supervisor import (
@@ -35,6 +45,7 @@ from .supervisor import (
 console = Console(stderr=True, soft_wrap=True)  # error lines stay whole (FILE:LINE: ...)
 
 DEFAULT_SPEED = 4.0
+DURATION_ENV = "POOLPILOT_SANDBOX_DURATION"
 DEFAULT_TAIL_S = 240.0  # idle after the last request: the stabilization window and scale-down
 VLLM_MAX_INPUT, VLLM_MAX_OUTPUT = 300, 48  # the tiny model runs with max-model-len 512
 
@@ -58,9 +69,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="multiply the trace's request rate (2 = arrivals twice as dense)")
     p.add_argument("--start", type=float, default=0.0,
                    help="skip this many seconds of the trace")
-    p.add_argument("--duration", type=float, default=None,
+    p.add_argument("--duration", type=float, default=_env_duration(),
                    help="simulated seconds to run: requests arriving later are not sent "
-                   f"(default: the last arrival + {DEFAULT_TAIL_S:g}s so scale-down shows)")
+                   f"(default: ${DURATION_ENV} if set, else the last arrival + "
+                   f"{DEFAULT_TAIL_S:g}s so scale-down shows)")
     p.add_argument("--report", type=Path, default=Path("sandbox-report"),
                    help="folder for report.json, plots and logs (default ./sandbox-report)")
     p.add_argument("--namespace", default=None, help="namespace (default: the pool's)")
@@ -75,6 +87,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prometheus-port", type=int, default=0,
                    help="port of Prometheus (default: a free one)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--keep", action="store_true",
+                   help="after the report, leave the cluster, Prometheus and the pool running "
+                   "and print how to use them; Ctrl-C stops everything")
+
+
+def _env_duration() -> float | None:
+    raw = os.environ.get(DURATION_ENV)
+    if not raw:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise SystemExit(f"poolpilot sandbox: {DURATION_ENV}={raw}: must be a number of "
+                         "simulated seconds > 0 (or unset)")
+    return value
 
 
 def prepare_trace(args: argparse.Namespace, max_model_len: int) -> list[TraceRequest]:
@@ -154,8 +183,10 @@ async def _main(sandbox: Sandbox, args: argparse.Namespace, trace: list[TraceReq
         prom = sandbox.prometheus.url if sandbox.prometheus else "-"
         console.print(f"  Kubernetes API {sandbox.api_url} (kubectl --kubeconfig "
                       f"{sandbox.kubeconfig}), Prometheus {prom}")
+        pool = await sandbox.apply(args.pool, args.namespace)
+        print_graph_links(sandbox, pool, duration, "watch it live in Prometheus (reload a "
+                          "page to update it)")
         with console.status(f"kubectl apply -f {args.pool}; waiting for the pool to be ready"):
-            pool = await sandbox.apply(args.pool, args.namespace)
             await sandbox.wait_ready(pool, timeout=300 if cfg.engine == "vllm-cpu" else 120)
         warm = sandbox.warmup_seconds(pool)
         if warm:
@@ -182,9 +213,68 @@ async def _main(sandbox: Sandbox, args: argparse.Namespace, trace: list[TraceReq
             console.print(table)
         console.print(f"report: {cfg.out_dir / 'report.json'} and plots in {cfg.out_dir}")
         failed = out["requests"]["failed"]
+        if args.keep:
+            print_keep_help(sandbox, pool, duration)
+            await wait_for_stop(sandbox)
+            console.print("stopping every process the sandbox started")
         return 0 if failed == 0 else 3
     finally:
         await sandbox.stop()
+
+
+def graph_links(sandbox: Sandbox, pool: AppliedPool, duration: float) -> list[live.Link]:
+    """Prometheus graph links for the key dashboard panels, over about the run's length."""
+    cfg = sandbox.cfg
+    assert sandbox.prometheus is not None
+    real_s = (sandbox.warmup_seconds(pool) + duration) / cfg.speed + 60  # + start-up
+    return live.panel_links(sandbox.prometheus.url, pool.namespace, pool.name,
+                            cfg.rate_window_s / cfg.speed, real_s)
+
+
+def print_graph_links(sandbox: Sandbox, pool: AppliedPool, duration: float,
+                      heading: str) -> None:
+    console.print(f"  {heading}:")
+    for link in graph_links(sandbox, pool, duration):
+        console.print(f"    {link.label}: {link.url}", highlight=False)
+
+
+def print_keep_help(sandbox: Sandbox, pool: AppliedPool, duration: float) -> None:
+    """How to use the sandbox that --keep leaves running."""
+    urls = sandbox.router_urls(pool)
+    router = urls[0] if urls else "(no router ready)"
+    body = json.dumps({"model": pool.spec.served_name(), "prompt": "Once upon a time",
+                       "max_tokens": 32, "stream": True})
+    console.print(
+        "[bold]The sandbox keeps running (--keep); Ctrl-C stops it.[/]\n"
+        f"  watch the pool:   {sandbox.kubectl_bin} --kubeconfig {sandbox.kubeconfig} "
+        f"get ipool -n {pool.namespace} -w\n"
+        f"  OpenAI API:       {router}\n"
+        f"  stream a completion: curl -N {router}/completions -H 'Content-Type: "
+        f"application/json' -d '{body}'\n"
+        f"  Prometheus:       {sandbox.prometheus.url if sandbox.prometheus else '-'}",
+        highlight=False, markup=True,
+    )
+    print_graph_links(sandbox, pool, duration, "graphs (the dashboards' panels)")
+
+
+async def wait_for_stop(sandbox: Sandbox) -> None:
+    """Until Ctrl-C or SIGTERM; a component that exits meanwhile ends the wait with its error."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    signals = (signal.SIGINT, signal.SIGTERM)
+    previous = {sig: signal.getsignal(sig) for sig in signals}
+    for sig in signals:
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        while not stop.is_set():
+            sandbox.check_alive()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=1.0)
+    finally:
+        for sig in signals:
+            loop.remove_signal_handler(sig)
+            if previous[sig] is not None:  # None: a handler not set from Python; keep asyncio's
+                signal.signal(sig, previous[sig])
 
 
 async def queue_series(sandbox: Sandbox, pool: AppliedPool, wall0: float, wall_end: float,

@@ -342,7 +342,7 @@ class Sandbox:
         roles = [*pool.spec.engine_roles(), "router"]
         state: dict[str, str] = {}
         while time.monotonic() < deadline:
-            self._check_alive()
+            self.check_alive()
             crashing = [rt for rt in self.controller.kubelet.runtimes.values()
                         if rt.namespace == pool.namespace and rt.restarts >= 3]
             if crashing:
@@ -389,7 +389,8 @@ class Sandbox:
                 lines.append(f"pod {rt.name} restarted {rt.restarts}x; last log lines:\n{tail}\n")
         return "".join(lines)
 
-    def _check_alive(self) -> None:
+    def check_alive(self) -> None:
+        """Raise SandboxError when a component the sandbox started has exited."""
         for child, what in ((self.emulator, "the Kubernetes API emulator"),
                             (self.operator, "the operator"), (self.autoscaler, "the autoscaler")):
             if child is not None and not child.alive():
