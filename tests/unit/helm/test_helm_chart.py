@@ -350,9 +350,11 @@ def test_helm_test_hook_checks_the_autoscaler(rendered: dict[str, list[dict[str,
     compile(script, "helm-test", "exec")
 
 
-def test_notes_tell_the_next_command(tmp_path: Path) -> None:
-    # `helm install --dry-run` needs a cluster; render NOTES.txt through a probe template in a
-    # copy of the chart instead (the same template engine and values).
+@pytest.mark.parametrize(("watch", "warns"), [("{serving}", False), ("{research}", True)],
+                         ids=["watches-serving", "watches-another"])
+def test_notes_tell_the_next_command(tmp_path: Path, watch: str, warns: bool) -> None:
+    # Render NOTES.txt through a probe template in a copy of the chart (the same template
+    # engine and values); tests/adapter/test_quickstart.py reads it from a real `helm install`.
     chart = tmp_path / "poolpilot"
     shutil.copytree(CHART, chart)
     (chart / "templates" / "zz-notes.yaml").write_text(
@@ -360,11 +362,12 @@ def test_notes_tell_the_next_command(tmp_path: Path) -> None:
         'data: {notes: {{ include "poolpilot/templates/NOTES.txt" . | quote }}}\n'
     )
     out = helm("template", "pp", str(chart), "--namespace", "ml", "--set",
-               "watchNamespaces={serving}", "--show-only", "templates/zz-notes.yaml").stdout
+               f"watchNamespaces={watch}", "--show-only", "templates/zz-notes.yaml").stdout
     notes = yaml.safe_load(out)["data"]["notes"]
-    assert "kubectl apply -n serving -f examples/llama-8b-disaggregated.yaml" in notes
-    assert "kubectl get inferencepools.poolpilot.dev" in notes
+    assert "kubectl apply -f examples/llama-8b-disaggregated.yaml" in notes
+    assert "kubectl -n serving port-forward svc/llama-8b-router 8000:8000 &" in notes
     assert "helm test pp -n ml" in notes
+    assert ("This release does not manage namespace serving" in notes) is warns
 
 
 def test_dockerfile_copies_every_mapped_package_but_the_dev_tools() -> None:
