@@ -16,13 +16,16 @@ Prefill/decode disaggregation, as with vLLM's NixlConnector:
   prefilled; its response carries `kv_transfer_params: {"do_remote_prefill": true,
   "do_remote_decode": false, "remote_block_ids": [...], "remote_engine_id": ...,
   "remote_request_id": ..., "remote_host": ..., "remote_port": ..., "tp_size": ...}` and the
-  engine keeps the prompt's KV blocks until a decode engine reads them (or 480 s pass, as
-  VLLM_NIXL_ABORT_REQUEST_TIMEOUT);
+  engine keeps the prompt's KV blocks until a decode engine reads them or its lease ends
+  (`--kv-lease-seconds`, 30 by default: vLLM 0.32's kv_lease_duration; counted in
+  vllm:nixl_num_kv_expired_reqs);
 * a request carrying those params allocates blocks, "reads" the KV from remote_host:remote_port
   (here: POST /sim/kv/pull on the prefill simulator, which frees its blocks), waits the
   transfer time (bytes / link bandwidth), skips the prompt's compute and decodes. If the read
   fails (unknown request, prefill gone), it counts vllm:nixl_num_failed_transfers and
   recomputes the prompt locally, like vLLM's recompute policy.
+* a request carrying those params that is rejected (400/404) tells the prefill engine to free
+  the blocks it holds for it, as vLLM 0.32's serving layer does for a rejected handoff;
 * a plain request (no kv_transfer_params) is served whole by any role, like a `kv_both`
   vLLM: on a decode engine that is the router's local-prefill fallback; with `--itl-budget`
   its prompt is prefilled in chunks that keep the running batch's steps within the budget.
@@ -60,7 +63,9 @@ from .hardware import StepModel, UnknownHardware, make_step_model
 from .scheduler import Seq
 from .stats import GAUGES, HELP
 
-KV_HOLD_TIMEOUT = 480.0  # vLLM's VLLM_NIXL_ABORT_REQUEST_TIMEOUT default, simulated seconds
+# How long a prefill engine holds a prompt's KV for a decode engine (simulated seconds):
+# vLLM 0.32's NixlConnector `kv_lease_duration` default; `--kv-lease-seconds` sets it.
+KV_LEASE_DEFAULT = 30.0
 
 
 class Clock:
@@ -108,9 +113,10 @@ class SimEngine:
     """The engine core driven by asyncio in (scaled) real time."""
 
     def __init__(self, step_model: StepModel, role: str, config: EngineConfig,
-                 clock: Clock) -> None:
+                 clock: Clock, kv_lease: float = KV_LEASE_DEFAULT) -> None:
         self.core = EngineCore(step_model, role, config)
         self.clock = clock
+        self.kv_lease = kv_lease
         self.finished: deque[dict[str, Any]] = deque(maxlen=10000)
         self.wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -164,13 +170,13 @@ class SimEngine:
             else:
                 t = self.clock.now()
             self._wake_at = None
-            core.expire_held(t, KV_HOLD_TIMEOUT)
+            core.expire_held(t, self.kv_lease)
             ch = core.plan(t)
             core.started_loads.clear()
             if ch is None:
                 self.wake.clear()
                 # blocked: wait for a KV load to land, held KV to expire, or a request
-                nxt = min((x for x in (core.next_load_at(), core.next_expiry(KV_HOLD_TIMEOUT))
+                nxt = min((x for x in (core.next_load_at(), core.next_expiry(self.kv_lease))
                            if x is not None), default=None)
                 if nxt is None:
                     await self.wake.wait()
@@ -260,7 +266,10 @@ class SimServer:
             max_chunk_steps=256 if self.clock.instant else 64,
             track_token_steps=False,
         )
-        self.engine = SimEngine(self.step_model, self.role, config, self.clock)
+        if not args.kv_lease_seconds > 0:
+            raise ValueError(f"--kv-lease-seconds must be > 0, got {args.kv_lease_seconds}")
+        self.engine = SimEngine(self.step_model, self.role, config, self.clock,
+                                args.kv_lease_seconds)
         self.served = args.served_name or self.step_model.model.hf_id
         self.engine_id = args.engine_id or str(uuid.uuid4())
         self.registry = CollectorRegistry(auto_describe=False)
@@ -375,6 +384,9 @@ class SimServer:
                 raise p.BadRequest("kv_transfer_params must be an object",
                                    param="kv_transfer_params")
         except p.BadRequest as exc:
+            kv = body.get("kv_transfer_params")
+            if isinstance(kv, dict) and kv.get("do_remote_prefill"):
+                await self._pull_kv(kv, count_failure=False)  # free the prefill's hold
             return web.json_response(exc.body(), status=exc.status)
 
         rid = p.new_id(chat)
@@ -403,7 +415,7 @@ class SimServer:
         return web.json_response(make(rid, self.served, text, seq.finish_reason, prompt_n,
                                       seq.generated, kv_out))
 
-    async def _pull_kv(self, kv: dict[str, Any]) -> bool:
+    async def _pull_kv(self, kv: dict[str, Any], count_failure: bool = True) -> bool:
         """Read the prompt's KV from the prefill engine; False means recompute locally."""
         host, port = kv.get("remote_host"), kv.get("remote_port")
         ok = False
@@ -416,7 +428,7 @@ class SimServer:
                     ok = r.status == 200
             except (aiohttp.ClientError, TimeoutError, OSError):
                 ok = False
-        if not ok:
+        if not ok and count_failure:
             self.engine.core.stats.counters[m.VLLM_NIXL_FAILED] += 1
         return ok
 
@@ -508,6 +520,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="mean 'natural' output length when ignore_eos is false")
     parser.add_argument("--seed", type=int, default=0, help="seed for natural output lengths")
     parser.add_argument("--engine-id", default=None, help="NIXL engine id (default: a uuid)")
+    parser.add_argument("--kv-lease-seconds", type=float, default=KV_LEASE_DEFAULT,
+                        help="prefill: how long a prompt's KV waits for a decode engine to read "
+                             "it (simulated seconds; default 30, vLLM 0.32's kv_lease_duration)")
     parser.add_argument("--itl-budget", type=float, default=None, metavar="SECONDS",
                         help="while it prefills a plain request itself (the router's local-"
                              "prefill fallback on a decode engine), size each step's prompt "

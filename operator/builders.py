@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from poolpilot import api, names
+from poolpilot import api, handoff, names
 
 ENGINE_CONTAINER = "engine"
 ROUTER_CONTAINER = "router"
@@ -20,6 +20,8 @@ MODEL_CACHE_DIR = "/model-cache"
 MODEL_PVC_DIR = "/models"
 ROUTER_CONFIG_DIR = "/etc/poolpilot/router"
 ROUTER_CONFIG_KEY = "router.json"
+ROUTER_KEYS_DIR = "/etc/poolpilot/router-keys"  # spec.router.apiKeySecret, mounted
+ROUTER_KEYS_FILE = "api-keys"
 CONFIG_HASH_ANNOTATION = "poolpilot.dev/config-hash"
 ENGINE_GRACE_SECONDS = 120  # in-flight generations finish after the endpoint is removed
 ROUTER_GRACE_SECONDS = 60
@@ -177,6 +179,9 @@ def launch_command(spec: api.InferencePoolSpec, role: str) -> list[str]:
     ]  # fmt: skip
     if connector != "none" and spec.kv_transfer.extra_config:
         cmd += ["--kv-config", _engine_args_value(spec.kv_transfer.extra_config)]
+    if connector == str(api.Connector.NIXL):
+        # The prefill's KV hold covers the router's handoff (its connect timeout x attempts).
+        cmd += ["--kv-lease-seconds", str(handoff.kv_lease_seconds())]
     cmd += ["--tensor-parallel", str(role_spec.tensor_parallel_size)]
     args = {**spec.runtime.engine_args, **role_spec.engine_args}
     for key in sorted(args):
@@ -392,8 +397,10 @@ def build_router_deployment(pool: Pool, caps: Capabilities | None = None) -> Obj
         "image": spec.router.image or spec.runtime.image,
         "imagePullPolicy": spec.runtime.image_pull_policy,
         "command": [
-            *("poolpilot", "router", "--port", str(names.ROUTER_PORT)),
+            *("poolpilot", "router", "--host", "0.0.0.0", "--port", str(names.ROUTER_PORT)),
             *("--discover", "kubernetes", "--namespace", pool.namespace, "--pool", pool.name),
+            *(("--api-key-file", f"{ROUTER_KEYS_DIR}/{ROUTER_KEYS_FILE}")
+              if spec.router.api_key_secret else ()),
         ],
         "env": [
             {"name": "POOLPILOT_ROUTER_CONFIG", "value": f"{ROUTER_CONFIG_DIR}/{ROUTER_CONFIG_KEY}"}
@@ -409,12 +416,21 @@ def build_router_deployment(pool: Pool, caps: Capabilities | None = None) -> Obj
         "securityContext": {**_container_security(), "readOnlyRootFilesystem": True},
         "volumeMounts": [{"name": "config", "mountPath": ROUTER_CONFIG_DIR, "readOnly": True}],
     }
+    volumes: list[Obj] = [{"name": "config", "configMap": {"name": name}}]
+    secret = spec.router.api_key_secret
+    if secret is not None:
+        # A volume, not an env var: a rotated Secret reaches the file (the router re-reads it).
+        container["volumeMounts"].append(
+            {"name": "api-keys", "mountPath": ROUTER_KEYS_DIR, "readOnly": True})
+        volumes.append({"name": "api-keys", "secret": {
+            "secretName": secret.name, "items": [{"key": secret.key, "path": ROUTER_KEYS_FILE}],
+            "defaultMode": 0o440}})
     pod_spec: Obj = {
         "serviceAccountName": name,
         "terminationGracePeriodSeconds": ROUTER_GRACE_SECONDS,
         "securityContext": _pod_security(),
         "containers": [container],
-        "volumes": [{"name": "config", "configMap": {"name": name}}],
+        "volumes": volumes,
         "topologySpreadConstraints": _spread(pool, "router"),
     }
     if spec.runtime.image_pull_secrets:

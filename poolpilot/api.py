@@ -335,6 +335,12 @@ class RouterSpec(ApiModel):
     resources: ResourceRequirements = Field(
         default_factory=ResourceRequirements, description="Router container resources."
     )
+    api_key_secret: SecretKeyRef | None = Field(
+        default=None,
+        description="Secret key holding the API keys clients must send (Authorization: Bearer "
+        "KEY), one per line; unset: no authentication. Rotating the Secret takes effect "
+        "without a restart.",
+    )
 
 
 # ---------------------------------------------------------------------------------------------

@@ -25,6 +25,8 @@ VLLM_PREFILL_TIME = "vllm:request_prefill_time_seconds"  # histogram
 VLLM_DECODE_TIME = "vllm:request_decode_time_seconds"  # histogram
 VLLM_INFERENCE_TIME = "vllm:request_inference_time_seconds"  # histogram
 VLLM_NIXL_EXPIRED = "vllm:nixl_num_kv_expired_reqs"  # counter (prefill side)
+# Prefill side: a decode engine's read arrived after the KV's lease expired (vLLM 0.32).
+VLLM_NIXL_AFTER_EXPIRY = "vllm:nixl_num_notifications_after_expiry"  # counter
 VLLM_LABELS = ("model_name", "engine")  # labels on every vLLM engine metric
 
 # NVIDIA DCGM exporter: GPU utilization (percent of the sample period a kernel ran), per GPU.
@@ -58,6 +60,8 @@ ROUTER_KV_TRANSFER_FAILURES = "poolpilot_router_kv_transfer_failures_total"  # c
 # (the KV handoff failed and the request was retried locally instead of failing).
 ROUTER_LOCAL_PREFILL = "poolpilot_router_local_prefill_total"  # counter {reason}
 LOCAL_PREFILL_REASONS = ("prefill_behind", "kv_transfer_failed")
+# Prefill KV holds the router freed for handoffs that did not happen {outcome}.
+ROUTER_KV_RELEASES = "poolpilot_router_kv_releases_total"
 
 # Autoscaler metrics.
 AUTOSCALER_DESIRED = "poolpilot_autoscaler_desired_replicas"  # {namespace,pool,role}

@@ -19,9 +19,16 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 from poolpilot.router import local_prefill as lp
-from poolpilot.router import pd
+from poolpilot.router import pd, validate
+from poolpilot.router.auth import ApiKeys
 from poolpilot.router.balancer import Balancer, BalancerConfig, Endpoint
-from poolpilot.router.metrics import RouterMetrics, parse_waiting
+from poolpilot.router.metrics import (
+    HandoffCounters,
+    RouterMetrics,
+    attributed_kv_failures,
+    parse_handoff_counters,
+    parse_waiting,
+)
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 log = logging.getLogger("poolpilot.router")
@@ -53,6 +60,9 @@ class RouterConfig:
     # mixed-step profile known for the model); a failed KV handoff is retried locally anyway.
     local_prefill: lp.LocalPrefillPolicy | None = None
     prefill_tokens_per_s: float = 0.0  # seed of the learned prefill rate (0: none measured)
+    api_keys: ApiKeys | None = None  # None: no authentication
+    max_concurrent_per_client: int = 0  # 0: no limit; a client is its API key, else its IP
+    release_timeout_s: float = 60.0  # a KV release (a one-token decode) may take this long
 
     def roles(self) -> tuple[str, ...]:
         return ("prefill", "decode") if self.mode == DISAGGREGATED else ("engine",)
@@ -66,6 +76,28 @@ class UpstreamError(Exception):
         self.url = url
         self.status = status
         self.message = message
+
+
+@dataclass
+class Progress:
+    """How far one client request got (for the status it is recorded with, and for whether
+    the prefill's KV still waits for a decode engine)."""
+
+    stream: bool = False
+    kv: dict[str, Any] | None = None  # the prefill's transfer parameters, once it answered
+    decode_sent: bool = False  # the decode request left for an engine
+    decode_url: str | None = None  # ... this one
+    decode_answered: bool = False  # ... and the engine answered (status line)
+    done_sent: bool = False  # the stream's [DONE] reached the client
+
+    def kv_unclaimed(self) -> bool:
+        """No decode engine has taken the prefill's KV over. An engine that has the request
+        aborts it when the router closes the connection (vLLM then frees the prefill's
+        blocks itself); a streaming engine answers its status line once it has queued the
+        request, a non-streaming one only when done."""
+        if self.kv is None:
+            return False
+        return not self.decode_sent or (self.stream and not self.decode_answered)
 
 
 class HandoffFailed(Exception):
@@ -98,13 +130,46 @@ class ClientError(Exception):
         self.content_type = content_type
 
 
-def error_body(status: int, message: str, kind: str) -> dict[str, Any]:
+def error_body(status: int, message: str, kind: str, param: str | None = None) -> dict[str, Any]:
     # The shape OpenAI clients parse (and vLLM sends).
-    return {"error": {"message": message, "type": kind, "code": status}}
+    return {"error": {"message": message, "type": kind, "param": param, "code": status}}
 
 
-def json_error(status: int, message: str, kind: str = "router_error") -> web.Response:
-    return web.json_response(error_body(status, message, kind), status=status)
+def json_error(status: int, message: str, kind: str = "router_error",
+               param: str | None = None, headers: dict[str, str] | None = None) -> web.Response:
+    return web.json_response(error_body(status, message, kind, param), status=status,
+                             headers=headers)
+
+
+ERROR_KINDS = {400: "invalid_request_error", 401: "invalid_request_error",
+               404: "invalid_request_error", 405: "invalid_request_error",
+               413: "invalid_request_error", 429: "rate_limit_error"}
+
+
+@web.middleware
+async def openai_errors(request: web.Request, handler: Any) -> web.StreamResponse:
+    """Every error the router itself answers in OpenAI's shape: unknown paths and methods,
+    oversized bodies, and a bug's 500 (logged with its traceback)."""
+    try:
+        response: web.StreamResponse = await handler(request)
+        return response
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        if exc.status == 404:
+            message = f"Invalid URL ({request.method} {request.path})"
+        elif exc.status == 405:
+            message = f"Method {request.method} is not allowed for {request.path}"
+        else:
+            message = exc.reason
+        headers = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else None
+        return json_error(exc.status, message, ERROR_KINDS.get(exc.status, "router_error"),
+                          headers=headers)
+    except (asyncio.CancelledError, ConnectionError):
+        raise
+    except Exception:
+        log.exception("unexpected error serving %s %s", request.method, request.path)
+        return json_error(500, "internal router error", "internal_error")
 
 
 class Router:
@@ -122,6 +187,12 @@ class Router:
         self.local_active = False  # the local-prefill rule's hysteresis state
         self.prefill_rate = lp.RateEstimate(config.prefill_tokens_per_s)
         self.mean_prompt_tokens = 512.0  # for turning scraped queue lengths into tokens
+        self.per_client: dict[str, int] = {}  # requests in flight per client
+        self._releases: set[asyncio.Task[None]] = set()
+        # Per prefill engine: its handoff counters at the last scrape, and this router's
+        # prefills there since (to attribute expired or invalid handoffs).
+        self._handoff_seen: dict[str, HandoffCounters] = {}
+        self._prefills_since: dict[str, int] = {}
 
     # -- membership (called by discovery) ----------------------------------------------------
 
@@ -133,7 +204,8 @@ class Router:
     # -- lifecycle ---------------------------------------------------------------------------
 
     def build_app(self) -> web.Application:
-        app = web.Application(client_max_size=self.config.max_request_bytes)
+        app = web.Application(client_max_size=self.config.max_request_bytes,
+                              middlewares=[openai_errors])
         app.router.add_post("/v1/completions", self.handle_generate)
         app.router.add_post("/v1/chat/completions", self.handle_generate)
         app.router.add_get("/v1/models", self.handle_models)
@@ -158,9 +230,9 @@ class Router:
             self._tasks.append(asyncio.create_task(self._health_loop()))
 
     async def _on_cleanup(self, app: web.Application) -> None:
-        for task in self._tasks:
+        for task in [*self._tasks, *self._releases]:
             task.cancel()
-        for task in self._tasks:
+        for task in [*self._tasks, *self._releases]:
             with suppress(asyncio.CancelledError):
                 await task
         if self.session is not None:
@@ -194,15 +266,35 @@ class Router:
             if ok:
                 async with self.session.get(url + "/metrics", timeout=timeout) as resp:
                     if resp.status == 200:
-                        waiting = parse_waiting(await resp.text())
+                        page = await resp.text()
+                        waiting = parse_waiting(page)
                         if waiting is not None:
                             self.balancer.update_waiting(url, waiting)
+                        self._count_expired_handoffs(url, page)
         except (aiohttp.ClientError, TimeoutError):
             pass
         ejected, readmitted = self.balancer.report_health(url, ok, self.clock())
         self._log_ejections(ejected)
         for e in readmitted:
             log.info("re-admitted %s endpoint %s (health check passed)", e.role, e.url)
+
+    def _count_expired_handoffs(self, url: str, page: str) -> None:
+        """Handoffs that failed without any request failing: the prefill engine let a KV
+        lease expire, or a decode engine read KV after it had (vLLM logs "Potentially invalid
+        KV blocks"). Counted as KV-transfer failures, this router's share of them."""
+        now = parse_handoff_counters(page)
+        if now is None:
+            return
+        prev = self._handoff_seen.get(url)
+        self._handoff_seen[url] = now
+        mine = self._prefills_since.pop(url, 0)
+        if prev is None:
+            return
+        bad = attributed_kv_failures(prev, now, mine)
+        if bad > 0:
+            self.metrics.kv_failures_pool.inc(bad)
+            log.warning("prefill engine %s reports %.0f expired or invalid KV handoffs "
+                        "(%.2f of them this router's)", url, now.bad - prev.bad, bad)
 
     def _failed(self, url: str) -> None:
         self._log_ejections(self.balancer.report_failure(url, self.clock()))
@@ -255,11 +347,46 @@ class Router:
 
     # -- generation --------------------------------------------------------------------------
 
+    def _client(self, request: web.Request) -> tuple[str | None, web.Response | None]:
+        """The client's identity, or the 401 for a missing or wrong API key."""
+        keys = self.config.api_keys
+        if keys is None or not keys.enabled:
+            return request.remote or "-", None
+        client = keys.client(request.headers.get("Authorization"))
+        if client is None:
+            return None, json_error(
+                401, "Incorrect or missing API key: send it as 'Authorization: Bearer KEY'",
+                "invalid_request_error", headers={"WWW-Authenticate": "Bearer"},
+            )
+        return client, None
+
     async def handle_generate(self, request: web.Request) -> web.StreamResponse:
         start = self.clock()
+        client, denied = self._client(request)
+        if denied is not None:
+            self.metrics.observe_request(401)
+            return denied
+        assert client is not None
         if self.draining:
             self.metrics.observe_request(503)
             return json_error(503, "router is shutting down; retry", "unavailable")
+        limit = self.config.max_concurrent_per_client
+        if limit and self.per_client.get(client, 0) >= limit:
+            self.metrics.observe_request(429)
+            return json_error(429, f"too many concurrent requests from this client (limit "
+                              f"{limit}); retry when one has finished", "rate_limit_error",
+                              headers={"Retry-After": "1"})
+        self.per_client[client] = self.per_client.get(client, 0) + 1
+        try:
+            return await self._handle_generate(request, start)
+        finally:
+            left = self.per_client[client] - 1
+            if left:
+                self.per_client[client] = left
+            else:
+                del self.per_client[client]
+
+    async def _handle_generate(self, request: web.Request, start: float) -> web.StreamResponse:
         try:
             body = await request.json()
         except web.HTTPRequestEntityTooLarge:
@@ -268,6 +395,9 @@ class Router:
                 413, f"request body larger than {self.config.max_request_bytes} bytes",
                 "invalid_request_error",
             )
+        except RecursionError:
+            self.metrics.observe_request(400)
+            return json_error(400, "request body nests too deeply", "invalid_request_error")
         except ValueError:
             self.metrics.observe_request(400)
             return json_error(400, "request body is not valid JSON", "invalid_request_error")
@@ -277,11 +407,17 @@ class Router:
         self.active += 1
         self._idle.clear()
         code = 500
+        progress = Progress(stream=body.get("stream") is True)
         try:
-            response, code = await self._generate(request, body, start)
+            response, code = await self._generate(request, body, start, progress)
             return response
         except asyncio.CancelledError:
-            code = 499  # the client went away; upstream connections closed on the way out
+            # The client went away (upstream connections close on the way out). A stream
+            # that delivered [DONE] was served, whatever the client did next.
+            code = 200 if progress.done_sent else 499
+            if progress.kv_unclaimed():
+                avoid = [progress.decode_url] if progress.decode_url else []
+                self._release_kv(request.path, body, progress.kv, avoid=avoid)
             raise
         finally:
             self.metrics.observe_request(code)
@@ -291,33 +427,45 @@ class Router:
                 self._idle.set()
 
     async def _generate(
-        self, request: web.Request, body: dict[str, Any], start: float
+        self, request: web.Request, body: dict[str, Any], start: float, progress: Progress
     ) -> tuple[web.StreamResponse, int]:
         path = request.path
         prompt_tokens = pd.estimate_prompt_tokens(body)
         tokens = prompt_tokens + pd.requested_output_tokens(body)
-        stream = bool(body.get("stream"))
+        stream = progress.stream
         try:
             if self.config.mode != DISAGGREGATED:
                 async with self._open("engine", path, body, tokens) as att:
-                    return await self._relay(request, att, stream, start)
+                    return await self._relay(request, att, stream, start, progress)
+            bad = validate.check_disaggregated(body, chat=path.endswith("/chat/completions"))
+            if bad is not None:  # before the prefill step: nothing gets pinned
+                return json_error(400, bad.message, "BadRequestError", bad.param), 400
             self.mean_prompt_tokens += 0.05 * (prompt_tokens - self.mean_prompt_tokens)
             local = self._local_prefill_engine(prompt_tokens)
             if local is not None:
                 return await self._serve_local(request, body, start, lp.PREFILL_BEHIND,
-                                               prompt_tokens, first=local.url)
+                                               prompt_tokens, progress, first=local.url)
             prefill = await self._prefill(path, body, prompt_tokens)
-            kv = pd.kv_params_from_prefill(prefill)
+            progress.kv = pd.kv_params_from_prefill(prefill)
             try:
-                async with self._open("decode", path, pd.decode_body(body, kv), tokens,
-                                      handoff=True) as att:
-                    return await self._relay(request, att, stream, start, handoff=True)
+                async with self._open("decode", path, pd.decode_body(body, progress.kv), tokens,
+                                      handoff=True, progress=progress) as att:
+                    return await self._relay(request, att, stream, start, progress,
+                                             handoff=True)
             except HandoffFailed as exc:
-                # Nothing reached the client: serve it with a local prefill instead of an error.
+                # Nothing reached the client: free the prefill's KV (no decode engine will
+                # read it) and serve the request with a local prefill instead of an error.
                 self.metrics.kv_failures_pool.inc()
                 log.warning("KV handoff failed (%s); retrying with a local prefill", exc.error)
+                self._release_kv(path, body, progress.kv, avoid=[exc.error.url])
+                progress.kv = None
                 return await self._serve_local(request, body, start, lp.KV_TRANSFER_FAILED,
-                                               prompt_tokens)
+                                               prompt_tokens, progress)
+            except UpstreamError:
+                if progress.kv_unclaimed():  # e.g. no decode engine at all
+                    self._release_kv(path, body, progress.kv, avoid=[])
+                    progress.kv = None
+                raise
         except ClientError as exc:
             return web.Response(
                 status=exc.status, body=exc.body, content_type=exc.content_type
@@ -326,6 +474,40 @@ class Router:
             # 503: no engine could take it (retry later); 504: timeout; else a bad gateway.
             status = exc.status if exc.status in (503, 504) else 502
             return json_error(status, exc.message, "upstream_error"), status
+
+    # -- releasing a prefill's KV --------------------------------------------------------------
+
+    def _release_kv(self, path: str, body: dict[str, Any], kv: dict[str, Any] | None,
+                    avoid: list[str]) -> None:
+        """Free the KV a prefill engine holds for a handoff that will not happen, instead of
+        leaving it pinned until its lease runs out: a decode engine reads it for a one-token
+        decode whose answer is dropped (the read is what makes the prefill engine free it, in
+        vLLM and engine-sim alike). Runs in the background; a client that left does not stop
+        it."""
+        if not kv:
+            return  # shared-storage connectors (no parameters) pin nothing on the prefill
+        task = asyncio.create_task(self._drain(path, pd.release_body(body, kv), avoid))
+        self._releases.add(task)
+        task.add_done_callback(self._releases.discard)
+
+    async def _drain(self, path: str, body: dict[str, Any], avoid: list[str]) -> None:
+        assert self.session is not None
+        endpoint = (self.balancer.pick("decode", self.clock(), exclude=avoid)
+                    or self.balancer.pick("decode", self.clock()))
+        outcome = "failed"
+        if endpoint is not None:
+            timeout = aiohttp.ClientTimeout(total=self.config.release_timeout_s)
+            try:
+                async with self.session.post(endpoint.url + path, json=body,
+                                             timeout=timeout) as resp:
+                    await resp.read()
+                    outcome = "released" if resp.status == 200 else "failed"
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                log.warning("releasing a prefill's KV via %s failed: %r", endpoint.url, exc)
+        self.metrics.kv_releases[outcome].inc()
+        log.info("prefill KV of %s: %s via %s",
+                 (body.get("kv_transfer_params") or {}).get("remote_request_id"), outcome,
+                 endpoint.url if endpoint else "no decode engine")
 
     # -- local prefill -------------------------------------------------------------------------
 
@@ -359,14 +541,14 @@ class Router:
 
     async def _serve_local(
         self, request: web.Request, body: dict[str, Any], start: float, reason: str,
-        prompt_tokens: int, first: str | None = None,
+        prompt_tokens: int, progress: Progress, first: str | None = None,
     ) -> tuple[web.StreamResponse, int]:
         """Serve the request aggregated on a decode engine: it prefills the prompt itself."""
         self.metrics.local_prefill_reason[reason].inc()
         tokens = prompt_tokens + pd.requested_output_tokens(body)
         async with self._open("decode", request.path, pd.local_body(body), tokens,
                               first=first, local_tokens=prompt_tokens) as att:
-            return await self._relay(request, att, bool(body.get("stream")), start)
+            return await self._relay(request, att, progress.stream, start, progress)
 
     async def _prefill(self, path: str, body: dict[str, Any], tokens: int) -> dict[str, Any]:
         """Run the prefill step; a failure (before or while reading the answer) is retried on
@@ -388,6 +570,8 @@ class Router:
                     self.prefill_rate.observe(
                         att.queued_tokens, (self.clock() - att.sent_at) * self.config.speed
                     )
+                    url = att.endpoint.url
+                    self._prefills_since[url] = self._prefills_since.get(url, 0) + 1
                 if not isinstance(data, dict):
                     raise UpstreamError(att.endpoint.url, 502, "prefill answer is not an object")
                 return data
@@ -403,7 +587,7 @@ class Router:
     async def _open(
         self, role: str, path: str, body: dict[str, Any], tokens: int,
         exclude: list[str] | None = None, first: str | None = None, handoff: bool = False,
-        local_tokens: int = 0,
+        local_tokens: int = 0, progress: Progress | None = None,
     ) -> AsyncIterator[Attempt]:
         """Send `body` to an endpoint of `role` (`first` if given and present) and yield the
         attempt once its status is 2xx. Connection failures and 502/503/504 are retried on
@@ -431,6 +615,9 @@ class Router:
             gauge.inc()
             att: Attempt | None = None
             sent_at = self.clock()
+            if progress is not None:
+                progress.decode_sent, progress.decode_answered = True, False
+                progress.decode_url = endpoint.url
             try:
                 try:
                     resp = await self.session.post(endpoint.url + path, json=body)
@@ -440,6 +627,8 @@ class Router:
                     last = UpstreamError(endpoint.url, status, f"{role} engine failed: {exc!r}")
                     log.warning("%s", last)
                     continue
+                if progress is not None:
+                    progress.decode_answered = True
                 async with resp:
                     if resp.status >= 500:
                         text = (await resp.read())[:500].decode(errors="replace")
@@ -483,7 +672,7 @@ class Router:
 
     async def _relay(
         self, request: web.Request, att: Attempt, stream: bool, start: float,
-        handoff: bool = False,
+        progress: Progress, handoff: bool = False,
     ) -> tuple[web.StreamResponse, int]:
         """Pass the engine's answer to the client. With `handoff` (a decode after a prefill),
         a failure before anything reached the client raises HandoffFailed so the request can
@@ -558,6 +747,8 @@ class Router:
                 await response.write(complete)
             except ConnectionError:
                 return response, 499  # client gone; leaving closes the upstream request
+            if b"data: [DONE]" in complete:
+                progress.done_sent = True
         if response is None:  # the engine ended the stream without a single event
             error = UpstreamError(endpoint.url, 502, "engine ended the stream without events")
             if handoff:
@@ -568,7 +759,8 @@ class Router:
                 await response.write(buffer)
             await response.write_eof()
         except ConnectionError:
-            return response, 499
+            # A client may close the connection as soon as it has read [DONE] (guidellm does).
+            return response, 200 if progress.done_sent else 499
         return response, 200
 
     async def _stream_broke(

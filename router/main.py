@@ -23,10 +23,11 @@ import uvloop
 from aiohttp import web
 from poolpilot.router import local_prefill as lp
 from poolpilot.router.app import AGGREGATED, DISAGGREGATED, Router, RouterConfig
+from poolpilot.router.auth import ApiKeys, KeyFileError
 from poolpilot.router.balancer import BalancerConfig
 from poolpilot.router.discovery import KubernetesDiscovery, parse_urls
 
-from poolpilot import fileerrors
+from poolpilot import fileerrors, handoff
 
 log = logging.getLogger("poolpilot.router")
 
@@ -36,7 +37,8 @@ class UsageError(ValueError):
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--host", default="0.0.0.0", help="bind address (default 0.0.0.0)")
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="bind address (default 127.0.0.1; the operator's pods pass 0.0.0.0)")
     parser.add_argument("--port", type=int, default=8000, help="port; 0 picks a free one")
     src = parser.add_argument_group("engines (static lists or Kubernetes discovery)")
     src.add_argument("--prefill", default="", help="prefill engine URLs, comma-separated")
@@ -63,11 +65,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     lim.add_argument("--request-timeout", type=float, default=600.0, help="seconds, whole request")
     lim.add_argument("--idle-timeout", type=float, default=120.0,
                      help="seconds an engine may stay silent mid-response")
-    lim.add_argument("--connect-timeout", type=float, default=5.0,
+    lim.add_argument("--connect-timeout", type=float, default=handoff.ROUTER_CONNECT_TIMEOUT_S,
                      help="seconds to connect to an engine; a failed connect counts as a "
-                     "failed attempt (see --max-attempts)")
-    lim.add_argument("--max-attempts", type=int, default=3,
+                     "failed attempt (see --max-attempts); the engines' KV lease is sized "
+                     "from both")
+    lim.add_argument("--max-attempts", type=int, default=handoff.ROUTER_MAX_ATTEMPTS,
                      help="tries per phase (prefill, decode)")
+    lim.add_argument("--max-concurrent-per-client", type=int, default=0,
+                     help="requests one client may have in flight (a client is its API key, "
+                     "else its address); more get 429 (default 0: no limit)")
+    sec = parser.add_argument_group("authentication")
+    sec.add_argument("--api-key", action="append", default=[],
+                     help="a key clients must send as 'Authorization: Bearer KEY' on /v1/* "
+                     "(repeatable; default $POOLPILOT_ROUTER_API_KEY)")
+    sec.add_argument("--api-key-file",
+                     help="a file of keys, one per line (a mounted Secret), re-read when it "
+                     "changes")
     lim.add_argument("--drain-timeout", type=float, default=30.0,
                      help="seconds to let streams finish on SIGTERM")
     bal = parser.add_argument_group("balancing and health")
@@ -165,7 +178,18 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
         raise UsageError("--max-attempts: must be >= 1")
     if not args.speed > 0:
         raise UsageError(f"--speed {args.speed}: must be > 0")
+    if args.max_concurrent_per_client < 0:
+        raise UsageError("--max-concurrent-per-client: must be >= 0 (0: no limit)")
+    keys = [*args.api_key]
+    if not keys and os.environ.get("POOLPILOT_ROUTER_API_KEY"):
+        keys = [os.environ["POOLPILOT_ROUTER_API_KEY"]]
+    try:
+        api_keys = ApiKeys(keys, args.api_key_file)
+    except KeyFileError as exc:
+        raise UsageError(str(exc)) from exc
     return RouterConfig(
+        api_keys=api_keys if api_keys.enabled else None,
+        max_concurrent_per_client=args.max_concurrent_per_client,
         local_prefill=local_prefill_policy(args),
         prefill_tokens_per_s=prefill_seed(args),
         mode=mode,

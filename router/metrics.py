@@ -3,6 +3,8 @@ the one engine metric it reads back (`vllm:num_requests_waiting`)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from poolpilot import metrics as names
@@ -72,6 +74,13 @@ class RouterMetrics:
             ["pool", "reason"],
             registry=r,
         )
+        self.kv_release = Counter(
+            _base(names.ROUTER_KV_RELEASES),
+            "Prefill KV holds the router freed for handoffs that did not happen (a decode that "
+            "failed, a client that left first), by outcome: released or failed.",
+            ["pool", "outcome"],
+            registry=r,
+        )
         # Children bound to this pool once: labels() costs a lock and a dict lookup, and
         # these are hit for every streamed chunk.
         self.ttft_pool = self.ttft.labels(pool)
@@ -85,6 +94,7 @@ class RouterMetrics:
             reason: self.local_prefill.labels(pool, reason)
             for reason in names.LOCAL_PREFILL_REASONS
         }
+        self.kv_releases = {o: self.kv_release.labels(pool, o) for o in ("released", "failed")}
         self._codes: dict[int, Counter] = {}
 
     def observe_request(self, code: int) -> None:
@@ -94,21 +104,58 @@ class RouterMetrics:
         child.inc()
 
 
-WAITING = "vllm:num_requests_waiting"
+WAITING = names.VLLM_WAITING
+# Prefill-side NIXL counters of handoffs that went wrong without any request failing: a lease
+# that expired before a decode engine read the KV, and a read that arrived after that (the
+# decode engine may have computed on blocks already reused: "Potentially invalid KV blocks").
+KV_EXPIRED = (names.VLLM_NIXL_EXPIRED + "_total", names.VLLM_NIXL_AFTER_EXPIRY + "_total")
+FINISHED = names.VLLM_REQUEST_SUCCESS
 
 
-def parse_waiting(text: str) -> float | None:
-    """Sum of vllm:num_requests_waiting samples in a /metrics page; None when absent.
-
-    A line scan instead of a full parse: vLLM's page is large and this runs every few
-    seconds per engine."""
+def _sum(text: str, metric: str) -> float | None:
+    """Sum of a metric's samples in a /metrics page (a line scan: vLLM's page is large and
+    this runs every few seconds per engine); None when absent."""
     total = 0.0
     found = False
+    n = len(metric)
     for line in text.splitlines():
-        if line.startswith(WAITING) and line[len(WAITING) : len(WAITING) + 1] in ("{", " "):
+        if line.startswith(metric) and line[n : n + 1] in ("{", " "):
             try:
                 total += float(line.rsplit(" ", 1)[1])
             except (IndexError, ValueError):
                 continue
             found = True
     return total if found else None
+
+
+def parse_waiting(text: str) -> float | None:
+    """Sum of vllm:num_requests_waiting samples in a /metrics page; None when absent."""
+    return _sum(text, WAITING)
+
+
+@dataclass(frozen=True)
+class HandoffCounters:
+    """A prefill engine's counts of expired or invalid KV handoffs and of finished requests."""
+
+    bad: float
+    finished: float
+
+
+def parse_handoff_counters(text: str) -> HandoffCounters | None:
+    bad = [_sum(text, name) for name in KV_EXPIRED]
+    if all(b is None for b in bad):
+        return None  # not a NIXL prefill engine (or an older vLLM)
+    return HandoffCounters(sum(b or 0.0 for b in bad), _sum(text, FINISHED) or 0.0)
+
+
+def attributed_kv_failures(prev: HandoffCounters, now: HandoffCounters, mine: int) -> float:
+    """This router's share of the expired or invalid handoffs an engine reported since the
+    last scrape: every router replica scrapes every engine, so each counts the fraction of the
+    engine's finished requests (prefills) it sent, and the replicas' counters add up to the
+    engine's. A counter that went down means the engine restarted: count from zero."""
+    bad = now.bad - prev.bad if now.bad >= prev.bad else now.bad
+    finished = now.finished - prev.finished if now.finished >= prev.finished else now.finished
+    if bad <= 0:
+        return 0.0
+    share = 1.0 if finished <= 0 else min(1.0, mine / finished)
+    return bad * share

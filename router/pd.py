@@ -47,6 +47,13 @@ def decode_body(body: dict[str, Any], kv_transfer_params: dict[str, Any] | None)
     return out
 
 
+def release_body(body: dict[str, Any], kv_transfer_params: dict[str, Any]) -> dict[str, Any]:
+    """A one-token decode that reads a prefill's KV only so the prefill engine frees it."""
+    out = prefill_body(body)
+    out["kv_transfer_params"] = kv_transfer_params
+    return out
+
+
 def local_body(body: dict[str, Any]) -> dict[str, Any]:
     """The request for a decode engine that prefills it itself: the client's request without
     KV transfer parameters."""

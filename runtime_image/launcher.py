@@ -22,6 +22,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from poolpilot import handoff
+
 ROLES = ("prefill", "decode", "aggregated")
 CONNECTORS = ("NixlConnector", "ExampleConnector", "LMCacheConnectorV1", "none")
 # vLLM's kv_role per poolpilot role: prefill produces KV, decode consumes it.
@@ -70,6 +72,10 @@ class LaunchSpec:
     tensor_parallel: int = 1
     engine_args: list[str] = field(default_factory=list)  # "key=value"
     python: str = sys.executable
+    # NixlConnector: how long a prefill engine holds a prompt's KV for its decode engine
+    # (vLLM 0.32's kv_lease_duration; the decode engine's heartbeat interval derives from it,
+    # so both roles get it). Default: sized from the router's handoff limits (poolpilot.handoff).
+    kv_lease_seconds: int = field(default_factory=handoff.kv_lease_seconds)
 
 
 def kebab(key: str) -> str:
@@ -185,8 +191,13 @@ def build_command(spec: LaunchSpec) -> list[str]:
         cmd += ["--served-model-name", spec.served_name]
     if spec.tensor_parallel != 1:
         cmd += ["--tensor-parallel-size", str(spec.tensor_parallel)]
+    if spec.kv_lease_seconds < 1:
+        raise LaunchError(f"--kv-lease-seconds {spec.kv_lease_seconds}: must be >= 1")
     if connector is not None:
         config = kv_transfer_config(spec.role, connector, spec.kv_config)
+        if connector == "NixlConnector":
+            extra = config.setdefault("kv_connector_extra_config", {})
+            extra.setdefault("kv_lease_duration", spec.kv_lease_seconds)  # --kv-config wins
         cmd += ["--kv-transfer-config", json.dumps(config, separators=(",", ":"))]
     return cmd + engine_arg_flags(spec.engine_args)
 
@@ -244,6 +255,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="JSON object: KVTransferConfig fields (e.g. kv_buffer_device) and connector "
         "extra config (e.g. shared_storage_path); camelCase or snake_case keys",
     )
+    parser.add_argument(
+        "--kv-lease-seconds", type=int, default=handoff.kv_lease_seconds(),
+        help="NixlConnector: seconds a prefill engine holds a prompt's KV for a decode engine "
+        "(vLLM's kv_lease_duration, on both roles; default: from the router's connect timeout "
+        f"x attempts + margin, {handoff.kv_lease_seconds()})",
+    )
     parser.add_argument("--tensor-parallel", type=int, default=1, help="tensor-parallel size")
     parser.add_argument(
         "--engine-arg",
@@ -278,6 +295,7 @@ def spec_from_args(args: argparse.Namespace) -> LaunchSpec:
         tensor_parallel=args.tensor_parallel,
         engine_args=list(args.engine_arg),
         python=args.python,
+        kv_lease_seconds=args.kv_lease_seconds,
     )
 
 

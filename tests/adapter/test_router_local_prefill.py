@@ -91,9 +91,18 @@ def test_failed_kv_handoff_is_served_by_a_local_prefill(stream: bool) -> None:
         running(start_router("--prefill", p.url, "--decode", d.url, *FAST)) as (r,),
     ):
         assert text_of(completion(r.url, stream), stream) == "D0 D1 D2 "
-        handoff, local = requests_at(d.url)
-        assert handoff["kv_transfer_params"]["remote_engine_id"] == "P"
-        assert "kv_transfer_params" not in local
+        # The router also tries to free the prefill's KV hold with a one-token read (which
+        # this decode engine fails too, like every KV load).
+        wait_until(lambda: len(requests_at(d.url)) == 3, 10, "the release attempt")
+        with_kv = [b for b in requests_at(d.url) if "kv_transfer_params" in b]
+        [local] = [b for b in requests_at(d.url) if "kv_transfer_params" not in b]
+        assert sorted((b["max_tokens"], b["stream"]) for b in with_kv) == [(1, False),
+                                                                           (3, stream)]
+        assert {b["kv_transfer_params"]["remote_engine_id"] for b in with_kv} == {"P"}
+        assert local["max_tokens"] == 3
+        wait_until(lambda: metric_value(httpx.get(r.url + "/metrics").text,
+                                        "poolpilot_router_kv_releases_total",
+                                        {"outcome": "failed"}) == 1, 10, "the release counted")
         page = httpx.get(r.url + "/metrics").text
         assert metric_value(page, "poolpilot_router_kv_transfer_failures_total") == 1
         assert metric_value(page, "poolpilot_router_local_prefill_total",

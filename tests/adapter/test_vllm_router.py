@@ -34,6 +34,7 @@ from router_support import (
     start_router,
     start_vllm,
     vllm_available,
+    wait_until,
     wait_vllm_ready,
 )
 
@@ -266,6 +267,36 @@ class TestNixl:
             assert metric_value(page, "poolpilot_router_local_prefill_total",
                                 {"reason": "kv_transfer_failed"}) == 1
             assert metric_value(decode_metrics(pair), "vllm:nixl_num_failed_transfers_total") > 0
+
+
+    def test_a_failed_handoff_frees_the_prefills_kv_through_another_decode_engine(
+        self, pair: Pair
+    ) -> None:
+        """The first decode engine fails the handoff (a fake that fails every KV load); the
+        router has the real decode engine read the prompt's KV with a one-token decode, so the
+        real prefill engine frees it now rather than when its lease runs out."""
+        xfers = "vllm:nixl_xfer_time_seconds_count"
+        late = "vllm:nixl_num_notifications_after_expiry_total"
+        before_d = metric_value(decode_metrics(pair), xfers)
+        before_p = metric_value(httpx.get(pair.prefill.url + "/metrics").text, late)
+        with (
+            running(start_fake_engine("F", 0.0, 0, "--fail-kv-loads")) as (fake,),
+            running(start_router("--prefill", pair.prefill.url, "--decode",
+                                 f"{fake.url},{pair.decode.url}", "--pool", "tiny")) as (router,),
+        ):
+            resp = httpx.post(router.url + "/v1/completions", timeout=60, json={
+                "model": SERVED, "prompt": _prompt("india"), "max_tokens": 4, "temperature": 0})
+            assert resp.status_code == 200, resp.text
+            wait_until(lambda: metric_value(httpx.get(router.url + "/metrics").text,
+                                            "poolpilot_router_kv_releases_total",
+                                            {"outcome": "released"}) == 1, 30, "the release")
+            assert metric_value(decode_metrics(pair), xfers) == before_d + 1
+            # The KV was read while still held (not after its lease): the prefill engine
+            # counts no late notification, so it freed the blocks.
+            page = httpx.get(pair.prefill.url + "/metrics").text
+            assert metric_value(page, late) == before_p
+            assert metric_value(httpx.get(router.url + "/metrics").text,
+                                "poolpilot_router_kv_transfer_failures_total") == 1
 
 
 class TestExample:

@@ -30,12 +30,19 @@ def spec(role: str, **kw: object) -> LaunchSpec:
 
 CMD_CASES = [
     CmdCase("aggregated", spec("aggregated"), None),
+    # NIXL: the KV lease from the router's handoff limits (5 s connect x 3 attempts + 10 s).
     CmdCase("prefill default nixl", spec("prefill"),
-            {"kv_connector": "NixlConnector", "kv_role": "kv_producer"}),
+            {"kv_connector": "NixlConnector", "kv_role": "kv_producer",
+             "kv_connector_extra_config": {"kv_lease_duration": 25}}),
     CmdCase("decode nixl on cpu",
-            spec("decode", kv_connector="NixlConnector", kv_config={"kvBufferDevice": "cpu"}),
+            spec("decode", kv_connector="NixlConnector", kv_config={"kvBufferDevice": "cpu"},
+                 kv_lease_seconds=40),
             {"kv_connector": "NixlConnector", "kv_role": "kv_consumer",
-             "kv_buffer_device": "cpu"}),
+             "kv_buffer_device": "cpu", "kv_connector_extra_config": {"kv_lease_duration": 40}}),
+    CmdCase("a lease in --kv-config wins",
+            spec("prefill", kv_config={"kv_lease_duration": 90}),
+            {"kv_connector": "NixlConnector", "kv_role": "kv_producer",
+             "kv_connector_extra_config": {"kv_lease_duration": 90}}),
     CmdCase("prefill example connector",
             spec("prefill", kv_connector="ExampleConnector",
                  kv_config={"shared_storage_path": "/kv"}),
@@ -83,6 +90,7 @@ class ErrCase:
 
 
 ERR_CASES = [
+    ErrCase("zero lease", spec("prefill", kv_lease_seconds=0), "--kv-lease-seconds 0"),
     ErrCase("aggregated with connector", spec("aggregated", kv_connector="NixlConnector"),
             "--kv-connector NixlConnector: an aggregated engine hands no KV over"),
     ErrCase("decode without connector", spec("decode", kv_connector="none"),

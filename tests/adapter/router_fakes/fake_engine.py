@@ -11,6 +11,8 @@ Prints `listening on PORT` once bound. Behaves like vLLM where the router cares:
 - GET /debug/requests: bodies received; GET /debug/stats: counts, incl. cancelled requests
   (the client of this engine, i.e. the router, went away mid-request).
 - `--kv-params JSON`: the kv_transfer_params a prefill answers with (default: naming itself);
+- `--header-delay S`: wait S seconds before answering anything (an engine slow to take a
+  request);
 - `--fail-kv-loads`: a request carrying a prefill's KV (do_remote_prefill) fails the way vLLM
   reports a failed KV load: a 500, or a stream whose first event is an error.
 """
@@ -27,8 +29,9 @@ from aiohttp import web
 
 class FakeEngine:
     def __init__(self, name: str, token_delay: float, fail_kv_loads: bool = False,
-                 kv_params: dict | None = None) -> None:
+                 kv_params: dict | None = None, header_delay: float = 0.0) -> None:
         self.name = name
+        self.header_delay = header_delay
         self.kv_params = kv_params or {"remote_engine_id": name, "remote_block_ids": [1],
                                        "do_remote_prefill": True, "do_remote_decode": False}
         self.token_delay = token_delay
@@ -86,6 +89,7 @@ class FakeEngine:
             raise
 
     async def _generate(self, request: web.Request, body: dict, chat: bool) -> web.StreamResponse:
+        await asyncio.sleep(self.header_delay)
         if body.get("model") == "bad":
             return web.json_response(
                 {"error": {"message": "model bad does not exist", "code": 404}}, status=404
@@ -151,9 +155,11 @@ async def main() -> None:
     p.add_argument("--token-delay", type=float, default=0.0)
     p.add_argument("--fail-kv-loads", action="store_true")
     p.add_argument("--kv-params", type=json.loads, default=None)
+    p.add_argument("--header-delay", type=float, default=0.0)
     args = p.parse_args()
     runner = web.AppRunner(
-        FakeEngine(args.name, args.token_delay, args.fail_kv_loads, args.kv_params).app(),
+        FakeEngine(args.name, args.token_delay, args.fail_kv_loads, args.kv_params,
+                   args.header_delay).app(),
         handler_cancellation=True,
         access_log=None,
     )

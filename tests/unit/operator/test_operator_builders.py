@@ -156,8 +156,10 @@ COMMAND_CASES = [
          "runtime": {"engineArgs": {"maxModelLen": 8192, "enforceEager": True}},
          "prefill": {"engineArgs": {"maxModelLen": 4096}}},
         "prefill",
+        # The KV lease from the router's handoff limits (5 s connect x 3 attempts + 10 s).
         ["poolpilot", "launch", "--role", "prefill", "--model", "org/m", "--port", "8000",
-         "--served-name", "m", "--kv-connector", "NixlConnector", "--tensor-parallel", "1",
+         "--served-name", "m", "--kv-connector", "NixlConnector", "--kv-lease-seconds", "25",
+         "--tensor-parallel", "1",
          "--engine-arg", "enforceEager=true", "--engine-arg", "maxModelLen=4096"],
     ),
     CommandCase(
@@ -229,11 +231,28 @@ def test_router_pod_contract() -> None:
     pool = _pool({"model": {"name": "m"}})
     dep = builders.build_router_deployment(pool)
     c = _container(dep)
-    assert c["command"] == ["poolpilot", "router", "--port", "8000", "--discover", "kubernetes",
-                            "--namespace", "ns", "--pool", "p"]  # fmt: skip
+    assert c["command"] == [
+        "poolpilot", "router", "--host", "0.0.0.0", "--port", "8000",
+        "--discover", "kubernetes", "--namespace", "ns", "--pool", "p",
+    ]  # fmt: skip
     config = json.loads(builders.build_router_configmap(pool)["data"]["router.json"])
     assert config["services"] == {"prefill": "p-prefill", "decode": "p-decode"}
-    assert dep["spec"]["template"]["spec"]["volumes"][0]["configMap"]["name"] == "p-router"
+    assert dep["spec"]["template"]["spec"]["volumes"] == [
+        {"name": "config", "configMap": {"name": "p-router"}}]
+
+
+def test_router_api_keys_from_a_mounted_secret() -> None:
+    pool = _pool({"model": {"name": "m"},
+                  "router": {"apiKeySecret": {"name": "llm-keys", "key": "keys"}}})
+    dep = builders.build_router_deployment(pool)
+    c = _container(dep)
+    path = c["command"][c["command"].index("--api-key-file") + 1]
+    [mount] = [m for m in c["volumeMounts"] if m["name"] == "api-keys"]
+    assert path == f"{mount['mountPath']}/api-keys" and mount["readOnly"]
+    [vol] = [v for v in dep["spec"]["template"]["spec"]["volumes"] if v["name"] == "api-keys"]
+    assert vol["secret"]["secretName"] == "llm-keys"
+    assert vol["secret"]["items"] == [{"key": "keys", "path": "api-keys"}]
+    assert "env" not in c or all("llm-keys" not in str(e) for e in c["env"])
 
 
 def test_router_config_change_rolls_the_router() -> None:

@@ -180,7 +180,7 @@ def test_router_arguments(case: ArgsCase) -> None:
         assert config_from_args(args).mode == case.mode
 
 
-@pytest.mark.parametrize("module", ["balancer", "pd", "local_prefill"])
+@pytest.mark.parametrize("module", ["balancer", "pd", "local_prefill", "validate"])
 def test_selection_and_request_shaping_do_no_io(module: str) -> None:
     """import-linter cannot see the mapped router/ folder, so check the imports here."""
     import ast

@@ -1,0 +1,78 @@
+"""Request checks the router makes before the prefill step (pure).
+
+The prefill request is the client's with `max_tokens: 1`, `stream: false` and the
+generation-only options left out (pd.prefill_body), so the prefill engine accepts requests
+the decode engine then rejects. Each such request used to leave its prompt's KV blocks pinned
+on the prefill engine until the KV lease ran out (issue 15: 40 requests with 30k-token prompts
+took a prefill engine's KV usage from 0 to 0.58). The router rejects them up front, with the
+message vLLM would give, in OpenAI's error shape.
+
+Checked (disaggregated pools): `max_tokens` / `max_completion_tokens` (an integer >= 1),
+`n` and `best_of` (1: the decode engine reads the prompt's KV once; several choices would read
+blocks the prefill engine has already freed), `min_tokens` (0..max_tokens), `logprobs` and
+`top_logprobs` (non-negative; a bool for chat's `logprobs`), `stream` (a bool) and
+`stream_options` (only with `stream: true`). Everything else reaches the prefill engine
+unchanged, which rejects what it would reject before holding any KV.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Invalid:
+    param: str
+    message: str
+
+
+def _int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_disaggregated(body: dict[str, Any], chat: bool) -> Invalid | None:
+    """The first parameter the decode engine would reject after the prefill accepted it."""
+    max_tokens: int | None = None
+    for key in ("max_tokens", "max_completion_tokens"):
+        value = body.get(key)
+        if value is None:
+            continue
+        if not _int(value) or value < 1:
+            return Invalid(key, f"{key} must be an integer of at least 1, got {value!r}")
+        max_tokens = value if max_tokens is None else min(max_tokens, value)
+    for key in ("n", "best_of"):
+        value = body.get(key)
+        if value is None:
+            continue
+        if not _int(value) or value < 1:
+            return Invalid(key, f"{key} must be an integer of at least 1, got {value!r}")
+        if value > 1:
+            return Invalid(key, f"{key} > 1 is not supported by a disaggregated pool (the "
+                           "decode engine reads the prompt's KV cache once); send "
+                           f"{value} requests instead")
+    min_tokens = body.get("min_tokens")
+    if min_tokens is not None:
+        if not _int(min_tokens) or min_tokens < 0:
+            return Invalid("min_tokens", f"min_tokens must be a non-negative integer, got "
+                           f"{min_tokens!r}")
+        if max_tokens is not None and min_tokens > max_tokens:
+            return Invalid("min_tokens", f"min_tokens ({min_tokens}) must be less than or "
+                           f"equal to max_tokens ({max_tokens})")
+    logprobs = body.get("logprobs")
+    if logprobs is not None:
+        if chat and not isinstance(logprobs, bool):
+            return Invalid("logprobs", f"logprobs must be true or false, got {logprobs!r}")
+        if not chat and (not _int(logprobs) or logprobs < 0):
+            return Invalid("logprobs", f"logprobs must be a non-negative integer, got "
+                           f"{logprobs!r}")
+    top = body.get("top_logprobs")
+    if top is not None and (not _int(top) or top < 0):
+        return Invalid("top_logprobs", f"top_logprobs must be a non-negative integer, got "
+                       f"{top!r}")
+    stream = body.get("stream")
+    if stream is not None and not isinstance(stream, bool):
+        return Invalid("stream", f"stream must be true or false, got {stream!r}")
+    if body.get("stream_options") is not None and not stream:
+        return Invalid("stream_options", "stream_options can only be given with stream: true")
+    return None
