@@ -34,23 +34,18 @@ def _int(value: Any) -> bool:
 def check_disaggregated(body: dict[str, Any], chat: bool) -> Invalid | None:
     """The first parameter the decode engine would reject after the prefill accepted it."""
     max_tokens: int | None = None
-    for key in ("max_tokens", "max_completion_tokens"):
+    for key in ("max_tokens", "max_completion_tokens", "n", "best_of"):
         value = body.get(key)
         if value is None:
             continue
         if not _int(value) or value < 1:
             return Invalid(key, f"{key} must be an integer of at least 1, got {value!r}")
-        max_tokens = value if max_tokens is None else min(max_tokens, value)
-    for key in ("n", "best_of"):
-        value = body.get(key)
-        if value is None:
-            continue
-        if not _int(value) or value < 1:
-            return Invalid(key, f"{key} must be an integer of at least 1, got {value!r}")
-        if value > 1:
+        if key in ("n", "best_of") and value > 1:
             return Invalid(key, f"{key} > 1 is not supported by a disaggregated pool (the "
                            "decode engine reads the prompt's KV cache once); send "
                            f"{value} requests instead")
+        if key.startswith("max"):
+            max_tokens = value if max_tokens is None else min(max_tokens, value)
     min_tokens = body.get("min_tokens")
     if min_tokens is not None:
         if not _int(min_tokens) or min_tokens < 0:
