@@ -85,6 +85,7 @@ class Autoscaler:
         self.metrics = metrics or AutoscalerMetrics()
         self.clock = clock
         self.pools: dict[tuple[str, str], PoolState] = {}
+        self._specs: dict[tuple[Any, Any], tuple[tuple[Any, Any], api.InferencePoolSpec]] = {}
 
     async def run(self, stop: asyncio.Event, once: bool = False) -> None:
         while not stop.is_set():
@@ -107,7 +108,7 @@ class Autoscaler:
         for obj in pools:
             meta = obj.get("metadata") or {}
             try:
-                spec = parse_spec(obj.get("spec") or {})
+                spec = self._spec(obj)
             except (InvalidPool, ValidationError) as exc:
                 log.warning("skipping %s/%s: invalid spec: %s", meta.get("namespace"),
                             meta.get("name"), exc)
@@ -119,6 +120,9 @@ class Autoscaler:
         for key in [k for k in self.pools if k not in seen]:  # deleted or autoscaling off
             del self.pools[key]
             self.metrics.forget(*key)
+        listed = {_name(o) for o in pools}
+        for key in [k for k in self._specs if k not in listed]:
+            del self._specs[key]
         if not specs:
             self.metrics.cycle.observe(time.perf_counter() - t0)
             return res
@@ -144,6 +148,19 @@ class Autoscaler:
         await asyncio.gather(*(one(obj, spec) for obj, spec in specs))
         self.metrics.cycle.observe(time.perf_counter() - t0)
         return res
+
+    def _spec(self, obj: Obj) -> api.InferencePoolSpec:
+        """The pool's parsed spec, parsed once per generation (validating every pool's spec
+        every cycle was a third of a cycle's CPU at 1,000 pools)."""
+        meta = obj.get("metadata") or {}
+        key = (meta.get("namespace"), meta.get("name"))
+        version = (meta.get("uid"), meta.get("generation"))
+        known = self._specs.get(key)
+        if known is not None and known[0] == version and version[1]:
+            return known[1]
+        spec = parse_spec(obj.get("spec") or {})
+        self._specs[key] = (version, spec)
+        return spec
 
     def _state(self, obj: Obj, roles: list[str], now: float) -> PoolState:
         key = (obj["metadata"]["namespace"], obj["metadata"]["name"])
@@ -199,7 +216,9 @@ class Autoscaler:
                                          last_scale={**st.history.last_scale, role: now})
                     scaled.append(rd)
             self.metrics.record(ns, name, rd, d.metrics_available.status)
-            log.info("%s", json.dumps(_log_line(ns, name, spec, obs, rd, apply), default=str))
+            if log.isEnabledFor(logging.INFO):
+                log.info("%s", json.dumps(_log_line(ns, name, spec, obs, rd, apply),
+                                          default=str))
         res.scaled += len(scaled)
         if self.opt.dry_run:
             return
@@ -250,6 +269,11 @@ class Autoscaler:
         if wrote:
             st.last_status_write = now
         return wrote
+
+
+def _name(obj: Obj) -> tuple[Any, Any]:
+    meta = obj.get("metadata") or {}
+    return meta.get("namespace"), meta.get("name")
 
 
 def _cond(type_: str, c: core.ConditionDecision, when: str, gen: int | None) -> Obj:

@@ -88,6 +88,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _main(args: argparse.Namespace) -> int:
+    from poolpilot.autoscaler.cache import WatchedKube
     from poolpilot.autoscaler.kube import KubeClient, KubeError
     from poolpilot.autoscaler.loop import Autoscaler, Options
     from poolpilot.autoscaler.metrics import AutoscalerMetrics
@@ -105,7 +106,9 @@ async def _main(args: argparse.Namespace) -> int:
               f"{server.server_address[1]}/metrics", flush=True)
     try:
         me = args.leader_election_identity or identity()
-        kube = await KubeClient.connect(args.kubeconfig, namespaces, identity=me)
+        # One cycle lists; a running loop reads pools and Deployments from watches.
+        adapter = KubeClient if args.once else WatchedKube
+        kube = await adapter.connect(args.kubeconfig, namespaces, identity=me)
     except KubeError as exc:
         print(f"poolpilot autoscaler: {exc}", file=sys.stderr)
         return 2

@@ -282,15 +282,20 @@ class KubeClient:
 
     async def watch(self, api_version: str, kind: str, namespace: str | None = None, *,
                     resource_version: str, label_selector: str | None = None,
-                    timeout_seconds: int = 300) -> AsyncIterator[tuple[str, Obj]]:
+                    field_selector: str | None = None, timeout_seconds: int = 300,
+                    bookmarks: bool = False) -> AsyncIterator[tuple[str, Obj]]:
         """(type, object) events after `resource_version` until the server ends the stream.
 
-        BOOKMARK events only advance nothing the caller sees; an ERROR event (410 Gone: the
-        version is too old) raises ApiError, after which the caller lists again."""
+        BOOKMARK events (an object with only a newer resourceVersion) are passed on only with
+        `bookmarks=True`, for callers that watch again from the last version seen; an ERROR
+        event (410 Gone: the version is too old) raises ApiError, after which the caller lists
+        again. With a field selector, an object that stops matching arrives as DELETED."""
         query = [("watch", "true"), ("resourceVersion", resource_version),
                  ("allowWatchBookmarks", "true"), ("timeoutSeconds", str(timeout_seconds))]
         if label_selector:
             query.append(("labelSelector", label_selector))
+        if field_selector:
+            query.append(("fieldSelector", field_selector))
         path = await self.path(api_version, kind, namespace)
         self.requests += 1
         timeout = aiohttp.ClientTimeout(connect=self.timeout, sock_connect=self.timeout,
@@ -318,7 +323,7 @@ class KubeClient:
                 if etype == "ERROR":
                     raise ApiError(int(obj.get("code") or 500), str(obj.get("message") or ""),
                                    str(obj.get("reason") or ""), method="GET", path=path)
-                if etype == "BOOKMARK":
+                if etype == "BOOKMARK" and not bookmarks:
                     continue
                 obj.setdefault("apiVersion", api_version)
                 obj.setdefault("kind", kind)

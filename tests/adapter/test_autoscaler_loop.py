@@ -21,6 +21,7 @@ import pytest
 import yaml
 from autoscaler_exporters import FakeExporter, engine
 from poolpilot.autoscaler import queries as q
+from poolpilot.autoscaler.cache import WatchedKube
 from poolpilot.autoscaler.kube import KubeClient, KubeError
 from poolpilot.autoscaler.loop import Autoscaler, CycleResult, Options
 from poolpilot.autoscaler.metrics import AutoscalerMetrics
@@ -57,6 +58,7 @@ PLAN = [
     Pool("as-conflict", "conflict", mode="Advisory"),
     Pool("as-dry", "dry"),
     Pool("as-fail", "flaky", up_cooldown=30),
+    Pool("as-watch", "watched", mode="Advisory"),
 ]
 
 
@@ -340,6 +342,44 @@ def test_a_failed_scale_starts_no_cooldown_and_is_retried(env: Env) -> None:
     assert st["prefill"]["lastScaleTime"] and st["prefill"]["reason"] == "QueueAboveTarget"
     got = [(e["reason"], e["type"]) for e in events(env, "as-fail", "flaky")]
     assert sorted(got) == [("ScaleFailed", "Warning"), ("ScaledUp", "Normal")]
+
+
+async def watched_cycles(env: Env) -> tuple[list[CycleResult], list[Any]]:
+    """Three cycles on the watch-fed view; between the 2nd and 3rd someone scales prefill."""
+    kube = await WatchedKube.connect(str(env.kubeconfig), ["as-watch"])
+    now = [time.time()]
+    reads: list[Any] = []
+    try:
+        scaler = Autoscaler(kube, PrometheusSource(env.prom.url, q.QuerySet(WINDOW)),
+                            Options(), clock=lambda: now[0])
+        results = [await scaler.cycle()]
+        now[0] += 5
+        seen = len(env.emu.requests) if env.emu is not None else 0
+        results.append(await scaler.cycle())
+        if env.emu is not None:
+            reads = [r for r in env.emu.requests[seen:] if r.query.get("watch") != "true"]
+        await kube.kube.merge_patch("apps/v1", "Deployment", "as-watch", "watched-prefill",
+                                    {"spec": {"replicas": 3}})
+        deadline = time.monotonic() + 10
+        while getattr((await kube.workloads()).role_state("as-watch", "watched", "prefill"),
+                      "replicas", None) != 3:
+            assert time.monotonic() < deadline, "the scale never reached the view"
+            await asyncio.sleep(0.05)
+        now[0] += 5
+        results.append(await scaler.cycle())
+        return results, reads
+    finally:
+        await kube.close()
+
+
+def test_watched_view_decides_without_reading_the_api_each_cycle(env: Env) -> None:
+    (first, quiet, after), reads = run(watched_cycles(env))
+    assert (first.decided, first.status_writes) == (1, 1)
+    assert (quiet.decided, quiet.status_writes) == (1, 0)
+    if env.emu is not None:
+        assert reads == []  # no LIST, no GET: pools and Deployments came from the watches
+    # kubectl scale by someone else: the next cycle sees it through the watch.
+    assert after.decisions[("as-watch", "watched")].roles["prefill"].current == 3
 
 
 def test_dry_run_writes_nothing(env: Env) -> None:
