@@ -16,11 +16,12 @@ import yaml
 from poolpilot.operator import builders, peering
 
 from poolpilot import api, fileerrors
-from poolpilot.validate import InvalidPool, load_documents, parse_pool
+from poolpilot.validate import InvalidFile, InvalidPool, load_documents, parse_pool
 
 
 def pools_from_file(path: Path, default_namespace: str = "default") -> list[builders.Pool]:
-    """Parse every InferencePool in a manifest file; raises InvalidPool naming bad fields."""
+    """Parse every InferencePool in a manifest file; raises InvalidFile (unreadable file) or
+    InvalidPool (naming every bad field)."""
     docs = load_documents(path)
     pools = []
     for doc in docs:
@@ -35,12 +36,16 @@ def pools_from_file(path: Path, default_namespace: str = "default") -> list[buil
             )
         )
     if not pools:
-        raise InvalidPool([f"{path}: no {api.KIND} document found"])
+        raise InvalidPool([f"no {api.KIND} document found"])
     return pools
 
 
 class _Dumper(yaml.SafeDumper):
-    """Multi-line strings (the router's config) as literal blocks, readable like a manifest."""
+    """Multi-line strings (the router's config) as literal blocks, readable like a manifest;
+    values used twice written out again, never as &id001 anchors."""
+
+    def ignore_aliases(self, data: object) -> bool:
+        return True
 
 
 def _str(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
@@ -97,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"poolpilot render: {args.file}: {fileerrors.describe(exc)}", file=sys.stderr)
         return 2
-    except (InvalidPool, yaml.YAMLError) as exc:
+    except (InvalidFile, InvalidPool) as exc:
         errors = exc.errors if isinstance(exc, InvalidPool) else [str(exc)]
         for err in errors:
             print(f"{args.file}: {err}", file=sys.stderr)

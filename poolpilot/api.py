@@ -8,15 +8,36 @@ This module does no I/O (enforced by import-linter).
 
 from __future__ import annotations
 
-import re
-from collections.abc import Callable
-from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, ClassVar
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
-from pydantic.alias_generators import to_camel
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 from pydantic_core import PydanticCustomError
+
+from poolpilot.apitypes import (
+    DNS1035_LABEL,
+    DNS1123_LABEL,
+    ApiModel,
+    EnvVarName,
+    Int32,
+    Int64,
+    JsonValue,
+    LabelValue,
+    Matching,
+    ObjectName,
+    QualifiedName,
+    Quantity,
+    ReservedKeys,
+    Rule,
+    RuleFailure,
+    SecretKey,
+    TrimmedString,
+    cel_string,
+    collecting_rule_failures,
+    spellings,
+)
+
+__all__ = ["ApiModel", "JsonValue", "Rule", "RuleFailure", "collecting_rule_failures"]
 
 GROUP = "poolpilot.dev"
 VERSION = "v1alpha1"
@@ -28,85 +49,34 @@ SHORT_NAMES = ["ipool"]
 CATEGORIES = ["poolpilot"]
 DEFAULT_RUNTIME_IMAGE = "ghcr.io/poolpilot/runtime:0.1.0"
 
-# Free-form values (engine args, connector config) are kept as JSON scalars or objects.
-JsonValue = Any
-
-
-@dataclass(frozen=True)
-class Rule:
-    """A cross-field rule, checked by the model and emitted as a CEL validation in the CRD.
-
-    `message` may name other fields in braces, e.g. "must be >= minReplicas ({minReplicas})";
-    the model fills them from the object, the CRD (static message) drops the parentheses.
-    """
-
-    field: str
-    cel: str
-    message: str
-    check: Callable[[Any], bool]
-
-    def cel_message(self) -> str:
-        return f"{self.field}: " + re.sub(r"\s*\(\{\w+\}\)", "", self.message)
-
-    def to_crd(self) -> dict[str, str]:
-        return {"rule": self.cel, "message": self.cel_message(), "fieldPath": f".{self.field}"}
-
-
-class ApiModel(BaseModel):
-    """Base: camelCase on the wire, unknown fields rejected, rules checked after parsing."""
-
-    model_config = ConfigDict(
-        alias_generator=to_camel,
-        populate_by_name=True,
-        extra="forbid",
-        use_enum_values=True,
-    )
-    rules: ClassVar[tuple[Rule, ...]] = ()
-
-    @model_validator(mode="after")
-    def _check_rules(self) -> ApiModel:
-        for rule in self.rules:
-            if not rule.check(self):
-                values = {
-                    name: getattr(self, _snake(name), None)
-                    for name in re.findall(r"\{(\w+)\}", rule.message)
-                }
-                raise PydanticCustomError(
-                    "rule",
-                    "{field}: {message}",
-                    {"field": rule.field, "message": rule.message.format(**values)},
-                )
-        return self
-
-    @classmethod
-    def __get_pydantic_json_schema__(cls, core_schema: Any, handler: Any) -> Any:
-        schema = handler(core_schema)
-        target = handler.resolve_ref_schema(schema)
-        if cls.rules:
-            target["x-kubernetes-validations"] = [r.to_crd() for r in cls.rules]
-        return schema
-
-    def to_wire(self) -> dict[str, Any]:
-        """The object as it appears in YAML: camelCase, without unset optional fields."""
-        return self.model_dump(by_alias=True, exclude_none=True, mode="json")
-
-
-def _snake(name: str) -> str:
-    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
-
-
 # ---------------------------------------------------------------------------------------------
 # Building blocks shared with core Kubernetes types
+
+GPU_RESOURCE = "nvidia.com/gpu"
+
+
+def _resource_rules(field: str) -> Rule:
+    return Rule(
+        field=field,
+        cel=f"!has(self.{field}) || !('{GPU_RESOURCE}' in self.{field})",
+        message=f"{GPU_RESOURCE} is set from the role's `gpus`; set gpus instead",
+        check=lambda s: GPU_RESOURCE not in getattr(s, field),
+    )
 
 
 class ResourceRequirements(ApiModel):
     """CPU, memory and accelerator requests and limits, as in a container spec."""
 
-    requests: dict[str, str] = Field(
-        default_factory=dict, description="Minimum resources, e.g. {cpu: '4', memory: 32Gi}."
-    )
-    limits: dict[str, str] = Field(
+    rules = (_resource_rules("requests"), _resource_rules("limits"))
+
+    requests: dict[str, Quantity] = Field(
         default_factory=dict,
+        max_length=32,
+        description="Minimum resources, e.g. {cpu: '4', memory: 32Gi}.",
+    )
+    limits: dict[str, Quantity] = Field(
+        default_factory=dict,
+        max_length=32,
         description="Maximum resources. nvidia.com/gpu is set from `gpus`; do not set it here.",
     )
 
@@ -114,24 +84,50 @@ class ResourceRequirements(ApiModel):
 class EnvVar(ApiModel):
     """An environment variable for the engine containers."""
 
-    name: str = Field(min_length=1, description="Variable name.")
+    name: EnvVarName = Field(description="Variable name, e.g. VLLM_LOGGING_LEVEL.")
     value: str = Field(default="", description="Variable value.")
 
 
 class Toleration(ApiModel):
     """A toleration, as in a pod spec (e.g. for tainted GPU nodes)."""
 
-    key: str | None = Field(default=None, description="Taint key to tolerate.")
-    operator: str | None = Field(
-        default=None, pattern="^(Exists|Equal)$", description="Exists or Equal."
+    rules = (
+        Rule(
+            field="value",
+            cel="!has(self.operator) || self.operator != 'Exists' || !has(self.value) "
+            "|| self.value == ''",
+            message="must be empty with operator Exists (it matches every value); drop value "
+            "or use operator Equal",
+            check=lambda s: s.operator != "Exists" or not s.value,
+        ),
+        Rule(
+            field="operator",
+            cel="(has(self.key) && self.key != '') || "
+            "(has(self.operator) && self.operator == 'Exists')",
+            message="must be Exists when key is empty (to tolerate every taint); set key or "
+            "operator Exists",
+            check=lambda s: bool(s.key) or s.operator == "Exists",
+        ),
+        Rule(
+            field="tolerationSeconds",
+            cel="!has(self.tolerationSeconds) || (has(self.effect) && self.effect == 'NoExecute')",
+            message="only applies to effect NoExecute; set effect NoExecute or drop "
+            "tolerationSeconds",
+            check=lambda s: s.toleration_seconds is None or s.effect == "NoExecute",
+        ),
     )
-    value: str | None = Field(default=None, description="Taint value, with operator Equal.")
-    effect: str | None = Field(
-        default=None,
-        pattern="^(NoSchedule|PreferNoSchedule|NoExecute)$",
-        description="Taint effect to tolerate; empty matches all.",
+
+    key: QualifiedName | None = Field(
+        default=None, description="Taint key to tolerate; empty (with Exists) matches all."
     )
-    toleration_seconds: int | None = Field(
+    operator: Literal["Exists", "Equal"] | None = Field(
+        default=None, description="Exists or Equal (the default)."
+    )
+    value: LabelValue | None = Field(default=None, description="Taint value, with operator Equal.")
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
+        default=None, description="Taint effect to tolerate; empty matches all."
+    )
+    toleration_seconds: Int64 | None = Field(
         default=None, description="How long a NoExecute taint is tolerated."
     )
 
@@ -139,14 +135,60 @@ class Toleration(ApiModel):
 class LocalObjectReference(ApiModel):
     """A reference to an object in the pool's namespace."""
 
-    name: str = Field(min_length=1, description="Name of the object.")
+    name: ObjectName = Field(description="Name of the object.")
 
 
 class SecretKeyRef(ApiModel):
     """A key in a Secret in the pool's namespace."""
 
-    name: str = Field(min_length=1, description="Secret name.")
-    key: str = Field(default="token", min_length=1, description="Key within the Secret.")
+    name: ObjectName = Field(description="Secret name.")
+    key: SecretKey = Field(default="token", description="Key within the Secret.")
+
+
+# ---------------------------------------------------------------------------------------------
+# Free-form maps with keys poolpilot owns
+
+# vLLM flags the engine launcher sets itself (it refuses them again as --engine-arg), and where
+# each one comes from instead. The launcher reads keys in camelCase, snake_case or kebab-case.
+RESERVED_ENGINE_ARGS: dict[str, str] = {
+    "model": "from spec.model (name, or source.pvc)",
+    "port": "(engines listen on port 8000)",
+    "host": "(engines listen on every address of the pod)",
+    "servedModelName": "from spec.model.servedName",
+    "tensorParallelSize": "from the role's tensorParallelSize",
+    "kvTransferConfig": "from spec.kvTransfer (connector and extraConfig)",
+}
+# kvTransfer.extraConfig keys the launcher sets from the connector and the role.
+RESERVED_CONNECTOR_KEYS: dict[str, str] = {
+    "kvConnector": "from spec.kvTransfer.connector",
+    "kvRole": "from the role (prefill produces KV, decode consumes it)",
+}
+CONNECTOR_EXTRA_CONFIG_KEY = "kvConnectorExtraConfig"  # must be an object
+
+
+def _connector_extra_config(value: dict[str, Any]) -> dict[str, Any]:
+    for key in spellings(CONNECTOR_EXTRA_CONFIG_KEY):
+        if key in value and not isinstance(value[key], dict):
+            raise PydanticCustomError(
+                "dict_type", "{key}: must be an object (it becomes kv_connector_extra_config)",
+                {"key": key},
+            )
+    return value
+
+
+EngineArgs = Annotated[dict[str, JsonValue], ReservedKeys(RESERVED_ENGINE_ARGS)]
+ConnectorConfig = Annotated[
+    dict[str, JsonValue],
+    ReservedKeys(
+        RESERVED_CONNECTOR_KEYS,
+        properties={
+            key: {"type": "object", "x-kubernetes-preserve-unknown-fields": True,
+                  "description": "Passed to vLLM as kv_connector_extra_config."}
+            for key in spellings(CONNECTOR_EXTRA_CONFIG_KEY)
+        },
+    ),
+    AfterValidator(_connector_extra_config),
+]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -164,7 +206,7 @@ class HuggingFaceSource(ApiModel):
 class PvcSource(ApiModel):
     """Load the weights from a PersistentVolumeClaim that already holds them."""
 
-    claim_name: str = Field(min_length=1, description="Name of the PVC holding the weights.")
+    claim_name: ObjectName = Field(description="Name of the PVC holding the weights.")
     path: str = Field(
         default="/", description="Folder of the model inside the volume, e.g. /llama-3.1-8b."
     )
@@ -208,31 +250,29 @@ class ModelSpec(ApiModel):
 class RuntimeSpec(ApiModel):
     """The engine container, shared by all engine roles."""
 
-    image: str = Field(
+    image: TrimmedString = Field(
         default=DEFAULT_RUNTIME_IMAGE,
-        min_length=1,
         description="Engine image: vLLM's OpenAI server with poolpilot's launcher.",
     )
-    image_pull_policy: str = Field(
-        default="IfNotPresent",
-        pattern="^(Always|IfNotPresent|Never)$",
-        description="Always, IfNotPresent or Never.",
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(
+        default="IfNotPresent", description="Always, IfNotPresent or Never."
     )
-    engine_args: dict[str, JsonValue] = Field(
+    engine_args: EngineArgs = Field(
         default_factory=dict,
         description="vLLM server arguments in camelCase, e.g. {maxModelLen: 8192}; "
-        "per-role engineArgs override these.",
+        "per-role engineArgs override these. Flags poolpilot sets itself (model, port, host, "
+        "servedModelName, tensorParallelSize, kvTransferConfig) are refused.",
     )
     env: list[EnvVar] = Field(default_factory=list, description="Extra environment variables.")
     resources: ResourceRequirements = Field(
         default_factory=ResourceRequirements,
         description="CPU and memory for each engine container (GPUs come from `gpus`).",
     )
-    node_selector: dict[str, str] = Field(
+    node_selector: dict[str, LabelValue] = Field(
         default_factory=dict, description="Node labels the engine pods must run on."
     )
     tolerations: list[Toleration] = Field(
-        default_factory=list, description="Tolerations for the engine pods."
+        default_factory=list, max_length=64, description="Tolerations for the engine pods."
     )
     image_pull_secrets: list[LocalObjectReference] = Field(
         default_factory=list, description="Secrets for pulling the engine image."
@@ -255,11 +295,14 @@ class KvTransferSpec(ApiModel):
 
     connector: Connector = Field(
         default=Connector.NIXL,
+        strict=False,
         description="vLLM KV connector: NixlConnector, ExampleConnector or LMCacheConnectorV1.",
     )
-    extra_config: dict[str, JsonValue] = Field(
+    extra_config: ConnectorConfig = Field(
         default_factory=dict,
-        description="Extra kv_connector_extra_config, passed to vLLM as is.",
+        description="Extra kv_connector_extra_config, passed to vLLM as is (KVTransferConfig "
+        "fields such as kv_buffer_device go to the top level); kv_connector and kv_role are "
+        "set by poolpilot.",
     )
 
 
@@ -302,24 +345,24 @@ class EngineRoleSpec(ApiModel):
         ),
     )
 
-    replicas: int = Field(
+    replicas: Int32 = Field(
         default=1,
         ge=0,
         description="Replicas when autoscaling is off; the starting size when it is on.",
     )
-    min_replicas: int = Field(default=1, ge=0, description="Autoscaling lower bound.")
-    max_replicas: int = Field(default=8, ge=1, description="Autoscaling upper bound.")
-    gpus: int = Field(
+    min_replicas: Int32 = Field(default=1, ge=0, description="Autoscaling lower bound.")
+    max_replicas: Int32 = Field(default=8, ge=1, description="Autoscaling upper bound.")
+    gpus: Int32 = Field(
         default=1, ge=0, description="GPUs per pod (nvidia.com/gpu); 0 runs on CPU."
     )
-    tensor_parallel_size: int = Field(
+    tensor_parallel_size: Int32 = Field(
         default=1, ge=1, description="Tensor-parallel ranks per pod; needs gpus >= this."
     )
     resources: ResourceRequirements = Field(
         default_factory=ResourceRequirements,
         description="Overrides runtime.resources for this role.",
     )
-    engine_args: dict[str, JsonValue] = Field(
+    engine_args: EngineArgs = Field(
         default_factory=dict,
         description="Overrides runtime.engineArgs for this role, e.g. {maxNumBatchedTokens: 8192}.",
     )
@@ -328,8 +371,8 @@ class EngineRoleSpec(ApiModel):
 class RouterSpec(ApiModel):
     """The OpenAI-compatible router in front of the engines."""
 
-    replicas: int = Field(default=2, ge=1, description="Router replicas.")
-    image: str | None = Field(
+    replicas: Int32 = Field(default=2, ge=1, description="Router replicas.")
+    image: TrimmedString | None = Field(
         default=None, description="Router image; defaults to runtime.image (it holds the router)."
     )
     resources: ResourceRequirements = Field(
@@ -377,13 +420,13 @@ class AutoscalingMode(StrEnum):
 class ScalingBehavior(ApiModel):
     """How fast one direction may move."""
 
-    stabilization_window_seconds: int = Field(
+    stabilization_window_seconds: Int32 = Field(
         ge=0,
         description="Recommendations are remembered this long; scale-up takes the window's "
         "minimum, scale-down its maximum (as in the HPA).",
     )
-    max_step: int = Field(ge=1, description="Most replicas added or removed in one decision.")
-    cooldown_seconds: int = Field(
+    max_step: Int32 = Field(ge=1, description="Most replicas added or removed in one decision.")
+    cooldown_seconds: Int32 = Field(
         ge=0, description="Least time after any scale of this role before the next one."
     )
 
@@ -440,9 +483,10 @@ class AutoscalingSpec(ApiModel):
     enabled: bool = Field(default=True, description="Scale the engine roles automatically.")
     mode: AutoscalingMode = Field(
         default=AutoscalingMode.APPLY,
+        strict=False,
         description="Apply: scale the Deployments. Advisory: only report decisions in status.",
     )
-    interval_seconds: int = Field(default=15, ge=1, description="Seconds between decisions.")
+    interval_seconds: Int32 = Field(default=15, ge=1, description="Seconds between decisions.")
     scale_up: ScalingBehavior = Field(
         default_factory=lambda: ScalingBehavior(
             stabilization_window_seconds=0, max_step=4, cooldown_seconds=30
@@ -462,7 +506,7 @@ class AutoscalingSpec(ApiModel):
         default=False,
         description="Allow minReplicas 0; the pool wakes when requests queue at the router.",
     )
-    metrics_max_age_seconds: int = Field(
+    metrics_max_age_seconds: Int32 = Field(
         default=60,
         ge=1,
         description="Samples older than this count as missing: the autoscaler holds the "
@@ -501,6 +545,7 @@ class InferencePoolSpec(ApiModel):
     )
     mode: Mode = Field(
         default=Mode.DISAGGREGATED,
+        strict=False,
         description="Disaggregated: separate prefill and decode pools with KV handoff. "
         "Aggregated: one engine pool.",
     )
@@ -554,13 +599,13 @@ class Condition(ApiModel):
     """A condition in the Kubernetes style."""
 
     type: str = Field(description="Ready, Progressing, Degraded, MetricsAvailable, ScalingLimited.")
-    status: str = Field(pattern="^(True|False|Unknown)$", description="True, False or Unknown.")
+    status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
     reason: str = Field(default="", description="CamelCase reason for the last transition.")
     message: str = Field(default="", description="Human-readable detail.")
     last_transition_time: str | None = Field(
         default=None, description="When status last changed (RFC 3339)."
     )
-    observed_generation: int | None = Field(
+    observed_generation: Int64 | None = Field(
         default=None, description="The spec generation this condition describes."
     )
 
@@ -568,9 +613,9 @@ class Condition(ApiModel):
 class RoleStatus(ApiModel):
     """Observed and desired size of one role."""
 
-    replicas: int = Field(default=0, description="Pods that exist.")
-    ready_replicas: int = Field(default=0, description="Pods that pass readiness.")
-    desired_replicas: int | None = Field(
+    replicas: Int32 = Field(default=0, description="Pods that exist.")
+    ready_replicas: Int32 = Field(default=0, description="Pods that pass readiness.")
+    desired_replicas: Int32 | None = Field(
         default=None, description="Replicas the autoscaler last decided on."
     )
     summary: str | None = Field(default=None, description="ready/desired, for kubectl get.")
@@ -593,10 +638,14 @@ class ObservedMetrics(ApiModel):
 class InferencePoolStatus(ApiModel):
     """What the operator and the autoscaler observed."""
 
-    observed_generation: int | None = Field(
+    observed_generation: Int64 | None = Field(
         default=None, description="The spec generation the operator last acted on."
     )
-    conditions: list[Condition] = Field(default_factory=list, description="Pool conditions.")
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        description="Pool conditions, at most one of each type.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    )
     prefill: RoleStatus | None = Field(default=None, description="Prefill role.")
     decode: RoleStatus | None = Field(default=None, description="Decode role.")
     engine: RoleStatus | None = Field(default=None, description="Engine role (Aggregated).")
@@ -606,21 +655,58 @@ class InferencePoolStatus(ApiModel):
         default=None, description="OpenAI base URL of the pool, e.g. http://P-router.NS.svc:8000/v1."
     )
 
+    @field_validator("conditions")
+    @classmethod
+    def _one_condition_per_type(cls, conditions: list[Condition]) -> list[Condition]:
+        types = [c.type for c in conditions]
+        duplicates = sorted({t for t in types if types.count(t) > 1})
+        if duplicates:
+            raise PydanticCustomError(
+                "duplicate", "conditions are keyed by type; {types} given more than once",
+                {"types": ", ".join(duplicates)},
+            )
+        return conditions
+
+
+# Every child object is named POOL-ROLE (the longest, POOL-prefill, is 8 characters more) and
+# Services need DNS-1035 labels of at most 63 characters; 40 leaves room for the children.
+POOL_NAME_MAX = 40
+POOL_NAME_MESSAGE = (
+    f"must be a DNS-1035 label of at most {POOL_NAME_MAX} characters: lowercase letters, digits "
+    "and '-', starting with a letter and ending with a letter or digit (e.g. llama-8b), so "
+    "that every object poolpilot names after the pool (NAME-prefill, NAME-router) is a valid "
+    "Service name"
+)
+# The CRD's root rule: the API server refuses such names too (metadata is not in the schema).
+POOL_NAME_RULE = {
+    "rule": f"size(self.metadata.name) <= {POOL_NAME_MAX} && "
+    f"self.metadata.name.matches({cel_string(DNS1035_LABEL)})",
+    "message": f"metadata.name: {POOL_NAME_MESSAGE}",
+}
+
+PoolName = Annotated[str, Matching(DNS1035_LABEL, POOL_NAME_MESSAGE, max_length=POOL_NAME_MAX)]
+NamespaceName = Annotated[str, Matching(
+    DNS1123_LABEL,
+    "must be a namespace name: lowercase letters, digits and '-', starting and ending with a "
+    "letter or digit",
+    max_length=63,
+)]
+
 
 class ObjectMeta(BaseModel):
     """The subset of metadata the API needs; everything else passes through."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)
 
-    name: str = Field(min_length=1, max_length=40, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-    namespace: str | None = None
+    name: PoolName
+    namespace: NamespaceName | None = None
 
 
 class InferencePool(ApiModel):
     """An InferencePool: one model served by prefill and decode engines behind a router."""
 
-    api_version: str = Field(default=API_VERSION, pattern=f"^{re.escape(API_VERSION)}$")
-    kind: str = Field(default=KIND, pattern=f"^{KIND}$")
+    api_version: Literal["poolpilot.dev/v1alpha1"] = "poolpilot.dev/v1alpha1"
+    kind: Literal["InferencePool"] = "InferencePool"
     metadata: ObjectMeta
     spec: InferencePoolSpec
     status: InferencePoolStatus | None = None

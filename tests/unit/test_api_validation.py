@@ -3,18 +3,18 @@ schema + CEL), each with a message naming the field."""
 
 from __future__ import annotations
 
-import copy
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from poolpilot.operator import builders
+from poolpilot.runtime import launcher
 
-from poolpilot import api, crd, crd_validation
-from poolpilot.validate import InvalidPool, parse_pool
+from poolpilot import api, crd, crd_validation, re2
+from poolpilot.validate import InvalidPool, parse_pool, parse_spec
 
 EXAMPLES = sorted(Path(__file__).parents[2].joinpath("examples").glob("*.yaml"))
 CRD = crd.build_crd()
@@ -98,8 +98,70 @@ BAD = [
     Bad("router-zero-replicas", pool(router={"replicas": 0}), "spec.router.replicas"),
     Bad("other-projects-group",
         {**pool(), "apiVersion": "inference.networking.k8s.io/v1"}, "apiVersion", in_crd=False),
-    Bad("uppercase-name", {**pool(), "metadata": {"name": "Llama"}}, "metadata.name",
-        in_crd=False),
+    Bad("uppercase-name", {**pool(), "metadata": {"name": "Llama"}}, "metadata.name"),
+    # Issue 15: what `validate` accepted and the cluster, the CRD or the launcher refused.
+    Bad("replicas-beyond-int32",
+        pool(prefill={"replicas": 3_000_000_000, "maxReplicas": 3_000_000_000}),
+        "spec.prefill.replicas"),
+    Bad("gpus-beyond-int32", pool(decode={"gpus": 3_000_000_000}), "spec.decode.gpus"),
+    Bad("replicas-past-int64", pool(decode={"replicas": 2**64}), "spec.decode.replicas"),
+    Bad("cpu-lots", pool(runtime={"resources": {"requests": {"cpu": "lots"}}}),
+        "spec.runtime.resources.requests.cpu"),
+    Bad("negative-memory", pool(engine={"resources": {"limits": {"memory": "-1Gi"}}}),
+        "spec.engine.resources.limits.memory"),
+    Bad("float-quantity", pool(router={"resources": {"requests": {"cpu": 0.5}}}),
+        "spec.router.resources.requests.cpu"),
+    Bad("gpu-in-limits", pool(prefill={"resources": {"limits": {"nvidia.com/gpu": 2}}}),
+        "spec.prefill.resources.limits"),
+    Bad("env-name", pool(runtime={"env": [{"name": "1 BAD=NAME", "value": "x"}]}),
+        "spec.runtime.env[0].name"),
+    Bad("toleration-exists-with-value",
+        pool(runtime={"tolerations": [{"key": "gpu", "operator": "Exists", "value": "a100"}]}),
+        "spec.runtime.tolerations[0].value"),
+    Bad("toleration-no-key-equal", pool(runtime={"tolerations": [{"value": "a100"}]}),
+        "spec.runtime.tolerations[0].operator"),
+    Bad("toleration-seconds-without-noexecute",
+        pool(runtime={"tolerations": [{"key": "k", "effect": "NoSchedule",
+                                       "tolerationSeconds": 5}]}),
+        "spec.runtime.tolerations[0].tolerationSeconds"),
+    Bad("toleration-bad-key", pool(runtime={"tolerations": [{"key": "a b", "operator": "Exists"}]}),
+        "spec.runtime.tolerations[0].key"),
+    Bad("engine-args-tensor-parallel", pool(runtime={"engineArgs": {"tensorParallelSize": 4}}),
+        "spec.runtime.engineArgs.tensorParallelSize"),
+    Bad("role-engine-args-port", pool(decode={"engineArgs": {"port": 9000}}),
+        "spec.decode.engineArgs.port"),
+    Bad("engine-args-kebab-served-name",
+        pool(engine={"engineArgs": {"served-model-name": "x"}}),
+        "spec.engine.engineArgs.served-model-name"),
+    Bad("connector-config-kv-role", pool(kvTransfer={"extraConfig": {"kv_role": "kv_both"}}),
+        "spec.kvTransfer.extraConfig.kv_role"),
+    Bad("connector-extra-config-not-object",
+        pool(kvTransfer={"extraConfig": {"kv_connector_extra_config": "x"}}),
+        "spec.kvTransfer.extraConfig"),
+    Bad("replicas-quoted", pool(decode={"replicas": "3"}), "spec.decode.replicas"),
+    Bad("replicas-true", pool(decode={"replicas": True}), "spec.decode.replicas"),
+    Bad("replicas-float", pool(decode={"replicas": 15.0}), "spec.decode.replicas"),
+    Bad("enabled-quoted", pool(autoscaling={"enabled": "true"}), "spec.autoscaling.enabled"),
+    Bad("quantile-quoted", pool(slo={"ttft": {"quantile": "0.9", "seconds": 1}}),
+        "spec.slo.ttft.quantile"),
+    Bad("seconds-infinite", pool(slo={"ttft": {"quantile": 0.9, "seconds": float("inf")}}),
+        "spec.slo.ttft.seconds"),
+    Bad("seconds-nan", pool(slo={"itl": {"quantile": 0.9, "seconds": float("nan")}}),
+        "spec.slo.itl.seconds"),
+    Bad("engine-arg-infinite", pool(runtime={"engineArgs": {"x": float("inf")}}),
+        "spec.runtime.engineArgs.x"),
+    Bad("null-required-model", pool(model=None), "spec.model"),
+    Bad("null-list-item", pool(runtime={"tolerations": [None]}), "spec.runtime.tolerations[0]"),
+    Bad("name-with-dot", {**pool(), "metadata": {"name": "team.chat"}}, "metadata.name"),
+    Bad("name-60-characters", {**pool(), "metadata": {"name": "a" * 60}}, "metadata.name"),
+    Bad("name-41-characters", {**pool(), "metadata": {"name": "a" * 41}}, "metadata.name"),
+    Bad("name-starts-with-digit", {**pool(), "metadata": {"name": "8b-llama"}}, "metadata.name"),
+    Bad("name-trailing-newline", {**pool(), "metadata": {"name": "llama\n"}}, "metadata.name"),
+    Bad("unknown-top-level-field", {**pool(), "spce": {}}, "spce"),
+    Bad("duplicate-condition-types",
+        {**pool(), "status": {"conditions": [{"type": "Ready", "status": "True"},
+                                             {"type": "Ready", "status": "False"}]}},
+        "status.conditions"),
 ]
 
 
@@ -151,53 +213,169 @@ def test_defaults_a_user_expects() -> None:
     assert spec.served_name() == "meta-llama/Llama-3.1-8B-Instruct"
 
 
-# --- Hypothesis: whatever the models accept, the CRD accepts too -------------------------------
-
-role = st.fixed_dictionaries(
-    {},
-    optional={
-        "replicas": st.integers(0, 20),
-        "minReplicas": st.integers(0, 20),
-        "maxReplicas": st.integers(0, 20),
-        "gpus": st.integers(0, 8),
-        "tensorParallelSize": st.integers(0, 8),
-        "engineArgs": st.dictionaries(st.sampled_from(["maxModelLen", "enforceEager"]),
-                                      st.one_of(st.integers(1, 9999), st.booleans())),
-    },
-)
-latency = st.fixed_dictionaries(
-    {"quantile": st.floats(-0.5, 1.5, allow_nan=False), "seconds": st.floats(-1, 10)}
-)
-specs = st.fixed_dictionaries(
-    {"model": st.fixed_dictionaries({"name": st.text(min_size=0, max_size=5)})},
-    optional={
-        "mode": st.sampled_from(["Disaggregated", "Aggregated", "Other"]),
-        "kvTransfer": st.fixed_dictionaries(
-            {"connector": st.sampled_from(["NixlConnector", "ExampleConnector", "Nope"])}),
-        "prefill": role,
-        "decode": role,
-        "engine": role,
-        "slo": st.fixed_dictionaries({}, optional={"ttft": latency, "itl": latency}),
-        "autoscaling": st.fixed_dictionaries(
-            {}, optional={"scaleToZero": st.booleans(), "intervalSeconds": st.integers(-1, 60),
-                          "mode": st.sampled_from(["Apply", "Advisory", "Off"])}),
-    },
-)
+# --- accepted by both, the same way (each refused, coerced or crashing before issue 15) --------
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(specs)
-def test_models_and_crd_agree(spec: dict[str, Any]) -> None:
-    doc = pool()
-    doc["spec"] = copy.deepcopy(spec)
-    try:
+@dataclass(frozen=True)
+class Good:
+    id: str
+    doc: dict[str, Any]
+
+
+GOOD = [
+    Good("nulls-mean-unset", pool(prefill=None, runtime={"image": None, "env": None,
+                                                         "nodeSelector": {"a": None},
+                                                         "engineArgs": {"maxModelLen": None}})),
+    Good("integer-quantities", pool(runtime={"resources": {"requests": {"cpu": 4, "memory": "32Gi"},
+                                                          "limits": {"cpu": "4500m"}}})),
+    Good("engine-arg-past-int64", pool(runtime={"engineArgs": {"seed": 2**70}})),
+    Good("name-40-characters", {**pool(), "metadata": {"name": "a" * 40}}),
+    Good("toleration-exists-without-key", pool(runtime={"tolerations": [{"operator": "Exists"}]})),
+    Good("toleration-noexecute-seconds",
+         pool(runtime={"tolerations": [{"key": "k", "value": "v", "effect": "NoExecute",
+                                        "tolerationSeconds": 30}]})),
+    Good("env-with-dots-and-dashes", pool(runtime={"env": [{"name": "my.var-1", "value": ""}]})),
+    Good("connector-extra-config-object",
+         pool(kvTransfer={"extraConfig": {"kv_connector_extra_config": {"a": 1},
+                                          "kv_buffer_device": "cpu"}})),
+]
+
+
+@pytest.mark.parametrize("case", GOOD, ids=[c.id for c in GOOD])
+def test_models_and_crd_accept_and_default_alike(case: Good) -> None:
+    parsed = parse_pool(case.doc)
+    defaulted, errors = crd_validation.validate(CRD, case.doc)
+    assert errors == []
+    assert _prune(_no_nulls(defaulted["spec"])) == _prune(parsed.spec.to_wire())
+
+
+def _no_nulls(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _no_nulls(v) for k, v in value.items() if v is not None}
+    return value
+
+
+def test_null_fields_take_their_defaults() -> None:
+    spec = parse_pool(pool(prefill=None, decode={"replicas": None, "maxReplicas": 4})).spec
+    assert (spec.prefill.replicas, spec.decode.replicas, spec.decode.max_replicas) == (1, 1, 4)
+    defaulted, _ = crd_validation.validate(CRD, pool(decode={"replicas": None}))
+    assert defaulted["spec"]["decode"]["replicas"] == 1
+
+
+# --- every failed rule, with the real values -------------------------------------------------
+
+
+def test_every_failed_rule_is_reported_by_models_and_crd() -> None:
+    doc = pool(prefill={"minReplicas": 3, "maxReplicas": 2, "replicas": 5},
+               decode={"minReplicas": 0},
+               runtime={"tolerations": [{"operator": "Exists", "value": "v",
+                                         "tolerationSeconds": 5}]})
+    fields = {
+        "spec.prefill.maxReplicas", "spec.prefill.replicas", "spec.autoscaling.scaleToZero",
+        "spec.runtime.tolerations[0].value", "spec.runtime.tolerations[0].tolerationSeconds",
+    }
+    with pytest.raises(InvalidPool) as exc:
         parse_pool(doc)
-        accepted = True
-    except InvalidPool:
-        accepted = False
+    _, crd_errors = crd_validation.validate(CRD, doc)
+    assert {e.split(": ")[0] for e in exc.value.errors} == fields
+    assert {e.split(": ")[0] for e in crd_errors} == fields
+    # The same words from both, with the numbers filled in.
+    assert sorted(exc.value.errors) == sorted(crd_errors)
+    assert "spec.prefill.replicas: must be within [minReplicas, maxReplicas] (3..2); set " \
+           "replicas inside the bounds" in crd_errors
+
+
+def test_rules_report_together_with_field_errors() -> None:
+    with pytest.raises(InvalidPool) as exc:
+        parse_spec({"model": {"name": "m"}, "modee": "x",
+                    "decode": {"minReplicas": 3, "maxReplicas": 2, "replicas": 2}})
+    assert [e.split(":")[0] for e in exc.value.errors] == [
+        "spec.modee", "spec.decode.maxReplicas", "spec.decode.replicas"]
+
+
+def test_crd_messages_have_no_placeholders() -> None:
+    text = json.dumps(CRD)
+    for rule in _rules(crd_validation.version_schema(CRD)):
+        assert "{" not in rule["message"], rule
+        if "{" in rule.get("messageExpression", ""):
+            pytest.fail(f"placeholder left in {rule}")
+    assert "({minReplicas}" not in text
+
+
+def test_message_expressions_say_what_the_models_say() -> None:
+    for rule in api.EngineRoleSpec.rules:
+        if rule.placeholders():
+            assert rule.to_crd()["messageExpression"].startswith(f"'{rule.field}: ")
+    role = api.EngineRoleSpec.model_construct(min_replicas=3, max_replicas=2, replicas=5)
+    doc = pool(engine={"minReplicas": 3, "maxReplicas": 2, "replicas": 5}, mode="Aggregated")
     _, errors = crd_validation.validate(CRD, doc)
-    if accepted:
-        assert errors == [], errors
-    else:
-        # Every rule here is expressible in the CRD, so it must reject as well.
-        assert errors, "models rejected a spec the CRD accepts"
+    for rule in api.EngineRoleSpec.rules[:2]:
+        assert f"spec.engine.{rule.field}: {rule.render(role)}" in errors
+
+
+def _rules(schema: Any) -> list[dict[str, Any]]:
+    found: list[dict[str, Any]] = []
+    if isinstance(schema, dict):
+        found += schema.get("x-kubernetes-validations", [])
+        for value in schema.values():
+            found += _rules(value)
+    elif isinstance(schema, list):
+        for value in schema:
+            found += _rules(value)
+    return found
+
+
+# --- the emulator's validator takes any JSON without raising ----------------------------------
+
+
+@pytest.mark.parametrize(
+    "doc",
+    [
+        pool(decode={"replicas": 2**63}),
+        pool(decode={"replicas": -(2**64)}),
+        pool(runtime={"engineArgs": {"seed": 2**64, "nested": {"big": [2**100]}}}),
+        {**pool(), "metadata": {"name": "p", "generation": 2**70}},
+    ],
+    ids=["replicas-2^63", "replicas-minus-2^64", "engine-args-2^64", "metadata-2^70"],
+)
+def test_crd_validation_takes_huge_integers(doc: dict[str, Any]) -> None:
+    crd_validation.validate(CRD, doc)  # ValueError('overflow') before issue 15
+
+
+def test_crd_validation_takes_deep_free_form_values() -> None:
+    deep: Any = 1
+    for _ in range(5000):
+        deep = {"a": deep}
+    _, errors = crd_validation.validate(CRD, pool(runtime={"engineArgs": {"deep": deep}}))
+    assert errors == []
+
+
+# --- reserved keys: exactly what the engine launcher owns -------------------------------------
+
+
+def test_reserved_engine_args_are_the_launchers_own_flags() -> None:
+    """Every spelling the API refuses, the launcher refuses too (it would exit 2), and every
+    flag the launcher owns is refused by the API, so no pool that validates crashes its pods."""
+    assert {launcher.kebab(k) for k in api.RESERVED_ENGINE_ARGS} == set(launcher.OWN_FLAGS)
+    for camel in api.RESERVED_ENGINE_ARGS:
+        for key in api.spellings(camel):
+            with pytest.raises(launcher.LaunchError):
+                launcher.engine_arg_flags([f"{key}=1"])
+    for camel in api.RESERVED_CONNECTOR_KEYS:
+        for key in api.spellings(camel):
+            with pytest.raises(launcher.LaunchError):
+                launcher.kv_transfer_config("prefill", "NixlConnector", {key: "x"})
+
+
+def test_longest_pool_name_gives_valid_child_names() -> None:
+    """The 40-character limit leaves room for every object named after the pool."""
+    name = "a" * api.POOL_NAME_MAX
+    spec = parse_pool({**pool(), "metadata": {"name": name}}).spec
+    for mode in ("Disaggregated", "Aggregated"):
+        caps = builders.Capabilities(monitoring=True, rbac=True)
+        children = builders.build_children(
+            builders.Pool(name=name, namespace="ns", spec=spec.model_copy(update={"mode": mode})),
+            caps)
+        for child in children:
+            child_name = child["metadata"]["name"]
+            assert len(child_name) <= 63 and re2.search(api.DNS1035_LABEL, child_name), child_name

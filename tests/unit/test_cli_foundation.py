@@ -39,10 +39,27 @@ def test_crd_has_what_kubectl_users_rely_on() -> None:
     assert names["shortNames"] == ["ipool"] and names["categories"] == ["poolpilot"]
     version = crd["spec"]["versions"][0]
     assert version["subresources"] == {"status": {}}
-    columns = [c["name"] for c in version["additionalPrinterColumns"]]
-    assert columns == ["Mode", "Prefill", "Decode", "TTFT", "Ready", "Age"]
-    slo = version["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["slo"]
+    columns = version["additionalPrinterColumns"]
+    assert [c["name"] for c in columns if not c.get("priority")] == [
+        "Mode", "Prefill", "Decode", "Engine", "TTFT", "Ready", "Age"]
+    # `kubectl get -o wide` adds what the pool serves and its targets.
+    assert {c["name"]: c["jsonPath"] for c in columns if c.get("priority") == 1} == {
+        "Model": ".spec.model.name", "Connector": ".spec.kvTransfer.connector",
+        "TTFT-SLO": ".spec.slo.ttft.seconds", "ITL-SLO": ".spec.slo.itl.seconds"}
+    root = version["schema"]["openAPIV3Schema"]
+    slo = root["properties"]["spec"]["properties"]["slo"]
     assert "description" in slo and "description" in slo["properties"]["ttft"]
+    conditions = root["properties"]["status"]["properties"]["conditions"]
+    assert conditions["x-kubernetes-list-type"] == "map"
+    assert conditions["x-kubernetes-list-map-keys"] == ["type"]
+    assert conditions["items"]["required"][0] == "type"
+    assert "self.metadata.name" in root["x-kubernetes-validations"][0]["rule"]
+
+
+def test_generated_files_have_no_yaml_anchors() -> None:
+    for path in ("crds/inferencepool.yaml", "charts/poolpilot/crds/inferencepool.yaml"):
+        text = (ROOT / path).read_text()
+        assert "&id0" not in text and "*id0" not in text, path
 
 
 def test_validate_accepts_the_examples() -> None:
