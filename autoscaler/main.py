@@ -11,11 +11,32 @@ import socket
 import sys
 
 from poolpilot.autoscaler import queries
+from poolpilot.autoscaler.promaccess import AccessError, PrometheusAccess, parse_header
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prometheus", required=True, metavar="URL",
                    help="Prometheus base URL, e.g. http://prometheus-operated.monitoring:9090")
+    prom = p.add_argument_group("Prometheus access (TLS is verified unless switched off)")
+    prom.add_argument("--prometheus-ca-file", metavar="FILE",
+                      help="PEM CA bundle that signs Prometheus' certificate (default: the "
+                      "system's CAs)")
+    prom.add_argument("--prometheus-insecure-skip-verify", action="store_true",
+                      help="do not verify Prometheus' TLS certificate (not for production)")
+    prom.add_argument("--prometheus-cert-file", metavar="FILE",
+                      help="client certificate for mutual TLS (with --prometheus-key-file)")
+    prom.add_argument("--prometheus-key-file", metavar="FILE",
+                      help="the client certificate's private key")
+    prom.add_argument("--prometheus-bearer-token-file", metavar="FILE",
+                      help="send 'Authorization: Bearer <file contents>'; the file is read "
+                      "again whenever it changes (rotated tokens)")
+    prom.add_argument("--prometheus-username", metavar="USER",
+                      help="basic auth user (with --prometheus-password-file)")
+    prom.add_argument("--prometheus-password-file", metavar="FILE",
+                      help="basic auth password, read again whenever the file changes")
+    prom.add_argument("--prometheus-header", action="append", default=[], metavar="'NAME: VALUE'",
+                      help="an extra header on every query, e.g. 'X-Scope-OrgID: team-a' "
+                      "(Mimir, Cortex); repeatable")
     scope = p.add_mutually_exclusive_group()
     scope.add_argument("--namespace", "-n", action="append", default=[], metavar="NS",
                        help="watch InferencePools in this namespace (repeatable)")
@@ -64,6 +85,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                     help="how often the leader renews and followers try (default 2)")
 
 
+def access(args: argparse.Namespace) -> PrometheusAccess:
+    """The Prometheus access options; AccessError for a malformed header."""
+    return PrometheusAccess(
+        ca_file=args.prometheus_ca_file, insecure_skip_verify=args.prometheus_insecure_skip_verify,
+        cert_file=args.prometheus_cert_file, key_file=args.prometheus_key_file,
+        bearer_token_file=args.prometheus_bearer_token_file, username=args.prometheus_username,
+        password_file=args.prometheus_password_file,
+        headers=dict(parse_header(h) for h in args.prometheus_header),
+    )
+
+
 def identity() -> str:
     """This replica's name in the Lease: the pod's name in a cluster."""
     return os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}"
@@ -73,6 +105,11 @@ def run(args: argparse.Namespace) -> int:
     if args.speed <= 0 or args.interval <= 0 or args.rate_window <= 0:
         print("poolpilot autoscaler: --speed, --interval and --rate-window must be > 0",
               file=sys.stderr)
+        return 2
+    try:
+        access(args).check()
+    except AccessError as exc:
+        print(f"poolpilot autoscaler: {exc}", file=sys.stderr)
         return 2
     if args.leader_elect and not (args.retry_period >= 1
                                   and args.renew_deadline > 1.2 * args.retry_period
@@ -115,6 +152,7 @@ async def _main(args: argparse.Namespace) -> int:
     source = PrometheusSource(
         args.prometheus,
         queries.QuerySet(window_seconds=args.rate_window / args.speed, namespaces=namespaces),
+        access=access(args),
     )
     options = Options(interval=args.interval, dry_run=args.dry_run, speed=args.speed)
     scaler = Autoscaler(kube, source, options, metrics)

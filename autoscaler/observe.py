@@ -19,6 +19,7 @@ from typing import Any, Protocol
 from poolpilot.autoscaler import queries as q
 from poolpilot.autoscaler import recording
 from poolpilot.autoscaler.decide import Observation, RoleObservation
+from poolpilot.autoscaler.promaccess import PrometheusAccess
 
 log = logging.getLogger("poolpilot.autoscaler")
 GroupKey = tuple[str, str, str]  # (namespace, pool, role); role "" for per-pool series
@@ -65,7 +66,8 @@ class PrometheusSource:
     /api/v1/rules every `rules_refresh` seconds); False: always the raw queries."""
 
     def __init__(self, url: str, query_set: q.QuerySet | None = None, timeout: float = 10.0,
-                 parallel: int = 4, use_rules: bool = True, rules_refresh: float = 60.0) -> None:
+                 parallel: int = 4, use_rules: bool = True, rules_refresh: float = 60.0,
+                 access: PrometheusAccess | None = None) -> None:
         from prometheus_api_client import PrometheusConnect
         from urllib3.util.retry import Retry
 
@@ -78,11 +80,15 @@ class PrometheusSource:
         self.rules = recording.Loaded()
         self._rules_checked = -math.inf
         self._rules_said: str | None = None
+        access = access or PrometheusAccess()
         # One quick retry: a cycle that cannot reach Prometheus holds and tries next cycle.
-        # POST, because the namespace matcher can make a query long.
+        # POST, because the namespace matcher can make a query long. TLS is verified (against
+        # access.ca_file when given) unless switched off explicitly.
         self._prom = PrometheusConnect(
             url=url,
-            disable_ssl=True,
+            headers=dict(access.headers) or None,
+            auth=access.auth(),
+            session=access.session(),
             timeout=timeout,
             retry=Retry(total=1, backoff_factor=0.1, status_forcelist=(502, 503, 504),
                         allowed_methods=None),

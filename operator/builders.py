@@ -49,6 +49,9 @@ class Capabilities:
 
     monitoring: bool = False  # monitoring.coreos.com/v1 ServiceMonitor and PodMonitor
     rbac: bool = True  # rbac.authorization.k8s.io/v1 (the router's Role for discovery)
+    # Extra labels on every ServiceMonitor and PodMonitor, for the Prometheus' selector
+    # (kube-prometheus-stack selects `release: <its release>`); the operator's --monitor-label.
+    monitor_labels: tuple[tuple[str, str], ...] = ()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -506,12 +509,19 @@ def _relabelings() -> list[Obj]:
     ]
 
 
-def build_service_monitor(pool: Pool) -> Obj:
+def _monitor_meta(pool: Pool, name: str, role: str, caps: Capabilities) -> Obj:
+    meta = _meta(pool, name, role)
+    meta["labels"] = {**dict(caps.monitor_labels), **meta["labels"]}  # ours cannot be replaced
+    return meta
+
+
+def build_service_monitor(pool: Pool, caps: Capabilities | None = None) -> Obj:
     """ServiceMonitor for the router's /metrics (Prometheus Operator)."""
+    caps = caps or Capabilities()
     return {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "ServiceMonitor",
-        "metadata": _meta(pool, names.child_name(pool.name, "router"), "router"),
+        "metadata": _monitor_meta(pool, names.child_name(pool.name, "router"), "router", caps),
         "spec": {
             "selector": {"matchLabels": names.selector(pool.name, "router")},
             "endpoints": [
@@ -526,13 +536,14 @@ def build_service_monitor(pool: Pool) -> Obj:
     }
 
 
-def build_pod_monitor(pool: Pool) -> Obj:
+def build_pod_monitor(pool: Pool, caps: Capabilities | None = None) -> Obj:
     """PodMonitor for every engine pod's vLLM /metrics (headless Services have no monitor)."""
+    caps = caps or Capabilities()
     roles = pool.spec.engine_roles()
     return {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "PodMonitor",
-        "metadata": _meta(pool, names.child_name(pool.name, "engines"), "engines"),
+        "metadata": _monitor_meta(pool, names.child_name(pool.name, "engines"), "engines", caps),
         "spec": {
             "selector": {
                 "matchLabels": {names.POOL_LABEL: pool.name},
@@ -571,9 +582,9 @@ def build_children(pool: Pool, caps: Capabilities | None = None) -> list[Obj]:
     objs += [build_pdb(pool, r) for r in (*roles, "router")]
     if caps.monitoring:
         if spec.monitoring.pod_monitor:
-            objs.append(build_pod_monitor(pool))
+            objs.append(build_pod_monitor(pool, caps))
         if spec.monitoring.service_monitor:
-            objs.append(build_service_monitor(pool))
+            objs.append(build_service_monitor(pool, caps))
     return objs
 
 

@@ -45,6 +45,8 @@ class OperatorConfig:
     # Pools reconciled at once. Unbounded, 1,000 new pools would put 20,000 requests in flight,
     # every one would time out in the API server's queue and every retry start over.
     max_concurrent_reconciles: int = 16
+    # Extra labels on the per-pool ServiceMonitor/PodMonitor (--monitor-label).
+    monitor_labels: tuple[tuple[str, str], ...] = ()
     # Backoff after a permanent API error (403, 422, quota): first wait, doubling up to the max.
     permanent_backoff: tuple[float, float] = (retry.PERMANENT_FIRST_S, retry.PERMANENT_MAX_S)
 
@@ -144,7 +146,7 @@ async def _handle_locked(body: kopf.Body, memo: kopf.Memo, logger: logging.Logge
         raise kopf.TemporaryError("backing off after a permanent API error", delay=wait)
     previous = _previous_status(body, memo)
     endpoint = names.router_endpoint(name, namespace)
-    caps = reconcile.capabilities(memo["discovered"])
+    caps = reconcile.capabilities(memo["discovered"], config.monitor_labels)
     try:
         spec = parse_spec(dict(body.get("spec") or {}))
     except InvalidPool as exc:

@@ -14,7 +14,7 @@ import sys
 
 import kopf
 from poolpilot.kubeclient import NoCredentials, credentials
-from poolpilot.operator import peering
+from poolpilot.operator import labels, peering
 from poolpilot.operator.handlers import OperatorConfig, register
 
 
@@ -42,11 +42,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--request-timeout", type=float, default=10.0,
                         help="seconds before a Kubernetes API request or watch connection "
                         "times out (default 10)")
+    parser.add_argument("--monitor-label", action="append", default=[], metavar="KEY=VALUE",
+                        help="an extra label on every pool's ServiceMonitor and PodMonitor, so "
+                        "your Prometheus selects them (kube-prometheus-stack: "
+                        "release=<its release>); repeatable")
     parser.add_argument("--max-concurrent-reconciles", type=int, default=16,
                         help="pools reconciled at once (bounds the load on the API server)")
 
 
 def run(args: argparse.Namespace) -> int:
+    try:
+        monitor_labels = labels.parse_all(args.monitor_label)
+    except ValueError as exc:
+        print(f"poolpilot operator: --monitor-label {exc}", file=sys.stderr)
+        return 2
     try:
         source = credentials.resolve(args.kubeconfig)
     except NoCredentials as exc:
@@ -62,6 +71,7 @@ def run(args: argparse.Namespace) -> int:
         peering_name=args.peering,
         peering_mandatory=args.require_peering,
         max_concurrent_reconciles=args.max_concurrent_reconciles,
+        monitor_labels=monitor_labels,
     )
     registry = kopf.OperatorRegistry()
     register(registry, config)

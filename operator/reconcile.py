@@ -54,8 +54,10 @@ class Outcome:
     writes: int = 0
 
 
-def capabilities(discovered: Discovered) -> builders.Capabilities:
-    return builders.Capabilities(monitoring=discovered.monitoring, rbac=discovered.rbac)
+def capabilities(discovered: Discovered,
+                 monitor_labels: tuple[tuple[str, str], ...] = ()) -> builders.Capabilities:
+    return builders.Capabilities(monitoring=discovered.monitoring, rbac=discovered.rbac,
+                                 monitor_labels=monitor_labels)
 
 
 def label(obj: Obj) -> str:
@@ -147,17 +149,17 @@ def possible_children(pool: builders.Pool, caps: builders.Capabilities) -> list[
     deterministic, so GETs by name (cheap at any scale) replace label-selector LISTs, whose
     cost grows with the number of objects in the namespace."""
     seen: dict[tuple[str, str, str], Obj] = {}
-    all_on = builders.Capabilities(monitoring=caps.monitoring, rbac=caps.rbac)
     for mode in (api.Mode.DISAGGREGATED, api.Mode.AGGREGATED):
         spec = pool.spec.model_copy(update={"mode": mode})
         variant = builders.Pool(pool.name, pool.namespace, spec, pool.uid)
-        for obj in builders.build_children(variant, all_on):
+        for obj in builders.build_children(variant, caps):
             seen.setdefault(builders.object_key(obj), obj)
     if caps.monitoring and not (pool.spec.monitoring.pod_monitor
                                 and pool.spec.monitoring.service_monitor):
         monitors = builders.Pool(pool.name, pool.namespace, pool.spec.model_copy(
             update={"monitoring": api.MonitoringSpec()}), pool.uid)
-        for obj in (builders.build_pod_monitor(monitors), builders.build_service_monitor(monitors)):
+        for obj in (builders.build_pod_monitor(monitors, caps),
+                    builders.build_service_monitor(monitors, caps)):
             seen.setdefault(builders.object_key(obj), obj)
     return list(seen.values())
 

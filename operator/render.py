@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from poolpilot.operator import builders, peering
+from poolpilot.operator import builders, labels, peering
 
 from poolpilot import api, fileerrors
 from poolpilot.validate import InvalidFile, InvalidPool, load_documents, parse_pool
@@ -79,6 +79,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "instead of prometheus.io scrape annotations",
     )
     parser.add_argument(
+        "--monitor-label", action="append", default=[], metavar="KEY=VALUE",
+        help="with --prometheus-operator: an extra label on the monitors, as the operator's "
+        "--monitor-label (e.g. release=kube-prometheus-stack); repeatable",
+    )
+    parser.add_argument(
         "--no-rbac", action="store_true", help="leave out the router's Role and RoleBinding"
     )
     parser.add_argument(
@@ -107,7 +112,13 @@ def run(args: argparse.Namespace) -> int:
         for err in errors:
             print(f"{args.file}: {err}", file=sys.stderr)
         return 1
-    caps = builders.Capabilities(monitoring=args.prometheus_operator, rbac=not args.no_rbac)
+    try:
+        monitor_labels = labels.parse_all(args.monitor_label)
+    except ValueError as exc:
+        print(f"poolpilot render: --monitor-label {exc}", file=sys.stderr)
+        return 2
+    caps = builders.Capabilities(monitoring=args.prometheus_operator, rbac=not args.no_rbac,
+                                 monitor_labels=monitor_labels)
     sys.stdout.write(render(pools, caps, args.output))
     if args.peering_crds:
         sys.stdout.write(("---\n" if args.output == "yaml" else "") + _peering(args.output))

@@ -98,12 +98,17 @@ class PrometheusProcess:
     binary: str = "prometheus"
     workdir: Path | None = None
     extra_args: list[str] = field(default_factory=list)
+    # --web.config.file: `tls_server_config` (then the URL is https) and `basic_auth_users`;
+    # probe_auth is the (user, password) the readiness probe sends.
+    web_config: dict[str, Any] | None = None
+    probe_auth: tuple[str, str] | None = None
     _proc: subprocess.Popen[bytes] | None = None
     _own_workdir: bool = False
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        tls = bool(self.web_config and self.web_config.get("tls_server_config"))
+        return f"{'https' if tls else 'http'}://{self.host}:{self.port}"
 
     def _paths(self) -> tuple[Path, Path, Path]:
         assert self.workdir is not None
@@ -145,6 +150,10 @@ class PrometheusProcess:
         config.write_text(yaml.safe_dump(cfg))
         if not self.port:
             self.port = free_port(self.host)
+        web: list[str] = []
+        if self.web_config is not None:
+            (self.workdir / "web.yml").write_text(yaml.safe_dump(self.web_config))
+            web = [f"--web.config.file={self.workdir / 'web.yml'}"]
         log = open(self.workdir / "prometheus.log", "wb")  # noqa: SIM115 - lives with the process
         self._proc = subprocess.Popen(
             [
@@ -154,6 +163,7 @@ class PrometheusProcess:
                 f"--web.listen-address={self.host}:{self.port}",
                 "--web.enable-lifecycle",
                 "--log.level=warn",
+                *web,
                 *self.extra_args,
             ],
             stdout=log,
@@ -178,14 +188,22 @@ class PrometheusProcess:
         os.replace(tmp, targets_dir / "targets.json")
 
     def _wait_ready(self, timeout: float) -> None:
+        import base64
+        import ssl
         import urllib.request
 
+        request = urllib.request.Request(f"{self.url}/-/ready")
+        if self.probe_auth:
+            token = base64.b64encode(":".join(self.probe_auth).encode()).decode()
+            request.add_header("Authorization", f"Basic {token}")
+        context = ssl.create_default_context()  # the probe checks readiness, not identity
+        context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self._proc is not None and self._proc.poll() is not None:
                 raise RuntimeError(f"prometheus exited early: {self.log_tail()}")
             try:
-                with urllib.request.urlopen(f"{self.url}/-/ready", timeout=1) as r:
+                with urllib.request.urlopen(request, timeout=1, context=context) as r:
                     if r.status == 200:
                         return
             except OSError:
