@@ -48,7 +48,7 @@ def generated(chart: Path = CHART) -> dict[Path, str]:
     out = {chart / "files" / "dashboards" / f"poolpilot-{name}.json": dashboard_json(name)
            for name in grafana.DASHBOARDS}
     out[chart / "files" / "prometheus-rules.yaml"] = rules_file()
-    out[chart / "crds" / "inferencepool.yaml"] = crd.render_crd()
+    out[chart / "files" / "crds" / "inferencepool.yaml"] = crd.render_crd()
     out[chart / "crds" / "kopf-peering.yaml"] = peering_crds_file()
     return out
 

@@ -53,6 +53,7 @@ class RuleParams:
     # evaluates the group (each recorded value is up to that much older than a raw query's).
     autoscaler_window_seconds: str = "60"
     autoscaler_interval: str = "10s"
+    runbook_base_url: str = "https://github.com/poolpilot/poolpilot/blob/main/docs/alerts.md"
 
 
 # Placeholder name in the chart file -> values path under .Values.prometheusRule (under
@@ -73,7 +74,12 @@ VALUE_PATHS: dict[str, str] = {
     "metrics_missing_for": "metricsMissingFor",
     "autoscaler_window_seconds": "autoscaler.rateWindowSeconds",
     "autoscaler_interval": "autoscalerRulesInterval",
+    "runbook_base_url": "runbookBaseUrl",
 }
+
+# The group of alerts about the autoscaler's own series: only meaningful when Prometheus
+# scrapes the autoscaler (the chart's ServiceMonitor), so the chart leaves it out otherwise.
+AUTOSCALER_GROUP = "poolpilot.autoscaler.alerts"
 
 
 def placeholders() -> RuleParams:
@@ -102,14 +108,20 @@ class Alert:
     inputs: tuple[str, ...] = ()
     labels: dict[str, str] = field(default_factory=dict)
 
-    def to_rule(self) -> dict[str, Any]:
+    def to_rule(self, runbook_base_url: str) -> dict[str, Any]:
         return {
             "alert": self.name,
             "expr": self.expr,
             "for": self.for_,
             "labels": {"severity": self.severity, **self.labels},
-            "annotations": {"summary": self.summary, "description": self.description},
+            "annotations": {"summary": self.summary, "description": self.description,
+                            "runbook_url": runbook_url(runbook_base_url, self.name)},
         }
+
+
+def runbook_url(base: str, alert: str) -> str:
+    """The alert's section of docs/alerts.md (a heading named after the alert)."""
+    return f"{base}#{alert.lower()}"
 
 
 def recording_rules(p: RuleParams) -> list[dict[str, Any]]:
@@ -231,19 +243,6 @@ def alerts(p: RuleParams) -> list[Alert]:
             inputs=(metrics_available,),
         ),
         Alert(
-            name="PoolpilotAutoscalerDown",
-            expr=f"absent({m.AUTOSCALER_CYCLE}_count)",
-            for_=p.metrics_missing_for,
-            severity="warning",
-            summary="poolpilot's autoscaler reports no cycles",
-            description=(
-                "Prometheus has no poolpilot_autoscaler_cycle_seconds series: the autoscaler is "
-                "not running or not scraped (monitoring.serviceMonitor.enabled), so no pool is "
-                "being resized."
-            ),
-            inputs=(f"{m.AUTOSCALER_CYCLE}_count",),
-        ),
-        Alert(
             name="PoolpilotScalingLimited",
             expr=f"{limited} > 0",
             for_=p.scaling_limited_for,
@@ -274,15 +273,51 @@ def alerts(p: RuleParams) -> list[Alert]:
     ]
 
 
-def rule_groups(p: RuleParams) -> dict[str, Any]:
+def autoscaler_alerts(p: RuleParams) -> list[Alert]:
+    """Alerts on the autoscaler's own series (AUTOSCALER_GROUP)."""
+    leaders = f"sum({m.AUTOSCALER_LEADER})"
+    return [
+        Alert(
+            name="PoolpilotAutoscalerDown",
+            expr=f"absent({m.AUTOSCALER_CYCLE}_count)",
+            for_=p.metrics_missing_for,
+            severity="warning",
+            summary="poolpilot's autoscaler reports no cycles",
+            description=(
+                "Prometheus has no poolpilot_autoscaler_cycle_seconds series: the autoscaler is "
+                "not running or not scraped (monitoring.serviceMonitor.enabled), so no pool is "
+                "being resized."
+            ),
+            inputs=(f"{m.AUTOSCALER_CYCLE}_count",),
+        ),
+        Alert(
+            name="PoolpilotAutoscalerNoLeader",
+            expr=f"{leaders} == 0",
+            for_=p.metrics_missing_for,
+            severity="warning",
+            summary="no poolpilot autoscaler replica holds the leader lease",
+            description=(
+                "Every autoscaler replica runs but none acts: none could take the Lease "
+                "(its RBAC, or the API server), so no pool is being resized. The replicas' "
+                "logs say why."
+            ),
+            inputs=(leaders,),
+        ),
+    ]
+
+
+def rule_groups(p: RuleParams, autoscaler_scraped: bool = True) -> dict[str, Any]:
     """The `spec` of the PrometheusRule (also a valid Prometheus rule file)."""
-    return {
-        "groups": [
-            {"name": "poolpilot.recording", "rules": recording_rules(p)},
-            recording.rule_group(f"{p.autoscaler_window_seconds}s", p.autoscaler_interval),
-            {"name": "poolpilot.alerts", "rules": [a.to_rule() for a in alerts(p)]},
-        ]
-    }
+    base = p.runbook_base_url
+    groups = [
+        {"name": "poolpilot.recording", "rules": recording_rules(p)},
+        recording.rule_group(f"{p.autoscaler_window_seconds}s", p.autoscaler_interval),
+        {"name": "poolpilot.alerts", "rules": [a.to_rule(base) for a in alerts(p)]},
+    ]
+    if autoscaler_scraped:
+        groups.append({"name": AUTOSCALER_GROUP,
+                       "rules": [a.to_rule(base) for a in autoscaler_alerts(p)]})
+    return {"groups": groups}
 
 
 class _Dumper(yaml.SafeDumper):

@@ -19,7 +19,7 @@ from pydantic.json_schema import GenerateJsonSchema, JsonSchemaValue
 from poolpilot import api
 
 CRD_PATH = Path("crds/inferencepool.yaml")
-CHART_CRD_PATH = Path("charts/poolpilot/crds/inferencepool.yaml")  # Helm installs this copy
+CHART_CRD_PATH = Path("charts/poolpilot/files/crds/inferencepool.yaml")  # the chart templates it
 CRD_NAME = f"{api.PLURAL}.{api.GROUP}"
 
 _DROP = {"title", "default_factory"}

@@ -100,7 +100,7 @@ def rule_queries() -> list[Q]:
         quantile = rule.get("labels", {}).get("quantile", "")
         out.append(Q(f"record/{rule['record']}/{quantile}".rstrip("/"),
                      rule["expr"]))
-    for alert in rules.alerts(PARAMS):
+    for alert in [*rules.alerts(PARAMS), *rules.autoscaler_alerts(PARAMS)]:
         for i, expr in enumerate(alert.inputs):
             out.append(Q(f"alert/{alert.name}/input{i}", expr))
     return out

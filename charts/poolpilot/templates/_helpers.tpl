@@ -38,25 +38,33 @@ app.kubernetes.io/component: {{ .component }}
 {{- end }}
 {{- end -}}
 
-{{/* Restricted Pod Security Standard: pod level. */}}
+{{/* Pod securityContext: .Values.podSecurityContext (restricted by default; keys set to null
+are left out, e.g. runAsUser on OpenShift). */}}
 {{- define "poolpilot.podSecurityContext" -}}
-runAsNonRoot: true
-runAsUser: 65532
-runAsGroup: 65532
-fsGroup: 65532
-seccompProfile:
-  type: RuntimeDefault
+{{- toYaml .Values.podSecurityContext }}
 {{- end -}}
 
-{{/* Restricted Pod Security Standard: container level. */}}
+{{/* Container securityContext: .Values.securityContext. */}}
 {{- define "poolpilot.containerSecurityContext" -}}
-allowPrivilegeEscalation: false
-readOnlyRootFilesystem: true
-runAsNonRoot: true
-capabilities:
-  drop: ["ALL"]
-seccompProfile:
-  type: RuntimeDefault
+{{- toYaml .Values.securityContext }}
+{{- end -}}
+
+{{/* The ServiceAccount of a component: (dict "ctx" $ "component" "operator"). */}}
+{{- define "poolpilot.serviceAccountName" -}}
+{{- if .ctx.Values.serviceAccount.name -}}
+{{- .ctx.Values.serviceAccount.name -}}
+{{- else -}}
+{{- printf "%s-%s" (include "poolpilot.fullname" .ctx) .component -}}
+{{- end -}}
+{{- end -}}
+
+{{/* A component's pod labels: the chart's (which cannot be overridden), the component's
+podLabels, then podLabels. */}}
+{{- define "poolpilot.podLabels" -}}
+{{- $values := index .ctx.Values .component -}}
+{{- $own := include "poolpilot.labels" .ctx | fromYaml -}}
+{{- $_ := set $own "app.kubernetes.io/component" .component -}}
+{{- toYaml (merge $own $values.podLabels .ctx.Values.podLabels) }}
 {{- end -}}
 
 {{/* --all-namespaces, or one --namespace per watched namespace. */}}

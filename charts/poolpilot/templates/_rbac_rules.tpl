@@ -86,3 +86,15 @@
   resources: [events]
   verbs: [create, patch]
 {{- end -}}
+
+{{/* The autoscaler's leader election: (dict "lease" name). The library reads, creates and
+replaces one Lease; create cannot be limited to a name. */}}
+{{- define "poolpilot.autoscalerLeaderRules" -}}
+- apiGroups: [coordination.k8s.io]
+  resources: [leases]
+  verbs: [create]
+- apiGroups: [coordination.k8s.io]
+  resources: [leases]
+  resourceNames: [{{ .lease | quote }}]
+  verbs: [get, update]
+{{- end -}}
