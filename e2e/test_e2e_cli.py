@@ -31,6 +31,13 @@ def sandbox(*args: str, env: dict[str, str] | None = None, cwd: Path | None = No
                           env=env, cwd=cwd)
 
 
+def ctrl_c_reaches_it() -> None:
+    """In the child: SIGINT as in a terminal's foreground job. A test run in the background of
+    a non-interactive shell inherits SIGINT ignored, and the sandbox (rightly) keeps ignoring
+    it then."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def processes_using(folder: Path) -> list[str]:
     """Live processes whose command line or working folder mentions `folder`."""
     found = []
@@ -114,7 +121,7 @@ def test_links_work_mid_run_ctrl_c_stops_all_then_a_kept_run_serves(tmp_path: Pa
     # A long idle tail (75 s real) so that the run is still going when it is interrupted.
     proc = subprocess.Popen([*SANDBOX, "--trace", str(trace), "--speed", "8", "--duration",
                              "600", "--report", str(first)], stdout=first_log.open("w"),
-                            stderr=subprocess.STDOUT)
+                            stderr=subprocess.STDOUT, preexec_fn=ctrl_c_reaches_it)
     try:
         wait_for(lambda: "replaying the trace" in first_log.read_text()
                  or proc.poll() is not None, timeout=180, what="the pool to become ready")
@@ -144,7 +151,7 @@ def test_links_work_mid_run_ctrl_c_stops_all_then_a_kept_run_serves(tmp_path: Pa
     proc = subprocess.Popen([*SANDBOX, "--pool", "../pool.yaml", "--trace", "../t.csv",
                              "--speed", "8", "--duration", "30", "--report", "../second",
                              "--keep"], cwd=elsewhere, stdout=second_log.open("w"),
-                            stderr=subprocess.STDOUT)
+                            stderr=subprocess.STDOUT, preexec_fn=ctrl_c_reaches_it)
     try:
         wait_for(lambda: "Ctrl-C stops it" in second_log.read_text() or proc.poll() is not None,
                  timeout=180, what="the kept sandbox's instructions")
