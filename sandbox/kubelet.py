@@ -29,6 +29,9 @@ from typing import Any
 
 import httpx
 
+from poolpilot import names
+from poolpilot.validate import InvalidPool, parse_spec
+
 from . import pods as P
 from .kubeapi import ApiError, KubeClient
 from .processes import Child, ProcessTable
@@ -223,7 +226,8 @@ class Kubelet:
     async def _command(self, rt: PodRuntime, pod: Obj) -> tuple[list[str], dict[str, str]]:
         mounts = await self._volumes(rt, pod)
         argv = (rt.container.get("command") or []) + (rt.container.get("args") or [])
-        local = P.pod_command(argv, rt.ip, self.cfg.mapping, mounts)
+        local = P.pod_command(argv, rt.ip, self.cfg.mapping, mounts,
+                              itl_budget=await self._itl_target(pod))
         secrets = await self._secret_values(pod)
         cenv = P.resolve_env(pod, rt.container, rt.ip, secrets)
         cenv = dict(zip(cenv, P.remap_paths(cenv.values(), mounts), strict=True))
@@ -254,6 +258,19 @@ class Kubelet:
                 "VLLM_CPU_OMP_THREADS_BIND": self.cfg.mapping.cpu_threads.get(role, "all"),
             })
         return local, env
+
+    async def _itl_target(self, pod: Obj) -> float | None:
+        """The ITL target of the pod's pool (simulated decode engines keep a local prefill's
+        steps within it); None when the pod belongs to no pool."""
+        pool = (pod["metadata"].get("labels") or {}).get(names.POOL_LABEL)
+        obj = await self.kube.get("InferencePool", pod["metadata"]["namespace"], pool) \
+            if pool else None
+        if obj is None:
+            return None
+        try:
+            return float(parse_spec(obj.get("spec") or {}).slo.itl.seconds)
+        except InvalidPool:
+            return None  # the operator reports it; the pod keeps its last good command
 
     async def _volumes(self, rt: PodRuntime, pod: Obj) -> dict[str, str]:
         """Make the pod's volumes as local folders; return mountPath -> folder."""

