@@ -24,7 +24,7 @@ from typing import Any
 
 from poolpilot.bench import report
 from poolpilot.bench.ceiling import slo_ceiling
-from poolpilot.bench.oracle import DEFAULT_TARGET, DEFAULT_WINDOW_S, plan_oracle
+from poolpilot.bench.oracle import DEFAULT_WINDOW_S, plan_oracle
 from poolpilot.bench.policies.base import Bounds, Policy
 from poolpilot.bench.policies.oracle import Oracle
 from poolpilot.bench.policies.static_peak import StaticPool, peak_sizes
@@ -51,7 +51,7 @@ class Options:
     predictor: str = "constant"
     autoscaling: dict[str, Any] | None = None
     oracle_window: float = DEFAULT_WINDOW_S
-    oracle_target: float = DEFAULT_TARGET
+    oracle_target: float | None = None  # None: the goal
     goal: float = PASS_GOAL
 
 
@@ -85,9 +85,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "static-min's target (0.95)")
     p.add_argument("--oracle-window", type=float, default=DEFAULT_WINDOW_S,
                    help="seconds per window the oracle sizes on its own (30)")
-    p.add_argument("--oracle-target", type=float, default=DEFAULT_TARGET,
+    p.add_argument("--oracle-target", type=float, default=None,
                    help="share of each window's requests the oracle serves within the SLO, "
-                        "of those that can meet it at all (0.99)")
+                        "of those that can meet it at all (default: --goal)")
     p.add_argument("--scrape-interval", type=float, default=15.0,
                    help="Prometheus scrape interval, seconds (15)")
     p.add_argument("--dynamo-predictor", choices=("constant", "arima"), default="constant",
@@ -153,8 +153,8 @@ def _build(name: str, params: dict[str, float], trace: Sequence[TraceRequest],
     if name == "static-peak":
         return StaticPeak(trace, cap, bounds)
     if name == "oracle":
-        plan = plan_oracle(trace, cfg, bounds, cap, opts.oracle_window, opts.oracle_target,
-                           progress=progress)
+        plan = plan_oracle(trace, cfg, bounds, cap, opts.oracle_window,
+                           opts.oracle_target or opts.goal, progress=progress)
         return Oracle(plan, bounds, cfg.cold_start)
     if name == "static-min":
         return _static_min_inline(trace, cfg, opts)
@@ -331,7 +331,7 @@ def _check(args: argparse.Namespace) -> None:
     if args.cold_start < 0:
         raise ValueError(f"--cold-start must be >= 0 seconds, got {args.cold_start}")
     for flag, v in (("--goal", args.goal), ("--oracle-target", args.oracle_target)):
-        if not 0 < v <= 1:
+        if v is not None and not 0 < v <= 1:
             raise ValueError(f"{flag} must be a share in (0, 1], got {v}")
     if args.tensor_parallel < 1:
         raise ValueError(f"--tensor-parallel must be >= 1, got {args.tensor_parallel}")
@@ -406,7 +406,8 @@ def run(args: argparse.Namespace) -> int:
         "slo_ceiling": {"share": round(ceiling.share, 6),
                         "longest_prompt": ceiling.longest_prompt},
         "goal": opts.goal,
-        "oracle": {"window_s": opts.oracle_window, "target": opts.oracle_target},
+        "oracle": {"window_s": opts.oracle_window,
+                   "target": opts.oracle_target or opts.goal},
         "poolpilot_autoscaling": opts.autoscaling,
         "wall_seconds": round(wall, 2),
     }

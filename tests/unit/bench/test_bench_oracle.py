@@ -111,7 +111,7 @@ def runs() -> BurstRuns:
 def test_oracle_meets_its_target_and_pays_less_than_the_smallest_static_pool(
         runs: BurstRuns) -> None:
     o, s = runs.oracle_run.summary, runs.static_min_run.summary
-    assert o.slo_attainment >= 0.99
+    assert o.slo_attainment >= 0.95
     assert s.slo_attainment >= 0.95
     # the burst needs several prefill replicas for 20 s; a fixed pool holds them for 4 min
     assert o.gpu_hours < s.gpu_hours
