@@ -23,8 +23,9 @@ ratio rule couples the roles. Per role it runs named steps, in order, as the Kub
 - `clamp_to_bounds`: the recommendation brought within [minReplicas, maxReplicas]
   (`ClampedToMin`, `ClampedToMax`) before it is remembered;
 - `stabilize` (HPA): scale up to the minimum of the up-window's recommendations, down to the
-  maximum of the down-window's; after a restart no scale-down until the down-window has
-  filled (`StabilizationWindowFilling`);
+  maximum of the down-window's; after a restart, or once a role's measurements resume after
+  a gap (a hold without data), no scale-down until the down-window has filled
+  (`StabilizationWindowFilling`);
 - `limit_rate`: at most maxStep per direction (`ScaleUpRateLimited`, `ScaleDownRateLimited`);
 - `cool_down`: per direction since the role's last scale (`ScaleUpCooldown`,
   `ScaleDownCooldown`);
@@ -204,7 +205,10 @@ class History:
     its last scale (recovered from status.<role>.lastScaleTime after a restart).
     `capacity`: learned throughput per replica, role -> tokens/s. `ready_seen`: role ->
     (ready replicas, since when): a rate over a window in which that count changed is no
-    measure of per-replica capacity.
+    measure of per-replica capacity. `resumed`: role -> when its measurements resumed after a
+    gap (a hold without data: Prometheus down, missing or stale samples, no ready replica),
+    None while the gap lasts: the down-window holds no recommendation from the gap and rates
+    cover part of it, so no scale-down until the window has filled again (as after a restart).
     """
 
     started_at: float | None = None
@@ -212,6 +216,7 @@ class History:
     last_scale: Mapping[str, float] = field(default_factory=dict)
     capacity: Mapping[str, float] = field(default_factory=dict)
     ready_seen: Mapping[str, tuple[int, float]] = field(default_factory=dict)
+    resumed: Mapping[str, float | None] = field(default_factory=dict)
 
     @classmethod
     def fresh(cls, now: float, last_scale: Mapping[str, float] | None = None) -> History:
@@ -330,6 +335,7 @@ def decide(observation: Observation, policy: Policy, history: History, now: floa
             learn_capacity(role, observation, policy, capacity)
         proposals[role] = propose_from_signals(role, observation, policy, capacity)
     floors = ratio_floors(observation, policy, capacity, proposals)
+    history = replace(history, resumed=track_gaps(history, proposals, policy, now))
 
     recs = list(history.recommendations)
     last_scale = dict(history.last_scale)
@@ -637,6 +643,23 @@ def apply_ratio_floor(s: Sized, floor: int | None) -> Sized:
     return s
 
 
+def track_gaps(history: History, proposals: Mapping[str, Proposal], p: Policy,
+               now: float) -> dict[str, float | None]:
+    """History.resumed after this decision: a hold opens a gap (None); the first measured
+    decision after one closes it (now); a down-window later it is forgotten."""
+    out = dict(history.resumed)
+    for role, prop in proposals.items():
+        if prop.hold is not None:
+            out[role] = None
+        elif role in out:
+            since = out[role]
+            if since is None:
+                out[role] = now
+            elif now - since >= p.scale_down.window:
+                del out[role]
+    return out
+
+
 # --- steps: bounds, stabilization, rate, cooldown, pending -------------------------------------
 
 
@@ -650,7 +673,8 @@ def clamp_to_bounds(s: Sized, lo: int, hi: int) -> Sized:
 
 def stabilize(s: Sized, cur: int, role: str, p: Policy, history: History, now: float) -> Sized:
     """HPA stabilization: up to the min of the up-window, down to the max of the down-window;
-    a freshly started autoscaler scales nothing down until its down-window has filled."""
+    a freshly started autoscaler, or a role whose measurements just resumed after a gap,
+    scales nothing down until its down-window has filled."""
     if s.replicas > cur:
         up = min([s.replicas, *history.window(role, now - p.scale_up.window)])
         if up < s.replicas:
@@ -661,6 +685,11 @@ def stabilize(s: Sized, cur: int, role: str, p: Policy, history: History, now: f
             return Sized(cur, Reason.STABILIZATION_WINDOW_FILLING,
                          f"restarted {now - history.started_at:.0f}s ago; no scale-down "
                          f"before the {p.scale_down.window:g}s window fills")
+        resumed = history.resumed.get(role)
+        if resumed is not None and now - resumed < p.scale_down.window:
+            return Sized(cur, Reason.STABILIZATION_WINDOW_FILLING,
+                         f"measurements resumed {now - resumed:.0f}s ago after a gap; no "
+                         f"scale-down before the {p.scale_down.window:g}s window fills")
         down = max([s.replicas, *history.window(role, now - p.scale_down.window)])
         if down > s.replicas:
             return Sized(min(down, cur), Reason.SCALE_DOWN_STABILIZED,

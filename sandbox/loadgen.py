@@ -143,8 +143,11 @@ class Replayer:
             self.in_flight -= 1
 
     async def replay(self, trace: Sequence[TraceRequest], progress: bool = True,
-                     on_start: Callable[[float], None] | None = None) -> list[RequestResult]:
-        """Send every request at its arrival time (divided by speed); wait for all to end."""
+                     on_start: Callable[[float], None] | None = None,
+                     drain_s: float | None = None) -> list[RequestResult]:
+        """Send every request at its arrival time (divided by speed); wait for all to end, or
+        `drain_s` real seconds after the last send: a request still open then is cancelled
+        and recorded as having no outcome (finished_at None), a hang."""
         self.results = [
             RequestResult(i, r.arrival_s, r.input_tokens, r.output_tokens)
             for i, r in enumerate(trace)
@@ -180,8 +183,21 @@ class Replayer:
                     refresh()
                 await asyncio.sleep(max(0.0, delay))  # also lets due requests start
                 tasks.append(asyncio.create_task(self.send(r)))
+            deadline = None if drain_s is None else time.monotonic() + drain_s
             while any(not t.done() for t in tasks):
+                if deadline is not None and time.monotonic() >= deadline:
+                    await self._give_up(tasks, drain_s or 0.0)
+                    break
                 refresh()
                 await asyncio.wait(tasks, timeout=0.5)
             refresh()
         return self.results
+
+    async def _give_up(self, tasks: Sequence[asyncio.Task[None]], drain_s: float) -> None:
+        hung = [r for r, t in zip(self.results, tasks, strict=False) if not t.done()]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for r in hung:
+            r.finished_at = None
+            r.error = f"no outcome {drain_s * self.speed:.0f}s (simulated) after the last send"

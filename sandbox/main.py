@@ -30,7 +30,7 @@ from rich.console import Console
 
 from poolpilot.traces import TraceError, TraceRequest, clamp_tokens, load_trace, scale_rate, window
 
-from . import live
+from . import chaos_run, live
 from . import report as R
 from .data import DEFAULT_POOL, DEFAULT_TRACE, VLLM_POOL
 from .supervisor import (
@@ -87,6 +87,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prometheus-port", type=int, default=0,
                    help="port of Prometheus (default: a free one)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    chaos_run.add_arguments(p)
     p.add_argument("--keep", action="store_true",
                    help="after the report, leave the cluster, Prometheus and the pool running "
                    "and print how to use them; Ctrl-C stops everything")
@@ -144,7 +145,8 @@ def run(args: argparse.Namespace) -> int:
         _, spec = load_pool(args.pool)
         max_len = int(spec.runtime.engine_args.get("maxModelLen", 8192))
         trace = prepare_trace(args, max_len)
-    except (SandboxError, TraceError) as exc:
+        chaos_run.check_args(args, spec.engine_roles())
+    except (SandboxError, TraceError, ValueError) as exc:
         console.print(f"[red]poolpilot sandbox: {exc}")
         return 2
     cfg = SandboxConfig(
@@ -196,12 +198,20 @@ async def _main(sandbox: Sandbox, args: argparse.Namespace, trace: list[TraceReq
         console.print(f"  pool {pool.namespace}/{pool.name} ready; replaying the trace")
         replayer = Replayer(lambda: sandbox.router_urls(pool), pool.spec.served_name(),
                             cfg.speed)
+        chaos = chaos_run.prepare(sandbox, pool, args, trace[-1].arrival_s)
         t0 = time.monotonic()
         wall0 = time.time()
         try:
-            results = await replayer.replay(trace, progress=not args.no_progress)
+            if chaos is not None:
+                chaos.start(t0)
+            results = await replayer.replay(trace, progress=not args.no_progress,
+                                            drain_s=chaos.drain_s if chaos else None)
+            if chaos is not None:
+                await chaos.finish()
         finally:
             await replayer.close()
+            if chaos is not None:
+                await chaos.cancel()
         remaining = t0 + duration / cfg.speed - time.monotonic()
         if remaining > 0:
             with console.status(f"load done; idling {remaining:.0f}s for the scale-down"):
@@ -213,11 +223,17 @@ async def _main(sandbox: Sandbox, args: argparse.Namespace, trace: list[TraceReq
             console.print(table)
         console.print(f"report: {cfg.out_dir / 'report.json'} and plots in {cfg.out_dir}")
         failed = out["requests"]["failed"]
+        code = 0 if failed == 0 else 3
+        if chaos is not None:
+            section = chaos_run.conclude(chaos, out, results, len(trace))
+            for table in chaos_run.tables(section):
+                console.print(table)
+            code = 0 if section["ok"] else 4
         if args.keep:
             print_keep_help(sandbox, pool, duration)
             await wait_for_stop(sandbox)
             console.print("stopping every process the sandbox started")
-        return 0 if failed == 0 else 3
+        return code
     finally:
         await sandbox.stop()
 

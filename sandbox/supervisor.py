@@ -285,8 +285,8 @@ class Sandbox:
         return {**os.environ, "KUBECONFIG": str(self.kubeconfig), "PYTHONUNBUFFERED": "1"}
 
     def _start_operator(self) -> None:
-        # One replica, no peering; drift checks on the sandbox's clock.
-        self.operator_health_port = localprom.free_port()
+        # One replica, no peering; drift checks on the sandbox's clock. A restart keeps the port.
+        self.operator_health_port = self.operator_health_port or localprom.free_port()
         self.operator = self.procs.start(
             "operator",
             [*POOLPILOT, "operator", "--all-namespaces", "--standalone",
@@ -298,7 +298,9 @@ class Sandbox:
     def _start_autoscaler(self) -> None:
         assert self.prometheus is not None
         # Intervals and windows are simulated seconds; --speed divides them all (one clock).
-        self.autoscaler_metrics_port = localprom.free_port()
+        # A restart keeps the port, so Prometheus's target stays the same.
+        restart = bool(self.autoscaler_metrics_port)
+        self.autoscaler_metrics_port = self.autoscaler_metrics_port or localprom.free_port()
         self.autoscaler = self.procs.start(
             "autoscaler",
             [*POOLPILOT, "autoscaler", "--prometheus", self.prometheus.url, "--all-namespaces",
@@ -308,9 +310,23 @@ class Sandbox:
              *self.cfg.extra_autoscaler_args],
             env=self._env(),
         )
-        self._infra_targets.append(
-            Target(f"127.0.0.1:{self.autoscaler_metrics_port}", {"component": "autoscaler"}))
-        self._set_targets()
+        if not restart:
+            self._infra_targets.append(
+                Target(f"127.0.0.1:{self.autoscaler_metrics_port}", {"component": "autoscaler"}))
+            self._set_targets()
+
+    def restart(self, component: str) -> Child:
+        """Start the operator or the autoscaler again after it exited (a chaos fault), with the
+        same command line and ports, as its Deployment would restart its pod."""
+        if component == "operator":
+            self._start_operator()
+            assert self.operator is not None
+            return self.operator
+        if component == "autoscaler":
+            self._start_autoscaler()
+            assert self.autoscaler is not None
+            return self.autoscaler
+        raise ValueError(f"cannot restart {component!r}: operator or autoscaler")
 
     async def _wait_infra(self) -> None:
         await asyncio.sleep(0)
@@ -434,12 +450,13 @@ class Sandbox:
             result: list[dict[str, Any]] = r.json()["data"]["result"]
             return result
 
-    def stop_prometheus(self) -> None:
-        """Stop Prometheus but keep its data and port (for outage tests)."""
+    def stop_prometheus(self, kill: bool = False) -> None:
+        """Stop Prometheus but keep its data and port (for outage tests); `kill`: SIGKILL, a
+        crash (it replays its write-ahead log when started again)."""
         assert self.prometheus is not None
         proc = self.prometheus._proc
         if proc is not None and proc.poll() is None:
-            proc.terminate()
+            proc.kill() if kill else proc.terminate()
             proc.wait(timeout=15)
         self.prometheus._proc = None
 

@@ -187,6 +187,20 @@ CASES = [
     Case("restart-scale-down-after-window-filled",
          pool(decode=dec(4, running=64.0, kv_usage=0.1)), {"decode": (3, "ScaleDownRateLimited")},
          history=History.fresh(NOW - 301)),
+    Case("gap-resumed-no-scale-down-until-window-filled",
+         pool(decode=dec(4, running=64.0, kv_usage=0.1)),
+         {"decode": (4, "StabilizationWindowFilling")},
+         history=History(resumed={"decode": NOW - 10})),
+    Case("gap-ending-now-starts-the-window",
+         pool(decode=dec(4, running=64.0, kv_usage=0.1)),
+         {"decode": (4, "StabilizationWindowFilling")},
+         history=History(resumed={"decode": None})),
+    Case("gap-resumed-scale-down-after-window-filled",
+         pool(decode=dec(4, running=64.0, kv_usage=0.1)), {"decode": (3, "ScaleDownRateLimited")},
+         history=History(resumed={"decode": NOW - 301})),
+    Case("gap-resumed-scale-up-immediately",
+         pool(decode=dec(2, running=256.0)), {"decode": (4, "SequencesAboveTarget")},
+         history=History(resumed={"decode": NOW - 1})),
     Case("restart-scale-up-immediately",
          pool(decode=dec(2, running=256.0)), {"decode": (4, "SequencesAboveTarget")},
          history=History.fresh(NOW - 1)),
@@ -345,6 +359,32 @@ def test_history_remembers_recommendations_and_scale_times_then_prunes() -> None
         ("prefill", 2), ("decode", 1)]
     later = decide(pool(decode=dec(3)), policy(), d.history, NOW + 301)
     assert all(r.time == NOW + 301 for r in later.history.recommendations)
+
+
+def test_no_scale_down_right_after_a_metrics_outage_longer_than_the_window() -> None:
+    """Found by the sandbox's chaos run (docs/sandbox.md): Prometheus was down longer than the
+    down-window, so the window held no recommendation when it came back, and rate() over a
+    window still covering the gap read low; prefill went 3 -> 2 ten seconds after metrics
+    returned, then 2 -> 4 six seconds later. The decisions of a gap hold; the window must fill
+    with fresh measurements before a scale-down."""
+    p = policy(scale_down=Behavior(window=60, max_step=1, cooldown=0))
+    busy, low = dec(4, running=256.0), dec(4, running=64.0, kv_usage=0.1)
+    h = decide(pool(decode=busy), p, WARM, NOW).history
+    t = NOW
+    for _ in range(12):  # two minutes without Prometheus: every decision holds
+        t += 10
+        d = decide(pool(decode=busy, prometheus_error="connection refused"), p, h, t)
+        assert (d.replicas["decode"], d.roles["decode"].reason) == (4, "MetricsUnavailable")
+        h = d.history
+    back = t + 10
+    for t in range(int(back), int(back) + 60, 10):  # the window refills: no scale-down
+        d = decide(pool(decode=low), p, h, t)
+        assert (d.replicas["decode"], d.roles["decode"].reason) == \
+            (4, "StabilizationWindowFilling"), t - back
+        h = d.history
+    d = decide(pool(decode=low), p, h, back + 60)  # a whole window of fresh measurements
+    assert d.replicas["decode"] == 3
+    assert "decode" not in decide(pool(decode=low), p, d.history, back + 70).history.resumed
 
 
 def test_policy_from_spec_reads_every_field() -> None:

@@ -1,0 +1,323 @@
+"""Chaos in the sandbox, the pure part: the fault plan a seed gives, and the verdicts.
+
+While a trace replays, `chaos_run.ChaosRun` kills one component at a time and lets it come
+back: the operator, the autoscaler and Prometheus are killed (SIGKILL) and started again after
+a downtime, as a Deployment would restart their pods; one pod of each engine role and the
+router pod are killed and the sandbox's kubelet restarts them (a container crash). This module
+decides *what* and *when* from a seed, and judges what was recorded against three properties:
+
+1. no request lost silently: every request of the trace has an outcome at its client, a full
+   answer or an error it saw; none hangs, none ends as a success with less than it asked for;
+2. no scale-down caused by missing metrics: while Prometheus is down the autoscaler holds
+   (MetricsAvailable=False, no scale event), and no scale-down follows within the scale-down
+   window after it returns; every replica change of the run was announced by the autoscaler;
+3. back to the desired size: after each fault the Deployments' ready replicas equal the
+   autoscaler's desired replicas again within a bound (below) and the component serves again.
+
+Times are simulated seconds from the start of the replay (the report's clock). No I/O here.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+INFRA = ("operator", "autoscaler", "prometheus")  # processes the sandbox restarts itself
+PODS = ("prefill", "decode", "engine", "router")  # pods the kubelet restarts
+# Downtime of a killed infra process before it is started again (simulated seconds). The
+# Prometheus outage is long enough for the autoscaler to decide at least twice without data.
+DOWNTIME_S: Mapping[str, tuple[float, float]] = {
+    "operator": (10.0, 30.0),
+    "autoscaler": (10.0, 30.0),
+    "prometheus": (30.0, 60.0),
+}
+# Real seconds a restarted Python process or Prometheus may take to serve on a loaded machine
+# (imports, the TSDB's WAL replay, a pod's first probe); counted at the run's speed.
+STARTUP_ALLOWANCE_REAL_S = 15.0
+MIN_GAP_S = 5.0  # simulated seconds between one fault's recovery and the next fault
+
+
+def default_kinds(engine_roles: Sequence[str]) -> list[str]:
+    return [*INFRA, *engine_roles, "router"]
+
+
+def parse_kinds(text: str, engine_roles: Sequence[str]) -> list[str]:
+    """`--chaos-faults operator,decode,...` -> the kinds, checked against the pool's roles."""
+    allowed = default_kinds(engine_roles)
+    kinds = [k.strip() for k in text.split(",") if k.strip()]
+    bad = [k for k in kinds if k not in allowed]
+    if bad or not kinds:
+        raise ValueError(f"--chaos-faults {text!r}: unknown fault {', '.join(bad) or '(none)'}; "
+                         f"choose from {','.join(allowed)}")
+    return list(dict.fromkeys(kinds))
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One planned fault: kill `kind` at `at_s` (or as soon after as the previous fault has
+    recovered); infra stays down `down_s`; `pick` chooses the pod among the role's pods."""
+
+    index: int
+    kind: str
+    at_s: float
+    down_s: float = 0.0
+    pick: float = 0.0  # in [0, 1): which of the role's running pods (sorted by name)
+
+    def choose(self, pods: Sequence[str]) -> str | None:
+        names = sorted(pods)
+        return names[int(self.pick * len(names))] if names else None
+
+
+def plan(seed: int, kinds: Sequence[str], start_s: float, end_s: float) -> list[Fault]:
+    """Each kind once, in an order and at times drawn from `seed`: the span [start_s, end_s)
+    is cut into one slot per fault and each fault falls in the first two thirds of its slot."""
+    if end_s <= start_s:
+        raise ValueError(f"no time for faults: [{start_s}, {end_s})")
+    rng = random.Random(seed)
+    order = list(kinds)
+    rng.shuffle(order)
+    slot = (end_s - start_s) / len(order)
+    faults = []
+    for i, kind in enumerate(order):
+        at = start_s + i * slot + rng.uniform(0, slot * 2 / 3)
+        lo, hi = DOWNTIME_S.get(kind, (0.0, 0.0))
+        faults.append(Fault(i, kind, round(at, 1), round(rng.uniform(lo, hi), 1),
+                            round(rng.random(), 4)))
+    return faults
+
+
+@dataclass(frozen=True)
+class BoundInputs:
+    """What a fault's recovery may take, in simulated seconds."""
+
+    speed: float
+    cold_start_s: float  # simulator engines' weight loading
+    interval_s: float  # the pool's autoscaling interval
+    scrape_s: float  # Prometheus scrape interval
+
+
+def kubelet_backoff_s(restarts_before: int) -> float:
+    """The sandbox kubelet's restart back-off after a pod's (restarts_before + 1)-th exit."""
+    return min(2.0 ** (restarts_before + 1), 30.0)
+
+
+def recovery_bound_s(fault: Fault, b: BoundInputs, restarts_before: int = 0) -> float:
+    """The promise: the pool is back at its desired size, and the component serving, within
+    this many simulated seconds of the kill: the downtime (infra) or the kubelet's back-off
+    (pods), one cold start (the restarted engine's, or a pod the autoscaler adds when it sees
+    the fault's backlog), two autoscaler intervals and two scrapes (it must see the new state
+    and write it; after Prometheus returns, two more scrapes for rates to exist again), and a
+    start-up allowance in real seconds counted at the run's speed."""
+    restart = fault.down_s if fault.kind in INFRA else kubelet_backoff_s(restarts_before)
+    rates = 2 * b.scrape_s if fault.kind == "prometheus" else 0.0
+    return round(restart + b.cold_start_s + rates + 2 * b.interval_s + 2 * b.scrape_s
+                 + STARTUP_ALLOWANCE_REAL_S * b.speed, 1)
+
+
+# ---------------------------------------------------------------------------------------------
+# What the run recorded
+
+
+@dataclass
+class FaultRecord:
+    """A fault as it happened (simulated seconds from the replay's start; None: never)."""
+
+    fault: Fault
+    target: str = ""  # the pod or process killed
+    injected_s: float | None = None
+    restored_s: float | None = None  # infra started again / the pod's process restarted
+    recovered_s: float | None = None  # back at desired size and serving
+    bound_s: float = 0.0  # recovery_bound_s, from injected_s
+    metrics_unavailable_seen: bool | None = None  # Prometheus faults: MetricsAvailable=False seen
+    metrics_back_s: float | None = None  # Prometheus faults: MetricsAvailable=True again
+    problem: str | None = None  # why it could not be injected
+
+    @property
+    def recovery_s(self) -> float | None:
+        if self.injected_s is None or self.recovered_s is None:
+            return None
+        return round(self.recovered_s - self.injected_s, 1)
+
+    @property
+    def end_s(self) -> float | None:
+        """When the fault's effects end: recovery, else its bound."""
+        if self.injected_s is None:
+            return None
+        return self.recovered_s if self.recovered_s is not None else \
+            self.injected_s + self.bound_s
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One request as its client saw it (from loadgen.RequestResult)."""
+
+    sent_s: float
+    finished_s: float | None  # None: no outcome at all by the end of the run
+    ok: bool
+    output_tokens: int
+    max_tokens: int
+    error: str | None
+
+    @property
+    def kind(self) -> str:
+        """answered | error | truncated (a success with fewer tokens than forced) | hung."""
+        if self.finished_s is None:
+            return "hung"
+        if not self.ok:
+            return "error"
+        return "answered" if self.output_tokens >= self.max_tokens else "truncated"
+
+
+def error_kind(message: str | None) -> str:
+    """A short class for an error message: the exception and its HTTP status when it has one
+    ("InternalServerError 502"), else the start of the message ("APIConnectionError:
+    Connection error.")."""
+    if not message:
+        return "unknown"
+    head, _, rest = message.partition(":")
+    for code in ("400", "429", "499", "500", "502", "503", "504"):
+        if f"Error code: {code}" in rest:
+            return f"{head} {code}"
+    return message[:60]
+
+
+@dataclass
+class Verdict:
+    name: str
+    ok: bool
+    detail: str
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+def judge_requests(trace_len: int, outcomes: Sequence[Outcome]) -> Verdict:
+    counts = {k: 0 for k in ("answered", "error", "truncated", "hung")}
+    for o in outcomes:
+        counts[o.kind] += 1
+    missing = trace_len - len(outcomes)
+    ok = missing == 0 and counts["truncated"] == 0 and counts["hung"] == 0
+    detail = (f"{trace_len} in the trace, {len(outcomes)} sent: {counts['answered']} answered, "
+              f"{counts['error']} errors seen by their client, {counts['truncated']} truncated "
+              f"successes, {counts['hung']} without an outcome")
+    return Verdict("no_request_lost_silently", ok, detail,
+                   {"trace": trace_len, "sent": len(outcomes), **counts, "never_sent": missing})
+
+
+def _in(t: float, lo: float | None, hi: float | None) -> bool:
+    return lo is not None and hi is not None and lo <= t <= hi
+
+
+def judge_metrics_holds(records: Sequence[FaultRecord], events: Sequence[Mapping[str, Any]],
+                        down_window_s: float, interval_s: float) -> Verdict:
+    """No scale event while Prometheus is down and MetricsAvailable=False seen meanwhile; no
+    scale-down until the scale-down window has passed since the autoscaler had metrics again
+    (MetricsAvailable=True; less one interval, the cadence of its decisions, as the watcher
+    sees the condition a moment after it was written); every replica change of the run
+    announced by the autoscaler (a change without its Event was made by something else)."""
+    problems: list[str] = []
+    checked = []
+    for r in records:
+        if r.fault.kind != "prometheus" or r.injected_s is None:
+            continue
+        back = r.restored_s if r.restored_s is not None else r.end_s
+        during = [e for e in events if _in(e["t"], r.injected_s, back)]
+        metrics = r.metrics_back_s if r.metrics_back_s is not None else r.end_s
+        after_end = (metrics or r.injected_s) + down_window_s - interval_s
+        downs = [e for e in events if e["to"] < e["from"] and _in(e["t"], back, after_end)]
+        checked.append({"fault": r.fault.index, "outage": [r.injected_s, back],
+                        "scale_events_during": len(during),
+                        "metrics_back": metrics,
+                        "scale_downs_within_window_after": len(downs),
+                        "metrics_unavailable_seen": r.metrics_unavailable_seen})
+        if during:
+            problems.append(f"{len(during)} scale event(s) while Prometheus was down: {during}")
+        if downs:
+            problems.append(f"scale-down(s) within the {down_window_s:g}s window after metrics "
+                            f"returned at {metrics}: {downs}")
+        if not r.metrics_unavailable_seen:
+            problems.append(f"MetricsAvailable=False never seen during the outage "
+                            f"{r.injected_s}-{back}")
+    unannounced = [e for e in events if e.get("reason") in (None, "Unknown")]
+    if unannounced:
+        problems.append(f"replica changes no autoscaler Event announced: {unannounced}")
+    detail = "; ".join(problems) or (
+        f"{len(checked)} Prometheus outage(s): held, no scale-down within the {down_window_s:g}s "
+        "window after metrics returned; every replica change announced by the autoscaler")
+    return Verdict("no_scale_down_from_missing_metrics", not problems, detail,
+                   {"outages": checked, "unannounced_changes": unannounced})
+
+
+def judge_recovery(records: Sequence[FaultRecord]) -> Verdict:
+    late = [r for r in records if r.injected_s is not None
+            and (r.recovery_s is None or r.recovery_s > r.bound_s)]
+    skipped = [r for r in records if r.injected_s is None]
+    problems = [f"{r.fault.kind} ({r.target}): "
+                + (f"back after {r.recovery_s}s, bound {r.bound_s}s" if r.recovery_s is not None
+                   else f"not back within its bound of {r.bound_s}s")
+                for r in late]
+    problems += [f"{r.fault.kind}: not injected ({r.problem})" for r in skipped]
+    worst = max((r.recovery_s / r.bound_s for r in records
+                 if r.recovery_s is not None and r.bound_s), default=0.0)
+    detail = "; ".join(problems) or (
+        f"all {len(records)} faults recovered within their bounds (at worst "
+        f"{worst:.0%} of the bound)")
+    return Verdict("back_to_desired_size", not problems, detail)
+
+
+def errors_by_fault(records: Sequence[FaultRecord],
+                    outcomes: Sequence[Outcome]) -> tuple[dict[int, dict[str, int]], int]:
+    """Errors (and any other non-answer) attributed to the fault whose span [injected, end]
+    holds the request's send or finish; the count of those outside every fault comes second."""
+    per: dict[int, dict[str, int]] = {r.fault.index: {} for r in records}
+    outside = 0
+    for o in outcomes:
+        if o.kind == "answered":
+            continue
+        key = o.kind if o.kind != "error" else error_kind(o.error)
+        hit = next((r for r in records if _in(o.sent_s, r.injected_s, r.end_s)
+                    or (o.finished_s is not None and _in(o.finished_s, r.injected_s, r.end_s))),
+                   None)
+        if hit is None:
+            outside += 1
+            continue
+        per[hit.fault.index][key] = per[hit.fault.index].get(key, 0) + 1
+    return per, outside
+
+
+def events_during(r: FaultRecord, events: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    return [e for e in events if _in(e["t"], r.injected_s, r.end_s)]
+
+
+def section(seed: int, records: Sequence[FaultRecord], outcomes: Sequence[Outcome],
+            trace_len: int, events: Sequence[Mapping[str, Any]],
+            down_window_s: float, interval_s: float) -> dict[str, Any]:
+    """report.json's "chaos" section: the faults as they happened, per fault the errors and
+    scale events in its span, and the three verdicts."""
+    per, outside = errors_by_fault(records, outcomes)
+    verdicts = [judge_requests(trace_len, outcomes),
+                judge_metrics_holds(records, events, down_window_s, interval_s),
+                judge_recovery(records)]
+    faults = []
+    for r in records:
+        faults.append({
+            "index": r.fault.index, "kind": r.fault.kind, "target": r.target,
+            "planned_s": r.fault.at_s, "down_s": r.fault.down_s if r.fault.kind in INFRA else None,
+            "injected_s": r.injected_s, "restored_s": r.restored_s,
+            "recovered_s": r.recovered_s, "recovery_s": r.recovery_s, "bound_s": r.bound_s,
+            "errors": per.get(r.fault.index, {}),
+            "scale_events": [dict(e) for e in events_during(r, events)],
+            **({"metrics_unavailable_seen": r.metrics_unavailable_seen,
+                "metrics_back_s": r.metrics_back_s} if r.fault.kind == "prometheus" else {}),
+            **({"problem": r.problem} if r.problem else {}),
+        })
+    req = verdicts[0].data
+    return {
+        "seed": seed,
+        "faults_injected": sum(r.injected_s is not None for r in records),
+        "requests": {**req, "errors_outside_faults": outside},
+        "scale_events_during_faults": sum(len(f["scale_events"]) for f in faults),
+        "faults": faults,
+        "verdicts": {v.name: {"ok": v.ok, "detail": v.detail} for v in verdicts},
+        "ok": all(v.ok for v in verdicts),
+    }
