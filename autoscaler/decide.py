@@ -10,7 +10,9 @@ ratio rule couples the roles. Per role it runs named steps, in order, as the Kub
 `poolpilot.reasons.Reason` (status, Events, metrics and dashboards use the same enum):
 
 - `check_data`: scaled to zero (hold, or `WakeUp` when requests wait at the router), no
-  ready replica (`NoReadyReplicas`), a missing, NaN, infinite or negative sample
+  ready replica in this role, or in the router or another role on the request path (then the
+  load here measures the outage, not the demand: `NoReadyReplicas`), a missing, NaN,
+  infinite or negative sample
   (`MetricsUnavailable`) or an old one (`MetricsStale`) -> hold the current size; never
   treat no data as zero load;
 - `propose_from_signals`: one proposal per signal (latency signals only ever propose
@@ -105,6 +107,7 @@ class Observation:
     covers prefill, KV transfer and the first decode step) and wins over the prefill engines'
     own TTFT. `router_inflight` (requests inside the router) and `router_request_rate`
     (requests/s) wake a pool scaled to zero. `prometheus_error` set means the queries failed.
+    `router_ready`: the router's ready pods (Kubernetes; None: unknown or no router asked for).
     """
 
     roles: Mapping[str, RoleObservation]
@@ -113,6 +116,7 @@ class Observation:
     router_inflight: float | None = None
     router_request_rate: float | None = None
     prometheus_error: str | None = None
+    router_ready: int | None = None
 
 
 @dataclass(frozen=True)
@@ -438,6 +442,11 @@ def check_data(role: str, obs: Observation, p: Policy) -> Proposal | None:
         return hold(Reason.SCALED_TO_ZERO, "no requests at the router", replicas=0)
     if o.ready_replicas == 0:
         return hold(Reason.NO_READY_REPLICAS, "no ready replica to measure; holding")
+    broken = broken_path(obs)
+    if broken:
+        # Requests fail on their way here: this role's load measures the outage, not the demand.
+        return hold(Reason.NO_READY_REPLICAS, f"{broken} has no ready replica, so requests fail "
+                    "before they reach this role; holding")
     missing = [name for name in _REQUIRED[role] if _bad(getattr(o, name))]
     if missing:
         values = ", ".join(f"{n}={getattr(o, n)}" for n in missing)
@@ -449,6 +458,15 @@ def check_data(role: str, obs: Observation, p: Policy) -> Proposal | None:
                     f"newest sample is {o.sample_age}s old (max {p.max_metric_age:g}s)",
                     metrics_ok=False)
     return None
+
+
+def broken_path(obs: Observation) -> str | None:
+    """The part of the request path (the router, an engine role) with no ready replica while
+    some are asked for, if any."""
+    if obs.router_ready == 0:
+        return "the router"
+    return next((r for r, o in obs.roles.items() if o.replicas > 0 and o.ready_replicas == 0),
+                None)
 
 
 # --- step: signals -----------------------------------------------------------------------------

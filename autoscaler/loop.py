@@ -186,7 +186,8 @@ class Autoscaler:
             return  # the operator has not made the Deployments yet
         policy = scaled_policy(core.Policy.from_spec(spec), self.opt.speed)
         policy = replace(policy, bounds={r: b for r, b in policy.bounds.items() if r in states})
-        obs = observation(ns, name, states, snap, spec.slo.ttft.quantile, spec.slo.itl.quantile)
+        obs = observation(ns, name, states, snap, spec.slo.ttft.quantile, spec.slo.itl.quantile,
+                          router=wl.role_state(ns, name, "router"))
         d = core.decide(obs, policy, st.history, now)
         # The recommendations are remembered now; a role's scale time (its cooldown clock)
         # only once the write has succeeded: a failed write must not start a cooldown for a

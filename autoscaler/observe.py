@@ -182,8 +182,10 @@ def observation(
     snap: Snapshot,
     ttft_quantile: float,
     itl_quantile: float,
+    router: RoleState | None = None,
 ) -> Observation:
-    """One pool's Observation: Kubernetes counts plus this pool's groups of the snapshot."""
+    """One pool's Observation: Kubernetes counts plus this pool's groups of the snapshot;
+    `router`: the router Deployment's counts, when there is one."""
     per_role = {}
     for role, st in roles.items():
         g = (namespace, pool, role)
@@ -211,4 +213,5 @@ def observation(
         router_inflight=snap.get(q.ROUTER_INFLIGHT, p),
         router_request_rate=snap.get(q.ROUTER_REQUEST_RATE, p),
         prometheus_error=snap.error,
+        router_ready=router.ready if router is not None and router.replicas > 0 else None,
     )

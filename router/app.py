@@ -180,6 +180,9 @@ class Router:
         self.metrics = RouterMetrics(config.pool)
         self.session: aiohttp.ClientSession | None = None
         self.draining = False
+        # With discovery: True until its first list of the engines arrived. /health answers
+        # 503 meanwhile, so a (re)started router takes no traffic it could only refuse.
+        self.discovering = False
         self.active = 0  # client requests being served
         self._idle = asyncio.Event()
         self._idle.set()
@@ -308,8 +311,9 @@ class Router:
     # -- small endpoints ---------------------------------------------------------------------
 
     async def handle_health(self, request: web.Request) -> web.Response:
-        if self.draining:
-            return json_error(503, "draining", "unavailable")
+        if self.draining or self.discovering:
+            return json_error(503, "draining" if self.draining else "discovering engines",
+                              "unavailable")
         return web.json_response({"status": "ok"})
 
     async def handle_ready(self, request: web.Request) -> web.Response:

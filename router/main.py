@@ -228,6 +228,11 @@ def prefill_seed(args: argparse.Namespace) -> float:
     return 0.0
 
 
+async def _healthy_once_synced(router: Router, discovery: KubernetesDiscovery) -> None:
+    await discovery.synced.wait()
+    router.discovering = False
+
+
 async def serve(args: argparse.Namespace, config: RouterConfig) -> int:
     router = Router(config)
     if not args.discover:
@@ -242,7 +247,8 @@ async def serve(args: argparse.Namespace, config: RouterConfig) -> int:
         discovery = KubernetesDiscovery(
             args.namespace, args.pool, router.set_endpoints, kubeconfig=args.kubeconfig
         )
-        discovery_task = asyncio.create_task(discovery.run())
+        router.discovering = True  # /health answers 503 until the engines are known
+        discovery_task = asyncio.gather(discovery.run(), _healthy_once_synced(router, discovery))
     if config.mode == DISAGGREGATED and config.local_prefill is None:
         log.info("local prefill when prefill is behind: off (%s); a failed KV handoff is still "
                  "retried locally", "--local-prefill off" if args.local_prefill == "off" else

@@ -130,8 +130,10 @@ class FaultRecord:
     restored_s: float | None = None  # infra started again / the pod's process restarted
     recovered_s: float | None = None  # back at desired size and serving
     bound_s: float = 0.0  # recovery_bound_s, from injected_s
+    sole: bool = False  # a pod fault that took down its role's only replica
+    serving_s: float | None = None  # back in service: the pod ready again; Prometheus's
+    # metrics usable again (MetricsAvailable=True); the operator or autoscaler answering
     metrics_unavailable_seen: bool | None = None  # Prometheus faults: MetricsAvailable=False seen
-    metrics_back_s: float | None = None  # Prometheus faults: MetricsAvailable=True again
     problem: str | None = None  # why it could not be injected
 
     @property
@@ -208,44 +210,57 @@ def _in(t: float, lo: float | None, hi: float | None) -> bool:
     return lo is not None and hi is not None and lo <= t <= hi
 
 
+def hides_demand(r: FaultRecord) -> bool:
+    """A fault during which the autoscaler cannot see the demand: Prometheus down (no data),
+    or the only pod of the router or of an engine role down (requests fail before they reach
+    the other roles, whose idle engines measure the outage)."""
+    return r.fault.kind == "prometheus" or r.sole
+
+
 def judge_metrics_holds(records: Sequence[FaultRecord], events: Sequence[Mapping[str, Any]],
-                        down_window_s: float, interval_s: float) -> Verdict:
-    """No scale event while Prometheus is down and MetricsAvailable=False seen meanwhile; no
-    scale-down until the scale-down window has passed since the autoscaler had metrics again
-    (MetricsAvailable=True; less one interval, the cadence of its decisions, as the watcher
-    sees the condition a moment after it was written); every replica change of the run
-    announced by the autoscaler (a change without its Event was made by something else)."""
+                        down_window_s: float, interval_s: float, lag_s: float) -> Verdict:
+    """For each fault that hides the demand (`hides_demand`): no scale event from the kill
+    (plus `lag_s`: a decision made before it may land a moment after) until the component is
+    back (Prometheus restarted, the pod ready), MetricsAvailable=False seen during a
+    Prometheus outage, and no scale-down until a scale-down window has passed since the
+    autoscaler saw the pool whole again (`serving_s`, less one interval: the watcher sees that
+    moment up to a decision late). Every replica change of the run must have been announced
+    by the autoscaler (a change without its Event was made by something else)."""
     problems: list[str] = []
     checked = []
     for r in records:
-        if r.fault.kind != "prometheus" or r.injected_s is None:
+        if not hides_demand(r) or r.injected_s is None:
             continue
-        back = r.restored_s if r.restored_s is not None else r.end_s
-        during = [e for e in events if _in(e["t"], r.injected_s, back)]
-        metrics = r.metrics_back_s if r.metrics_back_s is not None else r.end_s
-        after_end = (metrics or r.injected_s) + down_window_s - interval_s
+        what = "Prometheus was down" if r.fault.kind == "prometheus" else \
+            f"the only {r.fault.kind} pod was down"
+        back = r.restored_s if r.fault.kind == "prometheus" else r.serving_s
+        back = back if back is not None else r.end_s
+        during = [e for e in events if _in(e["t"], r.injected_s + lag_s, back)]
+        whole = r.serving_s if r.serving_s is not None else r.end_s
+        after_end = (whole or r.injected_s) + down_window_s - interval_s
         downs = [e for e in events if e["to"] < e["from"] and _in(e["t"], back, after_end)]
-        checked.append({"fault": r.fault.index, "outage": [r.injected_s, back],
-                        "scale_events_during": len(during),
-                        "metrics_back": metrics,
-                        "scale_downs_within_window_after": len(downs),
-                        "metrics_unavailable_seen": r.metrics_unavailable_seen})
+        checked.append({"fault": r.fault.index, "kind": r.fault.kind,
+                        "outage": [r.injected_s, back], "scale_events_during": len(during),
+                        "whole_again": whole, "scale_downs_within_window_after": len(downs),
+                        **({"metrics_unavailable_seen": r.metrics_unavailable_seen}
+                           if r.fault.kind == "prometheus" else {})})
         if during:
-            problems.append(f"{len(during)} scale event(s) while Prometheus was down: {during}")
+            problems.append(f"{len(during)} scale event(s) while {what}: {during}")
         if downs:
-            problems.append(f"scale-down(s) within the {down_window_s:g}s window after metrics "
-                            f"returned at {metrics}: {downs}")
-        if not r.metrics_unavailable_seen:
+            problems.append(f"scale-down(s) within the {down_window_s:g}s window after "
+                            f"{r.fault.kind} was back at {whole}: {downs}")
+        if r.fault.kind == "prometheus" and not r.metrics_unavailable_seen:
             problems.append(f"MetricsAvailable=False never seen during the outage "
                             f"{r.injected_s}-{back}")
     unannounced = [e for e in events if e.get("reason") in (None, "Unknown")]
     if unannounced:
         problems.append(f"replica changes no autoscaler Event announced: {unannounced}")
+    kinds = ", ".join(c["kind"] for c in checked) or "none"
     detail = "; ".join(problems) or (
-        f"{len(checked)} Prometheus outage(s): held, no scale-down within the {down_window_s:g}s "
-        "window after metrics returned; every replica change announced by the autoscaler")
+        f"faults hiding the demand ({kinds}): held, no scale-down within the "
+        f"{down_window_s:g}s window after; every replica change announced by the autoscaler")
     return Verdict("no_scale_down_from_missing_metrics", not problems, detail,
-                   {"outages": checked, "unannounced_changes": unannounced})
+                   {"checked": checked, "unannounced_changes": unannounced})
 
 
 def judge_recovery(records: Sequence[FaultRecord]) -> Verdict:
@@ -291,12 +306,12 @@ def events_during(r: FaultRecord, events: Iterable[Mapping[str, Any]]) -> list[M
 
 def section(seed: int, records: Sequence[FaultRecord], outcomes: Sequence[Outcome],
             trace_len: int, events: Sequence[Mapping[str, Any]],
-            down_window_s: float, interval_s: float) -> dict[str, Any]:
+            down_window_s: float, interval_s: float, lag_s: float) -> dict[str, Any]:
     """report.json's "chaos" section: the faults as they happened, per fault the errors and
     scale events in its span, and the three verdicts."""
     per, outside = errors_by_fault(records, outcomes)
     verdicts = [judge_requests(trace_len, outcomes),
-                judge_metrics_holds(records, events, down_window_s, interval_s),
+                judge_metrics_holds(records, events, down_window_s, interval_s, lag_s),
                 judge_recovery(records)]
     faults = []
     for r in records:
@@ -304,11 +319,12 @@ def section(seed: int, records: Sequence[FaultRecord], outcomes: Sequence[Outcom
             "index": r.fault.index, "kind": r.fault.kind, "target": r.target,
             "planned_s": r.fault.at_s, "down_s": r.fault.down_s if r.fault.kind in INFRA else None,
             "injected_s": r.injected_s, "restored_s": r.restored_s,
-            "recovered_s": r.recovered_s, "recovery_s": r.recovery_s, "bound_s": r.bound_s,
+            "serving_s": r.serving_s, "recovered_s": r.recovered_s,
+            "recovery_s": r.recovery_s, "bound_s": r.bound_s, "hides_demand": hides_demand(r),
             "errors": per.get(r.fault.index, {}),
             "scale_events": [dict(e) for e in events_during(r, events)],
-            **({"metrics_unavailable_seen": r.metrics_unavailable_seen,
-                "metrics_back_s": r.metrics_back_s} if r.fault.kind == "prometheus" else {}),
+            **({"metrics_unavailable_seen": r.metrics_unavailable_seen}
+               if r.fault.kind == "prometheus" else {}),
             **({"problem": r.problem} if r.problem else {}),
         })
     req = verdicts[0].data

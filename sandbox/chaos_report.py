@@ -90,17 +90,18 @@ def tables(section: Mapping[str, Any]) -> list[Any]:
         return "-" if v is None else f"{v:.0f}" if isinstance(v, float) else str(v)
 
     t = Table(title=f"chaos (seed {section['seed']}): faults", show_header=True)
-    for col in ("t (s)", "fault", "target", "down (s)", "back after (s)", "bound (s)",
+    for col in ("t (s)", "fault", "pod", "down (s)", "back after (s)", "bound (s)",
                 "errors", "scale events"):
         t.add_column(col)
     for f in section["faults"]:
-        errors = ", ".join(f"{k} {v}" for k, v in f["errors"].items()) or "0"
-        events = ", ".join(f"{e['role']} {e['from']}->{e['to']} {e['reason']}"
+        errors = ", ".join(f"{v} {k}" for k, v in f["errors"].items()) or "0"
+        events = ", ".join(f"{e['role']} {e['from']}->{e['to']}"
                            for e in f["scale_events"]) or "-"
         back = s(f["recovery_s"]) if f["recovery_s"] is not None else (
             f"[red]not within {f['bound_s']:.0f}[/]" if f["injected_s"] is not None
             else f"[red]{f.get('problem', 'not injected')}[/]")
-        t.add_row(s(f["injected_s"]), f["kind"], f["target"], s(f["down_s"]), back,
+        target = f["target"].rsplit("-", 1)[-1] if f["kind"] not in C.INFRA else ""
+        t.add_row(s(f["injected_s"]), f["kind"], target, s(f["down_s"]), back,
                   s(f["bound_s"]), errors, events)
     r = section["requests"]
     v = Table(title="chaos: properties", show_header=True)

@@ -42,6 +42,9 @@ from .supervisor import AppliedPool, Sandbox
 log = logging.getLogger("poolpilot.sandbox.chaos")
 
 WATCH_PERIOD_S = 0.2  # real seconds between two reads of the cluster's state
+# A scale decided just before a kill reaches the Deployment, and the timeline, up to a moment
+# after it (the autoscaler's queries and writes, a controller pass): real seconds.
+DECISION_LAG_REAL_S = 1.0
 # Simulated seconds after the last send by which every request must have an outcome; one
 # still open then is cancelled and counted as hung (a failure of the run).
 DRAIN_S = 300.0
@@ -111,6 +114,20 @@ class ChaosRun:
         return round((t - self.t0) * self.speed, 1)
 
     # -- lifecycle ------------------------------------------------------------------------------
+
+    async def replay(self, replayer: Any, trace: Sequence[Any], t0: float,
+                     progress: bool = True) -> list[Any]:
+        """`replayer.replay(trace)` with the faults injected meanwhile (times from `t0`, the
+        replay's start); returns once every request has an outcome (or hangs past DRAIN_S)
+        and every fault has recovered or passed its bound."""
+        self.start(t0)
+        try:
+            results: list[Any] = await replayer.replay(trace, progress=progress,
+                                                       drain_s=self.drain_s)
+            await self.finish()
+        finally:
+            await self.cancel()
+        return results
 
     def start(self, t0: float) -> None:
         self.t0 = t0
@@ -243,7 +260,9 @@ class ChaosRun:
                          and s.metrics_available == "True"), None)
             if back is None:
                 return False
-            rec.metrics_back_s = self.sim(back.t)
+            rec.serving_s = self.sim(back.t)
+        elif rec.serving_s is None:
+            rec.serving_s = self.sim(time.monotonic())
         return True
 
     async def _pod(self, rec: C.FaultRecord) -> None:
@@ -267,6 +286,9 @@ class ChaosRun:
         assert rt.child is not None
         before_restarts, before_start = rt.restarts, rt.started_at
         rec.target = name
+        rec.sole = len([r for r in ctl.kubelet.runtimes.values()
+                        if r.namespace == self.pool.namespace and r.name.startswith(prefix)
+                        and not r.terminating and r.name not in leaving]) == 1
         rec.bound_s = C.recovery_bound_s(rec.fault, self.bounds, before_restarts)
         killed = time.monotonic()
         rt.child.signal_group(signal.SIGKILL)
@@ -277,12 +299,16 @@ class ChaosRun:
             now_rt = ctl.kubelet.runtimes.get((self.pool.namespace, name))
             if now_rt is None:  # deleted meanwhile (scaled down): nothing to restart
                 rec.restored_s = rec.restored_s or self.sim(time.monotonic())
+                rec.serving_s = rec.serving_s or rec.restored_s
                 return True
             if now_rt.started_at > before_start and rec.restored_s is None:
                 rec.restored_s = self.sim(now_rt.started_at)
             # Serving again: a new process (started after the kill), alive and ready.
-            return (now_rt.restarts > before_restarts and now_rt.started_at > before_start
-                    and now_rt.child is not None and now_rt.child.alive() and now_rt.ready)
+            serving = (now_rt.restarts > before_restarts and now_rt.started_at > before_start
+                       and now_rt.child is not None and now_rt.child.alive() and now_rt.ready)
+            if serving and rec.serving_s is None:
+                rec.serving_s = self.sim(time.monotonic())
+            return serving
 
         await self._until_recovered(rec, killed, back)
 
@@ -315,7 +341,8 @@ class ChaosRun:
     def section(self, results: Sequence[Any], trace_len: int,
                 events: Sequence[dict[str, Any]]) -> dict[str, Any]:
         out = C.section(self.seed, self.records, self.outcomes(results), trace_len, events,
-                        self.down_window_s, self.bounds.interval_s)
+                        self.down_window_s, self.bounds.interval_s,
+                        DECISION_LAG_REAL_S * self.speed)
         out["bound"] = ("kill -> pool at desired size and component serving within: downtime "
                         "(infra) or kubelet back-off (pods) + cold start (engines) + 2 "
                         "autoscaler intervals + 2 scrapes + "

@@ -202,16 +202,11 @@ async def _main(sandbox: Sandbox, args: argparse.Namespace, trace: list[TraceReq
         t0 = time.monotonic()
         wall0 = time.time()
         try:
-            if chaos is not None:
-                chaos.start(t0)
-            results = await replayer.replay(trace, progress=not args.no_progress,
-                                            drain_s=chaos.drain_s if chaos else None)
-            if chaos is not None:
-                await chaos.finish()
+            results = await (
+                chaos.replay(replayer, trace, t0, progress=not args.no_progress) if chaos
+                else replayer.replay(trace, progress=not args.no_progress))
         finally:
             await replayer.close()
-            if chaos is not None:
-                await chaos.cancel()
         remaining = t0 + duration / cfg.speed - time.monotonic()
         if remaining > 0:
             with console.status(f"load done; idling {remaining:.0f}s for the scale-down"):

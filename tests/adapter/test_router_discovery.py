@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 from poolpilot.emulator.server import KubeEmulator
-from router_support import Proc, running, start_fake_engine, start_router, wait_until
+from router_support import FAST, Proc, running, start_fake_engine, start_router, wait_until
 
 pytestmark = [pytest.mark.adapter, pytest.mark.cluster]
 
@@ -87,3 +87,33 @@ def test_router_follows_endpointslices(emulator: KubeEmulator, tmp_path: Path) -
             assert api.patch(f"{SLICES}/pool-decode-a", json=patch, headers={
                 "Content-Type": "application/merge-patch+json"}).status_code == 200
             wait_until(lambda: answered_by(router) == {"DA"}, 15, "DA back, DB gone")
+
+
+def test_router_is_not_healthy_before_discovery_has_listed_the_engines(
+        emulator: KubeEmulator, tmp_path: Path) -> None:
+    """Found by the sandbox's chaos run: a router restarted after a crash answered /health
+    (its readiness probe) before its first list of EndpointSlices, went back behind its
+    Service and refused the first requests with 503 "no prefill engine available"."""
+    import yaml
+    from poolpilot.sandbox.localprom import free_port
+
+    unreachable = tmp_path / "unreachable"
+    config = yaml.safe_load(emulator.write_kubeconfig(unreachable, namespace=NS).read_text())
+    config["clusters"][0]["cluster"]["server"] = f"http://127.0.0.1:{free_port()}"
+    unreachable.write_text(yaml.safe_dump(config))
+    router = start_router("--discover", "kubernetes", "--namespace", NS, "--pool", "pool",
+                          "--kubeconfig", str(unreachable), "--log-level", "INFO", *FAST)
+    with running(router):
+        output = router.output
+        assert output is not None
+        wait_until(lambda: "relisting" in output.text(), 20,
+                   "the first list of EndpointSlices to fail")
+        r = httpx.get(router.url + "/health")
+        assert r.status_code == 503 and r.json()["error"]["message"] == "discovering engines"
+    live = emulator.write_kubeconfig(tmp_path / "kubeconfig", namespace=NS)
+    router = start_router("--discover", "kubernetes", "--namespace", NS, "--pool", "other",
+                          "--kubeconfig", str(live), *FAST)
+    with running(router):  # listed (no engines yet): alive and healthy, not ready
+        wait_until(lambda: httpx.get(router.url + "/health").status_code == 200, 20,
+                   "healthy once discovery has listed")
+        assert httpx.get(router.url + "/ready").status_code == 503

@@ -160,3 +160,16 @@ def test_queries_are_grouped_and_tolerate_renames() -> None:
         "vllm:kv_cache_usage_perc", "vllm_kv_cache_usage_perc",
         "vllm:gpu_cache_usage_perc", "vllm_gpu_cache_usage_perc"]
     assert "vllm:time_per_output_token_seconds_bucket" in qs["itl@0.9"]
+
+
+@pytest.mark.parametrize(("router", "ready"), [
+    (None, None), (RoleState(replicas=1, ready=0), 0), (RoleState(replicas=2, ready=1), 1),
+    (RoleState(replicas=0, ready=0), None),
+], ids=["no-router-deployment", "router-down", "router-up", "router-scaled-to-zero"])
+def test_observation_carries_the_routers_ready_pods(router: RoleState | None,
+                                                     ready: int | None) -> None:
+    from poolpilot.autoscaler.observe import Snapshot, observation
+
+    obs = observation("ns", "p", {"decode": RoleState(replicas=1, ready=1)}, Snapshot(time=0.0),
+                      0.9, 0.9, router=router)
+    assert obs.router_ready == ready

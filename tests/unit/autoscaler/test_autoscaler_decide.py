@@ -240,6 +240,17 @@ CASES = [
     Case("no-ready-replicas-holds",
          pool(pre(2, ready=0, starting=2, waiting=NAN, running=NAN)),
          {"prefill": (2, "NoReadyReplicas")}),
+    # The chaos run: the router's only pod crashed, the engines went idle, decode scaled down.
+    Case("no-ready-router-holds-every-role",
+         pool(idle(3), idle(4, "decode"), router_ready=0),
+         {"prefill": (3, "NoReadyReplicas"), "decode": (4, "NoReadyReplicas")}),
+    Case("no-ready-decode-holds-prefill-too",
+         pool(idle(3), dec(1, ready=0, starting=1, waiting=NAN, running=NAN)),
+         {"prefill": (3, "NoReadyReplicas"), "decode": (1, "NoReadyReplicas")}),
+    Case("ready-router-does-not-hold",
+         pool(idle(3), idle(4, "decode"), router_ready=1),
+         {"prefill": (2, "ScaleDownRateLimited"), "decode": (3, "ScaleDownRateLimited")},
+         policy=policy(scale_down=Behavior(window=0, max_step=1, cooldown=0))),
     # --- missing, NaN and stale metrics ---------------------------------------------------
     Case("prefill-missing-queue-holds",
          pool(pre(3, waiting=None), router_ttft=5.0), {"prefill": (3, "MetricsUnavailable")},

@@ -88,7 +88,7 @@ def prom_record(seen: bool = True) -> C.FaultRecord:
     r = C.FaultRecord(C.Fault(0, "prometheus", 100, down_s=40), target="prometheus",
                       injected_s=100.0, restored_s=140.0, recovered_s=190.0, bound_s=150.0)
     r.metrics_unavailable_seen = seen
-    r.metrics_back_s = 160.0  # MetricsAvailable=True again; the window (60 s) fills at 220
+    r.serving_s = 160.0  # MetricsAvailable=True again; the window (60 s) fills at 220
     return r
 
 
@@ -108,7 +108,8 @@ def ev(t: float, frm: int, to: int, reason: str = "QueueBelowTarget") -> dict[st
         "scale-down-before-the-window-refilled", "scale-down-before-metrics-usable",
         "condition-never-false", "unannounced-change"])
 def test_judge_metrics_holds(events: list[dict[str, object]], seen: bool, ok: bool) -> None:
-    v = C.judge_metrics_holds([prom_record(seen)], events, down_window_s=60, interval_s=10)
+    v = C.judge_metrics_holds([prom_record(seen)], events, down_window_s=60, interval_s=10,
+                              lag_s=8)
     assert v.ok is ok, v.detail
 
 
@@ -138,8 +139,29 @@ def test_errors_are_attributed_to_the_fault_they_fall_in() -> None:
 def test_section_counts_and_verdicts() -> None:
     rec = prom_record()
     s = C.section(3, [rec], [outcome("answered"), outcome("error", 120)], 2,
-                  [ev(20, 1, 2, "QueueAboveTarget")], 60, 10)
+                  [ev(20, 1, 2, "QueueAboveTarget")], 60, 10, 8)
     assert s["faults_injected"] == 1 and s["ok"]
     assert s["requests"]["answered"] == 1 and s["requests"]["error"] == 1
     assert s["faults"][0]["errors"] == {"APIConnectionError: refused": 1}
     assert s["scale_events_during_faults"] == 0
+
+
+def router_record(sole: bool) -> C.FaultRecord:
+    return C.FaultRecord(C.Fault(0, "router", 100), target="p-router-x", injected_s=100.0,
+                         restored_s=105.0, serving_s=140.0, recovered_s=145.0, bound_s=150.0,
+                         sole=sole)
+
+
+@pytest.mark.parametrize(("sole", "events", "ok"), [
+    (True, [ev(104, 2, 1)], True),
+    (True, [ev(120, 2, 1)], False),
+    (True, [ev(180, 2, 1)], False),
+    (True, [ev(195, 2, 1)], True),
+    (False, [ev(120, 2, 1)], True),
+], ids=["decided-before-the-kill", "while-the-only-router-was-down",
+        "before-the-window-refilled", "after-the-window", "another-router-served"])
+def test_a_sole_pod_down_hides_the_demand(sole: bool, events: list[dict[str, object]],
+                                          ok: bool) -> None:
+    v = C.judge_metrics_holds([router_record(sole)], events, down_window_s=60, interval_s=10,
+                              lag_s=8)
+    assert v.ok is ok, v.detail
