@@ -227,7 +227,7 @@ def judge_metrics_holds(records: Sequence[FaultRecord], events: Sequence[Mapping
     moment up to a decision late). Every replica change of the run must have been announced
     by the autoscaler (a change without its Event was made by something else)."""
     problems: list[str] = []
-    checked = []
+    checked: list[dict[str, Any]] = []
     for r in records:
         if not hides_demand(r) or r.injected_s is None:
             continue
@@ -313,7 +313,7 @@ def section(seed: int, records: Sequence[FaultRecord], outcomes: Sequence[Outcom
     verdicts = [judge_requests(trace_len, outcomes),
                 judge_metrics_holds(records, events, down_window_s, interval_s, lag_s),
                 judge_recovery(records)]
-    faults = []
+    faults: list[dict[str, Any]] = []
     for r in records:
         faults.append({
             "index": r.fault.index, "kind": r.fault.kind, "target": r.target,
