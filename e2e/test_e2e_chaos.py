@@ -30,7 +30,7 @@ from poolpilot.sandbox.testing import SandboxThread
 
 from poolpilot import workloads
 
-SEED = 1
+SEED = 4  # engines killed while the burst plays, Prometheus once it is over
 SPEED = 8.0
 RATE_SCALE = 0.3
 
@@ -67,7 +67,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
     out = tmp_path_factory.mktemp("chaos")
     cfg = SandboxConfig(out_dir=out, speed=SPEED, scrape_interval_s=5.0, cold_start_s=20.0,
                         sim_gpu="a100")
-    # The options `poolpilot sandbox --chaos 1 --rate-scale 0.3 --speed 8` parses into.
+    # The options `poolpilot sandbox --chaos 4 --rate-scale 0.3 --speed 8` parses into.
     args = argparse.Namespace(trace=DEFAULT_TRACE, trace_format=None, rate_scale=RATE_SCALE,
                               start=0.0, duration=None, engine="sim", chaos=SEED,
                               chaos_faults=None)

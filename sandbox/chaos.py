@@ -131,8 +131,9 @@ class FaultRecord:
     recovered_s: float | None = None  # back at desired size and serving
     bound_s: float = 0.0  # recovery_bound_s, from injected_s
     sole: bool = False  # a pod fault that took down its role's only replica
-    serving_s: float | None = None  # back in service: the pod ready again; Prometheus's
-    # metrics usable again (MetricsAvailable=True); the operator or autoscaler answering
+    serving_s: float | None = None  # back in service: the killed pod ready again (for a sole
+    # pod, any pod of its role); Prometheus's metrics usable again (MetricsAvailable=True);
+    # the operator or autoscaler answering
     metrics_unavailable_seen: bool | None = None  # Prometheus faults: MetricsAvailable=False seen
     problem: str | None = None  # why it could not be injected
 

@@ -286,9 +286,7 @@ class ChaosRun:
         assert rt.child is not None
         before_restarts, before_start = rt.restarts, rt.started_at
         rec.target = name
-        rec.sole = len([r for r in ctl.kubelet.runtimes.values()
-                        if r.namespace == self.pool.namespace and r.name.startswith(prefix)
-                        and not r.terminating and r.name not in leaving]) == 1
+        rec.sole = len(running) == 1  # no other ready pod of the role serves meanwhile
         rec.bound_s = C.recovery_bound_s(rec.fault, self.bounds, before_restarts)
         killed = time.monotonic()
         rt.child.signal_group(signal.SIGKILL)
@@ -306,7 +304,12 @@ class ChaosRun:
             # Serving again: a new process (started after the kill), alive and ready.
             serving = (now_rt.restarts > before_restarts and now_rt.started_at > before_start
                        and now_rt.child is not None and now_rt.child.alive() and now_rt.ready)
-            if serving and rec.serving_s is None:
+            # The role is whole again once any of its pods is ready (the killed one, or one
+            # that was starting when it died).
+            role_ready = any(r.ready and not r.terminating for r in ctl.kubelet.runtimes.values()
+                             if r.namespace == self.pool.namespace and r.name.startswith(prefix)
+                             and (r.name != name or serving))
+            if rec.serving_s is None and (serving or (rec.sole and role_ready)):
                 rec.serving_s = self.sim(time.monotonic())
             return serving
 
