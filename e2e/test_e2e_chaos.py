@@ -29,6 +29,7 @@ from poolpilot.sandbox.supervisor import AppliedPool, SandboxConfig
 from poolpilot.sandbox.testing import SandboxThread
 
 from poolpilot import workloads
+from poolpilot.polling import wait_for
 
 SEED = 4  # engines killed while the burst plays, Prometheus once it is over
 SPEED = 8.0
@@ -103,17 +104,21 @@ def test_every_fault_is_injected_and_the_pool_returns_to_its_desired_size(run: R
     assert chaos["verdicts"]["back_to_desired_size"]["ok"], chaos["verdicts"]
     assert (Path(run.sb.sandbox.cfg.out_dir) / "chaos.png").stat().st_size > 0
 
-    # The cluster agrees: every Deployment has its replicas ready, and each engine role's
-    # replicas are what the autoscaler wants.
-    deployments = {d["metadata"]["labels"]["poolpilot.dev/role"]: workloads.counts(d)
-                   for d in run.kubectl_json("deployments", "-l",
-                                             f"poolpilot.dev/pool={run.pool.name}")["items"]}
-    status = run.kubectl_json("inferencepool.poolpilot.dev", run.pool.name)["status"]
-    assert set(deployments) == {"prefill", "decode", "router"}
-    for role, c in deployments.items():
-        assert c.ready == c.desired, (role, c)
-        if role != "router":
-            assert status[role]["desiredReplicas"] == c.desired, (role, status[role])
+    # The cluster agrees once the autoscaler's last orders are in: every Deployment has its
+    # replicas ready, and each engine role's replicas are what the autoscaler wants.
+    def settled() -> dict[str, Any] | None:
+        deployments = {d["metadata"]["labels"]["poolpilot.dev/role"]: workloads.counts(d)
+                       for d in run.kubectl_json("deployments", "-l",
+                                                 f"poolpilot.dev/pool={run.pool.name}")["items"]}
+        status = run.kubectl_json("inferencepool.poolpilot.dev", run.pool.name)["status"]
+        assert set(deployments) == {"prefill", "decode", "router"}
+        ok = all(c.ready == c.desired and (role == "router"
+                                           or status[role]["desiredReplicas"] == c.desired)
+                 for role, c in deployments.items())
+        return None if not ok else {"deployments": deployments, "status": status}
+
+    bound = max(f["bound_s"] for f in chaos["faults"]) / SPEED
+    wait_for(settled, timeout=bound, what="every Deployment ready at the autoscaler's size")
     # A killed pod that is still there shows its restart, as `kubectl get pods` does.
     pods = {p["metadata"]["name"]: p for p in run.kubectl_json("pods")["items"]}
     for kind in ("prefill", "decode", "router"):

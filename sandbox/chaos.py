@@ -11,8 +11,10 @@ decides *what* and *when* from a seed, and judges what was recorded against thre
 2. no scale-down caused by missing metrics: while Prometheus is down the autoscaler holds
    (MetricsAvailable=False, no scale event), and no scale-down follows within the scale-down
    window after it returns; every replica change of the run was announced by the autoscaler;
-3. back to the desired size: after each fault the Deployments' ready replicas equal the
-   autoscaler's desired replicas again within a bound (below) and the component serves again.
+3. back to the desired size: after each fault, within a bound (below), the component serves
+   again, each role's Deployment asks for the replicas the autoscaler wants, and every pod
+   that existed when the fault struck is ready again (or was removed by a scale-down); pods
+   the autoscaler ordered after it may still be loading (new orders, not the fault's damage).
 
 Times are simulated seconds from the start of the replay (the report's clock). No I/O here.
 """
@@ -106,10 +108,10 @@ def kubelet_backoff_s(restarts_before: int) -> float:
 def recovery_bound_s(fault: Fault, b: BoundInputs, restarts_before: int = 0) -> float:
     """The promise: the pool is back at its desired size, and the component serving, within
     this many simulated seconds of the kill: the downtime (infra) or the kubelet's back-off
-    (pods), one cold start (the restarted engine's, or a pod the autoscaler adds when it sees
-    the fault's backlog), two autoscaler intervals and two scrapes (it must see the new state
-    and write it; after Prometheus returns, two more scrapes for rates to exist again), and a
-    start-up allowance in real seconds counted at the run's speed."""
+    (pods), one cold start (the restarted engine's, or of pods that were starting at the
+    kill), two autoscaler intervals and two scrapes (it must see the new state and write it;
+    after Prometheus returns, two more scrapes for rates to exist again), and a start-up
+    allowance in real seconds counted at the run's speed."""
     restart = fault.down_s if fault.kind in INFRA else kubelet_backoff_s(restarts_before)
     rates = 2 * b.scrape_s if fault.kind == "prometheus" else 0.0
     return round(restart + b.cold_start_s + rates + 2 * b.interval_s + 2 * b.scrape_s

@@ -165,3 +165,19 @@ def test_a_sole_pod_down_hides_the_demand(sole: bool, events: list[dict[str, obj
     v = C.judge_metrics_holds([router_record(sole)], events, down_window_s=60, interval_s=10,
                               lag_s=8)
     assert v.ok is ok, v.detail
+
+
+@pytest.mark.parametrize(("sizes", "desired", "autoscaled", "ok"), [
+    ({"prefill": (3, 1), "router": (1, 0)}, {"prefill": 3}, True, True),
+    ({"prefill": (2, 2)}, {"prefill": 3}, True, False),
+    ({"prefill": (2, 2)}, {"prefill": 3}, False, True),
+    ({"prefill": (2, 2)}, {"prefill": None}, True, True),
+    ({}, {}, True, False),
+], ids=["asked-for-even-while-starting", "autoscaler-wants-more", "advisory-mode",
+        "no-status-yet", "nothing-read"])
+def test_sample_asked_as_desired(sizes: dict[str, tuple[int, int]],
+                                 desired: dict[str, int | None], autoscaled: bool,
+                                 ok: bool) -> None:
+    from poolpilot.sandbox.chaos_run import Sample
+
+    assert Sample(0.0, sizes, desired, None).asked_as_desired(autoscaled) is ok
