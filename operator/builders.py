@@ -17,6 +17,9 @@ from poolpilot import api, handoff, names
 ENGINE_CONTAINER = "engine"
 ROUTER_CONTAINER = "router"
 MODEL_CACHE_DIR = "/model-cache"
+# The engine's root filesystem is read-only: what vLLM, Triton and torch.compile write goes to
+# emptyDirs. HOME=/tmp catches the rest (~/.config/vllm, ~/.cache/outlines, ...).
+COMPILE_CACHE_DIR = "/var/cache/vllm"
 MODEL_PVC_DIR = "/models"
 ROUTER_CONFIG_DIR = "/etc/poolpilot/router"
 ROUTER_CONFIG_KEY = "router.json"
@@ -52,6 +55,9 @@ class Capabilities:
     # Extra labels on every ServiceMonitor and PodMonitor, for the Prometheus' selector
     # (kube-prometheus-stack selects `release: <its release>`); the operator's --monitor-label.
     monitor_labels: tuple[tuple[str, str], ...] = ()
+    networking: bool = True  # networking.k8s.io/v1 NetworkPolicy is served
+    # NetworkPolicies for pools whose spec.networkPolicy.enabled is unset (--network-policies).
+    network_policies: bool = False
 
 
 # ---------------------------------------------------------------------------------------------
@@ -198,7 +204,12 @@ def _engine_env(pool: Pool, role: str) -> list[Obj]:
         {"name": "POOLPILOT_POOL", "value": pool.name},
         {"name": "POOLPILOT_ROLE", "value": role},
         {"name": "HOME", "value": "/tmp"},
+        {"name": "TMPDIR", "value": "/tmp"},
         {"name": "HF_HOME", "value": MODEL_CACHE_DIR},
+        {"name": "XDG_CACHE_HOME", "value": COMPILE_CACHE_DIR},
+        {"name": "VLLM_CACHE_ROOT", "value": f"{COMPILE_CACHE_DIR}/vllm"},
+        {"name": "TRITON_CACHE_DIR", "value": f"{COMPILE_CACHE_DIR}/triton"},
+        {"name": "TORCHINDUCTOR_CACHE_DIR", "value": f"{COMPILE_CACHE_DIR}/torchinductor"},
         # NIXL's side channel must advertise the pod's own address to the decode peers.
         {"name": "VLLM_NIXL_SIDE_CHANNEL_HOST",
          "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
@@ -220,8 +231,11 @@ def _engine_env(pool: Pool, role: str) -> list[Obj]:
 
 
 def _engine_volumes(spec: api.InferencePoolSpec, role: str) -> tuple[list[Obj], list[Obj]]:
-    volumes: list[Obj] = [{"name": "tmp", "emptyDir": {}}]
-    mounts: list[Obj] = [{"name": "tmp", "mountPath": "/tmp"}]
+    """Every path the engine writes (its root filesystem is read-only)."""
+    volumes: list[Obj] = [{"name": "tmp", "emptyDir": {}},
+                          {"name": "compile-cache", "emptyDir": {}}]
+    mounts: list[Obj] = [{"name": "tmp", "mountPath": "/tmp"},
+                         {"name": "compile-cache", "mountPath": COMPILE_CACHE_DIR}]
     pvc = spec.model.source.pvc
     if pvc is not None:
         volumes.append(
@@ -261,7 +275,7 @@ def build_engine_deployment(pool: Pool, role: str, caps: Capabilities | None = N
         "livenessProbe": _http_probe(period=15, failures=4, timeout=5),
         "startupProbe": _http_probe(period=STARTUP_PROBE_PERIOD, failures=STARTUP_PROBE_FAILURES),
         "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(PRESTOP_SLEEP_SECONDS)]}}},
-        "securityContext": _container_security(),
+        "securityContext": {**_container_security(), "readOnlyRootFilesystem": True},
         "volumeMounts": mounts,
     }
     pod_spec: Obj = {
@@ -321,21 +335,16 @@ def build_engine_service(pool: Pool, role: str) -> Obj:
 
 
 def router_config(pool: Pool) -> Obj:
-    """The router's view of the pool, mounted from the ConfigMap `P-router`."""
+    """The router's view of the pool, mounted from the ConfigMap `P-router`: only what the
+    router reads (router/main.py apply_config_file), because its digest is a pod annotation
+    and every change to it restarts the routers. Pool and namespace come as flags."""
     spec = pool.spec
-    services = {r: names.child_name(pool.name, r) for r in spec.engine_roles()}
     return {
-        "pool": pool.name,
-        "namespace": pool.namespace,
-        "mode": str(spec.mode),
-        "servedName": spec.served_name(),
-        "model": spec.model.name,
-        "port": names.ENGINE_PORT,
-        "services": services,
-        "kvConnector": (
-            "none" if spec.mode == api.Mode.AGGREGATED else str(spec.kv_transfer.connector)
-        ),
-        "slo": spec.slo.to_wire(),
+        "mode": str(spec.mode),  # which engine Services to discover
+        "model": spec.model.name,  # the local-prefill profile
+        # The SLO targets its local-prefill rule holds to (not the quantiles).
+        "slo": {"ttft": {"seconds": spec.slo.ttft.seconds},
+                "itl": {"seconds": spec.slo.itl.seconds}},
     }
 
 
@@ -358,24 +367,20 @@ def build_router_service_account(pool: Pool) -> Obj:
     }
 
 
+ROUTER_RULES: list[Obj] = [
+    # router/discovery.py lists the pool's EndpointSlices, then watches them: nothing more.
+    {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"],
+     "verbs": ["list", "watch"]},
+]
+
+
 def build_router_role(pool: Pool) -> Obj:
-    """Read-only access the router needs to discover engines (EndpointSlices, watched)."""
+    """The calls the router makes to discover engines (EndpointSlices: list and watch)."""
     return {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "Role",
         "metadata": _meta(pool, names.child_name(pool.name, "router"), "router"),
-        "rules": [
-            {
-                "apiGroups": ["discovery.k8s.io"],
-                "resources": ["endpointslices"],
-                "verbs": ["get", "list", "watch"],
-            },
-            {
-                "apiGroups": [""],
-                "resources": ["services", "pods"],
-                "verbs": ["get", "list", "watch"],
-            },
-        ],
+        "rules": [dict(r) for r in ROUTER_RULES],
     }
 
 
@@ -564,6 +569,60 @@ def build_pod_monitor(pool: Pool, caps: Capabilities | None = None) -> Obj:
 
 
 # ---------------------------------------------------------------------------------------------
+# NetworkPolicies
+
+
+def network_policies_on(pool: Pool, caps: Capabilities) -> bool:
+    wanted = pool.spec.network_policy.enabled
+    return caps.networking and (caps.network_policies if wanted is None else wanted)
+
+
+def _in_pool(pool: Pool) -> Obj:
+    return {"matchLabels": {names.MANAGED_BY: names.MANAGER, names.POOL_LABEL: pool.name}}
+
+
+def build_engine_network_policy(pool: Pool) -> Obj:
+    """Engines take traffic from their pool only: its router (requests) and its other engines
+    (the KV-cache handoff: NIXL's side channel and UCX, on ports of their own); and Prometheus
+    (the metricsNamespaces) on the engine port for /metrics."""
+    ingress: list[Obj] = [{"from": [{"podSelector": _in_pool(pool)}]}]
+    scrapers = pool.spec.network_policy.metrics_namespaces
+    if scrapers:
+        ingress.append({
+            "from": [{"namespaceSelector": {"matchExpressions": [
+                {"key": "kubernetes.io/metadata.name", "operator": "In",
+                 "values": list(scrapers)}]}}],
+            "ports": [{"port": names.ENGINE_PORT, "protocol": "TCP"}],
+        })
+    roles = pool.spec.engine_roles()
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _meta(pool, names.child_name(pool.name, "engines"), "engines"),
+        "spec": {
+            "podSelector": {**_in_pool(pool), "matchExpressions": [
+                {"key": names.ROLE_LABEL, "operator": "In", "values": list(roles)}]},
+            "policyTypes": ["Ingress"],
+            "ingress": ingress,
+        },
+    }
+
+
+def build_router_network_policy(pool: Pool) -> Obj:
+    """The router takes clients from anywhere, on its port only."""
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _meta(pool, names.child_name(pool.name, "router"), "router"),
+        "spec": {
+            "podSelector": {"matchLabels": names.selector(pool.name, "router")},
+            "policyTypes": ["Ingress"],
+            "ingress": [{"ports": [{"port": names.ROUTER_PORT, "protocol": "TCP"}]}],
+        },
+    }
+
+
+# ---------------------------------------------------------------------------------------------
 # Everything
 
 
@@ -576,6 +635,8 @@ def build_children(pool: Pool, caps: Capabilities | None = None) -> list[Obj]:
     objs: list[Obj] = [build_router_configmap(pool), build_router_service_account(pool)]
     if caps.rbac:
         objs += [build_router_role(pool), build_router_role_binding(pool)]
+    if network_policies_on(pool, caps):  # before the pods they protect
+        objs += [build_engine_network_policy(pool), build_router_network_policy(pool)]
     objs += [build_engine_service(pool, r) for r in roles]
     objs += [build_engine_deployment(pool, r, caps) for r in roles]
     objs += [build_router_service(pool), build_router_deployment(pool, caps)]

@@ -47,6 +47,8 @@ class OperatorConfig:
     max_concurrent_reconciles: int = 16
     # Extra labels on the per-pool ServiceMonitor/PodMonitor (--monitor-label).
     monitor_labels: tuple[tuple[str, str], ...] = ()
+    # NetworkPolicies for pools whose spec.networkPolicy.enabled is unset (--network-policies).
+    network_policies: bool = False
     # Backoff after a permanent API error (403, 422, quota): first wait, doubling up to the max.
     permanent_backoff: tuple[float, float] = (retry.PERMANENT_FIRST_S, retry.PERMANENT_MAX_S)
 
@@ -146,7 +148,8 @@ async def _handle_locked(body: kopf.Body, memo: kopf.Memo, logger: logging.Logge
         raise kopf.TemporaryError("backing off after a permanent API error", delay=wait)
     previous = _previous_status(body, memo)
     endpoint = names.router_endpoint(name, namespace)
-    caps = reconcile.capabilities(memo["discovered"], config.monitor_labels)
+    caps = reconcile.capabilities(memo["discovered"], config.monitor_labels,
+                                  config.network_policies)
     try:
         spec = parse_spec(dict(body.get("spec") or {}))
     except InvalidPool as exc:

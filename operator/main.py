@@ -46,6 +46,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="an extra label on every pool's ServiceMonitor and PodMonitor, so "
                         "your Prometheus selects them (kube-prometheus-stack: "
                         "release=<its release>); repeatable")
+    parser.add_argument("--network-policies", action="store_true",
+                        help="make NetworkPolicies (only the router reaches the engines) for "
+                        "pools whose spec.networkPolicy.enabled is not set")
     parser.add_argument("--max-concurrent-reconciles", type=int, default=16,
                         help="pools reconciled at once (bounds the load on the API server)")
 
@@ -72,6 +75,7 @@ def run(args: argparse.Namespace) -> int:
         peering_mandatory=args.require_peering,
         max_concurrent_reconciles=args.max_concurrent_reconciles,
         monitor_labels=monitor_labels,
+        network_policies=args.network_policies,
     )
     registry = kopf.OperatorRegistry()
     register(registry, config)

@@ -30,7 +30,7 @@ DIGEST_ANNOTATION = "poolpilot.dev/applied-digest"
 
 # Stale children are deleted workloads first, so nothing routes to a half-removed role.
 _DELETE_ORDER = ("Deployment", "PodDisruptionBudget", "Service", "PodMonitor", "ServiceMonitor",
-                 "RoleBinding", "Role", "ServiceAccount", "ConfigMap")
+                 "RoleBinding", "Role", "ServiceAccount", "ConfigMap", "NetworkPolicy")
 
 
 class Cluster(Protocol):
@@ -54,10 +54,12 @@ class Outcome:
     writes: int = 0
 
 
-def capabilities(discovered: Discovered,
-                 monitor_labels: tuple[tuple[str, str], ...] = ()) -> builders.Capabilities:
+def capabilities(discovered: Discovered, monitor_labels: tuple[tuple[str, str], ...] = (),
+                 network_policies: bool = False) -> builders.Capabilities:
     return builders.Capabilities(monitoring=discovered.monitoring, rbac=discovered.rbac,
-                                 monitor_labels=monitor_labels)
+                                 monitor_labels=monitor_labels,
+                                 networking=discovered.network_policies,
+                                 network_policies=network_policies)
 
 
 def label(obj: Obj) -> str:
@@ -161,6 +163,10 @@ def possible_children(pool: builders.Pool, caps: builders.Capabilities) -> list[
         for obj in (builders.build_pod_monitor(monitors, caps),
                     builders.build_service_monitor(monitors, caps)):
             seen.setdefault(builders.object_key(obj), obj)
+    if caps.networking:  # so that turning them off finds the ones to delete
+        for obj in (builders.build_engine_network_policy(pool),
+                    builders.build_router_network_policy(pool)):
+            seen.setdefault(builders.object_key(obj), obj)
     return list(seen.values())
 
 
@@ -246,13 +252,18 @@ async def reconcile(cluster: Cluster, pool: builders.Pool, caps: builders.Capabi
 
     wanted = {builders.object_key(o) for o in desired}
     stale = [o for k, o in live.items() if k not in wanted and _owned_by(o, pool.uid)]
-    if stale:
+    # The other mode's roles go only once the new engines serve (the pool keeps serving);
+    # anything else turned off (NetworkPolicies, monitors) goes at once.
+    old_roles = [o for o in stale if _role_of(o) in names.ENGINE_ROLES
+                 and _role_of(o) not in pool.spec.engine_roles()]
+    if old_roles:
         out.waiting = _ready_for_cutover(out.deployments, pool.spec.engine_roles())
-        if out.waiting is None:
-            for obj in sorted(stale, key=lambda o: _DELETE_ORDER.index(o["kind"])):
-                await _doing(f"delete {label(obj)}", cluster.delete(obj))
-                out.writes += 1
-                out.deleted.append(label(obj))
+        if out.waiting is not None:
+            stale = [o for o in stale if o not in old_roles]
+    for obj in sorted(stale, key=lambda o: _DELETE_ORDER.index(o["kind"])):
+        await _doing(f"delete {label(obj)}", cluster.delete(obj))
+        out.writes += 1
+        out.deleted.append(label(obj))
     return out
 
 

@@ -87,6 +87,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--no-rbac", action="store_true", help="leave out the router's Role and RoleBinding"
     )
     parser.add_argument(
+        "--network-policies", action="store_true",
+        help="as the operator's --network-policies: NetworkPolicies for pools whose "
+        "spec.networkPolicy.enabled is not set",
+    )
+    parser.add_argument(
         "-n", "--namespace", default="default", help="namespace for pools that name none"
     )
     parser.add_argument(
@@ -118,7 +123,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"poolpilot render: --monitor-label {exc}", file=sys.stderr)
         return 2
     caps = builders.Capabilities(monitoring=args.prometheus_operator, rbac=not args.no_rbac,
-                                 monitor_labels=monitor_labels)
+                                 monitor_labels=monitor_labels,
+                                 network_policies=args.network_policies)
     sys.stdout.write(render(pools, caps, args.output))
     if args.peering_crds:
         sys.stdout.write(("---\n" if args.output == "yaml" else "") + _peering(args.output))

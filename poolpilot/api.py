@@ -521,6 +521,30 @@ class MonitoringSpec(ApiModel):
     pod_monitor: bool = Field(default=True, description="Make a PodMonitor for the engines.")
 
 
+MetricsNamespace = Annotated[str, Matching(
+    DNS1123_LABEL,
+    "must be a namespace name: lowercase letters, digits and '-', starting and ending with a "
+    "letter or digit",
+    max_length=63,
+)]
+
+
+class NetworkPolicySpec(ApiModel):
+    """NetworkPolicies around the pool: only its router, and its other engines (the KV-cache
+    handoff), reach the engines; the router takes clients on its port."""
+
+    enabled: bool | None = Field(
+        default=None,
+        description="Make the NetworkPolicies. Unset: the operator's default "
+        "(--network-policies; the chart's operator.networkPolicies).",
+    )
+    metrics_namespaces: list[MetricsNamespace] = Field(
+        default_factory=lambda: ["monitoring"], max_length=16,
+        description="Namespaces whose pods may scrape the engines' metrics on port 8000 "
+        "(where Prometheus runs).",
+    )
+
+
 # ---------------------------------------------------------------------------------------------
 # The pool
 
@@ -569,6 +593,9 @@ class InferencePoolSpec(ApiModel):
     )
     monitoring: MonitoringSpec = Field(
         default_factory=MonitoringSpec, description="Prometheus Operator objects."
+    )
+    network_policy: NetworkPolicySpec = Field(
+        default_factory=NetworkPolicySpec, description="NetworkPolicies around the pool."
     )
 
     def engine_roles(self) -> list[str]:

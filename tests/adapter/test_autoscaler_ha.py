@@ -31,6 +31,7 @@ from poolpilot.emulator.server import KubeEmulator
 from poolpilot.emulator.testing import cluster_from_env
 from poolpilot.kubeclient import KubeClient
 from poolpilot.sandbox.localprom import PrometheusProcess
+from rbac_calls import called, chart_rules, compare
 
 from poolpilot import api, names
 from poolpilot import metrics as m
@@ -193,6 +194,8 @@ def _time(value: str) -> float:
 
 def test_killed_leader_hands_over_within_the_lease_without_scaling_twice(
         env: Env, tmp_path: Path) -> None:
+    if env.emu is not None:  # a status write that conflicts: read again (the `get` path)
+        env.emu.faults.add("PATCH", rf"/inferencepools/{POOL}/status$", 409, times=1)
     replicas = {i: Replica(env, i, tmp_path / f"{i}.log") for i in ("as-a", "as-b")}
     try:
         holder = wait_for(lambda: lease(env).get("holderIdentity"), what="a leader")
@@ -226,6 +229,11 @@ def test_killed_leader_hands_over_within_the_lease_without_scaling_twice(
         follower.stop()  # a clean stop releases the lease for an immediate hand-over
         assert follower.proc.returncode == 0, follower.log_path.read_text()[-2000:]
         assert lease(env).get("holderIdentity") in (None, "")
+        if env.emu is not None:  # least privilege: the chart grants exactly what they called
+            calls = called(list(env.emu.requests), ("poolpilot-autoscaler/",))
+            refused, unused = compare(calls, chart_rules("-autoscaler", "-autoscaler-leader"))
+            assert refused == set(), f"calls the chart's autoscaler rules refuse: {refused}"
+            assert unused == set(), f"autoscaler rules no call needs: {unused}"
     finally:
         for r in replicas.values():
             r.stop()

@@ -455,3 +455,19 @@ def test_deleting_the_pool_garbage_collects_children(cluster: Cluster, operator:
 
     wait_for(lambda: not leftovers() or None, what="children garbage-collected")
     assert leftovers() == []
+
+
+def test_network_policies_follow_the_pool(cluster: Cluster, operator: None) -> None:
+    name = next(_names)
+    k = cluster.kubectl
+    k.apply(cluster.pool(name, networkPolicy={"enabled": True}))
+    wait_for(lambda: cluster.settled(name), what="first reconcile")
+    for suffix in ("engines", "router"):
+        policy = cluster.get("networkpolicy", f"{name}-{suffix}")
+        assert policy is not None, suffix
+        assert policy["metadata"]["ownerReferences"][0]["name"] == name
+    k.apply(cluster.pool(name, networkPolicy={"enabled": False}))
+    wait_for(lambda: cluster.get("networkpolicy", f"{name}-engines") is None
+             and cluster.get("networkpolicy", f"{name}-router") is None,
+             what="the NetworkPolicies removed")
+    assert cluster.get("deployment", f"{name}-decode") is not None

@@ -1,50 +1,63 @@
-{{/* Namespaced permissions of the operator: what it reads, the children it applies. */}}
+{{- /*
+Only the verbs the code calls: tests/adapter/test_rbac_least_privilege.py runs the operator and
+a router's discovery (test_autoscaler_ha.py the autoscaler) through every path that writes,
+maps each request to the verb the API server checks, and fails on a call these rules refuse or
+a verb no call used. Server-side apply is a PATCH, and `create` when it makes the object.
+*/ -}}
+
+{{/* Namespaced permissions of the operator: the pools, the children it applies. */}}
 {{- define "poolpilot.operatorRules" -}}
+# Kopf lists and watches the pools and patches them (finalizer, its progress annotations).
 - apiGroups: [poolpilot.dev]
   resources: [inferencepools]
-  verbs: [get, list, watch, patch, update]
+  verbs: [get, list, watch, patch]
 - apiGroups: [poolpilot.dev]
   resources: [inferencepools/status]
-  verbs: [get, patch, update]
+  verbs: [patch]
+# Children carry an owner reference with blockOwnerDeletion, which the
+# OwnerReferencesPermissionEnforcement admission plugin (OpenShift) allows only with this.
+- apiGroups: [poolpilot.dev]
+  resources: [inferencepools/finalizers]
+  verbs: [update]
+# Each child: read by name, server-side applied (create or patch), deleted when stale.
 - apiGroups: [apps]
   resources: [deployments]
-  verbs: [get, list, watch, create, update, patch, delete]
+  verbs: [get, create, patch, delete]
 - apiGroups: [""]
-  resources: [services, configmaps]
-  verbs: [get, list, watch, create, update, patch, delete]
+  resources: [services, configmaps, serviceaccounts]
+  verbs: [get, create, patch, delete]
 - apiGroups: [policy]
   resources: [poddisruptionbudgets]
-  verbs: [get, list, watch, create, update, patch, delete]
+  verbs: [get, create, patch, delete]
 - apiGroups: [monitoring.coreos.com]
   resources: [servicemonitors, podmonitors]
-  verbs: [get, list, watch, create, update, patch, delete]
+  verbs: [get, create, patch, delete]
+- apiGroups: [networking.k8s.io]
+  resources: [networkpolicies]
+  verbs: [get, create, patch, delete]
+- apiGroups: [rbac.authorization.k8s.io]
+  resources: [roles, rolebindings]
+  verbs: [get, create, patch, delete]
 # Pod phases and reasons feed the pool's conditions (PodsPending, Unschedulable, ...).
 - apiGroups: [""]
   resources: [pods]
-  verbs: [get, list, watch]
-- apiGroups: ["", events.k8s.io]
-  resources: [events]
-  verbs: [create, patch]
-# Each pool's router gets a ServiceAccount and a Role to watch its engines' EndpointSlices.
-# RBAC lets the operator grant only what it holds itself, hence the endpointslices read.
+  verbs: [list]
 - apiGroups: [""]
-  resources: [serviceaccounts]
-  verbs: [get, list, watch, create, update, patch, delete]
-- apiGroups: [rbac.authorization.k8s.io]
-  resources: [roles, rolebindings]
-  verbs: [get, list, watch, create, update, patch, delete]
+  resources: [events]
+  verbs: [create]
+# Each pool's router gets a Role to list and watch its engines' EndpointSlices; RBAC lets the
+# operator grant only rights it holds itself.
 - apiGroups: [discovery.k8s.io]
   resources: [endpointslices]
-  verbs: [get, list, watch]
+  verbs: [list, watch]
 {{- end -}}
 
 {{/* Cluster-scoped reads the operator needs whatever it watches. */}}
 {{- define "poolpilot.operatorClusterRules" -}}
-# Whether the monitoring.coreos.com CRDs exist (ServiceMonitor/PodMonitor or annotations), and
-# Kopf's observation of its resources.
+# Kopf follows the CustomResourceDefinitions of the resources it serves.
 - apiGroups: [apiextensions.k8s.io]
   resources: [customresourcedefinitions]
-  verbs: [get, list, watch]
+  verbs: [list, watch]
 {{- end -}}
 
 {{/* Kopf peering: (dict "namespaced" bool). */}}
@@ -52,39 +65,36 @@
 {{- if .namespaced }}
 - apiGroups: [kopf.dev]
   resources: [kopfpeerings]
-  verbs: [get, list, watch, patch]
+  verbs: [list, watch, patch]
 {{- else }}
 - apiGroups: [kopf.dev]
   resources: [clusterkopfpeerings]
-  verbs: [get, list, watch, patch]
-# Kopf follows namespaces appearing and going when it serves all of them.
-- apiGroups: [""]
-  resources: [namespaces]
-  verbs: [get, list, watch]
+  verbs: [list, watch, patch]
 {{- end }}
 {{- end -}}
 
-{{/* Namespaced permissions of the autoscaler: read pools and pods, resize, report. */}}
+{{/* Namespaced permissions of the autoscaler: read pools and workloads, resize, report. */}}
 {{- define "poolpilot.autoscalerRules" -}}
+# Its cache lists and watches pools, Deployments and pods; a status write reads the pool.
 - apiGroups: [poolpilot.dev]
   resources: [inferencepools]
   verbs: [get, list, watch]
 - apiGroups: [poolpilot.dev]
   resources: [inferencepools/status]
-  verbs: [get, patch]
+  verbs: [patch]
 - apiGroups: [apps]
   resources: [deployments]
-  verbs: [get, list, watch]
+  verbs: [list, watch]
 - apiGroups: [apps]
   resources: [deployments/scale]
-  verbs: [get, patch, update]
+  verbs: [patch]
 # Ready, Pending and Unschedulable pods count as capacity on the way or ScalingLimited.
 - apiGroups: [""]
   resources: [pods]
-  verbs: [get, list, watch]
-- apiGroups: ["", events.k8s.io]
+  verbs: [list, watch]
+- apiGroups: [""]
   resources: [events]
-  verbs: [create, patch]
+  verbs: [create]
 {{- end -}}
 
 {{/* The autoscaler's leader election: (dict "lease" name). The library reads, creates and

@@ -186,7 +186,7 @@ def test_namespaced_install_uses_roles_per_namespace(
     assert [r["metadata"]["name"] for r in cluster_roles] == ["pp-poolpilot-operator"]
     assert cluster_roles[0]["rules"] == [{"apiGroups": ["apiextensions.k8s.io"],
                                           "resources": ["customresourcedefinitions"],
-                                          "verbs": ["get", "list", "watch"]}]
+                                          "verbs": ["list", "watch"]}]
     peerings = by_kind(objs, "KopfPeering")
     assert {p["metadata"]["namespace"] for p in peerings} == {"team-a", "team-b"}
 

@@ -236,7 +236,7 @@ def test_router_pod_contract() -> None:
         "--discover", "kubernetes", "--namespace", "ns", "--pool", "p",
     ]  # fmt: skip
     config = json.loads(builders.build_router_configmap(pool)["data"]["router.json"])
-    assert config["services"] == {"prefill": "p-prefill", "decode": "p-decode"}
+    assert config["mode"] == "Disaggregated" and config["model"] == "m"
     assert dep["spec"]["template"]["spec"]["volumes"] == [
         {"name": "config", "configMap": {"name": "p-router"}}]
 
@@ -255,14 +255,52 @@ def test_router_api_keys_from_a_mounted_secret() -> None:
     assert "env" not in c or all("llm-keys" not in str(e) for e in c["env"])
 
 
-def test_router_config_change_rolls_the_router() -> None:
-    a = builders.build_router_deployment(_pool({"model": {"name": "m"}}))
-    b = builders.build_router_deployment(_pool({"model": {"name": "m", "servedName": "other"}}))
-    key = builders.CONFIG_HASH_ANNOTATION
-    assert (
-        a["spec"]["template"]["metadata"]["annotations"][key]
-        != b["spec"]["template"]["metadata"]["annotations"][key]
-    )
+BASE = {"model": {"name": "meta-llama/Llama-3.1-8B-Instruct"}}
+
+
+@pytest.mark.parametrize("change,rolls", [
+    ({"model": {"name": "other"}}, True),  # the local-prefill profile
+    ({"mode": "Aggregated"}, True),  # the Services it discovers
+    # The targets its local prefill holds to, not the quantiles.
+    ({"slo": {"ttft": {"quantile": 0.9, "seconds": 2.5}}}, True),
+    ({"model": {**BASE["model"], "servedName": "alias"}}, False),
+    ({"slo": {"ttft": {"quantile": 0.99, "seconds": 1.0}}}, False),
+    ({"kvTransfer": {"connector": "ExampleConnector"}}, False),
+    ({"decode": {"replicas": 4, "maxReplicas": 8}}, False),
+    ({"autoscaling": {"mode": "Advisory"}}, False),
+    ({"runtime": {"engineArgs": {"maxModelLen": 4096}}}, False),
+], ids=["model", "mode", "slo-seconds", "served-name", "slo-quantile", "connector",
+        "decode-size", "autoscaling", "engine-args"])
+def test_only_what_the_router_reads_rolls_the_routers(change: dict[str, Any], rolls: bool
+                                                      ) -> None:
+    a = builders.build_router_deployment(_pool(BASE))
+    b = builders.build_router_deployment(_pool({**BASE, **change}))
+    assert (a["spec"]["template"] != b["spec"]["template"]) is rolls
+
+
+def test_the_router_reads_every_key_of_its_config(tmp_path: Path) -> None:
+    """Each key of the config changes what the router ends up with (router/main.py)."""
+    from poolpilot.router import main as router_main
+
+    from poolpilot import cli
+
+    config = builders.router_config(_pool({**BASE, "mode": "Aggregated"}))
+
+    def parsed(cfg: dict[str, Any]) -> dict[str, Any]:
+        path = tmp_path / "router.json"
+        path.write_text(json.dumps(cfg))
+        argv = ["router", "--discover", "kubernetes", "--namespace", "ns", "--pool", "p",
+                "--config", str(path)]
+        args = cli.build_parser(argv).parse_args(argv)
+        router_main.apply_config_file(args)
+        return dict(vars(args))
+
+    full = parsed(config)
+    for key in config:
+        assert parsed({k: v for k, v in config.items() if k != key}) != full, key
+    for role in ("ttft", "itl"):
+        slo = {r: v for r, v in config["slo"].items() if r != role}
+        assert parsed({**config, "slo": slo}) != full, role
 
 
 def test_render_cli_reports_bad_field(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

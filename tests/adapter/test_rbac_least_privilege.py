@@ -1,0 +1,145 @@
+"""Least privilege, checked against what the code does: the operator (with Kopf peering, as the
+chart runs it) and the router's discovery run against the Kubernetes API emulator through a
+scenario that takes every path that writes (create, drift repair, mode switch, features turned
+off, status, Events, a pool deleted mid-reconcile, deletion); every call they make is mapped to
+the RBAC attribute the API server checks and compared with the chart's ClusterRole (operator)
+and the Role the operator gives each router. Every call must be allowed, and every granted
+verb must have been used. (The autoscaler's rules are checked the same way in
+test_autoscaler_ha.py, whose two replicas take the leader-election paths.)"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from poolpilot.emulator.server import KubeEmulator
+from poolpilot.operator import builders
+from poolpilot.operator.handlers import OperatorConfig
+from poolpilot.operator.testing import Kubectl, install, running_operator
+from poolpilot.router.discovery import KubernetesDiscovery
+from rbac_calls import called, chart_rules, compare
+
+from poolpilot import names
+from poolpilot.polling import wait_for
+
+pytestmark = [pytest.mark.adapter, pytest.mark.cluster]
+
+ROOT = Path(__file__).resolve().parents[2]
+NS = "rbac"
+CONFIG = OperatorConfig(drift_interval=1.0, cutover_poll=0.3, network_policies=True)
+# Not a call, yet needed: with the OwnerReferencesPermissionEnforcement admission plugin
+# (OpenShift enables it), setting blockOwnerDeletion on a child's owner reference requires
+# `update` on the owner's finalizers subresource.
+OPERATOR_ADMISSION = {("poolpilot.dev", "inferencepools/finalizers", "update")}
+
+
+def pool(name: str, **spec: Any) -> dict[str, Any]:
+    body = {"model": {"name": "org/model"}, "prefill": {"gpus": 0}, "decode": {"gpus": 0},
+            "engine": {"gpus": 0}, **spec}
+    return {"apiVersion": "poolpilot.dev/v1alpha1", "kind": "InferencePool",
+            "metadata": {"name": name, "namespace": NS}, "spec": body}
+
+
+@pytest.fixture(scope="module")
+def emu(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[KubeEmulator, Path]]:
+    with KubeEmulator().running() as emulator:
+        kubeconfig = emulator.write_kubeconfig(tmp_path_factory.mktemp("rbac") / "kubeconfig")
+        kubectl = Kubectl(kubeconfig)
+        install(kubectl, monitoring=True)
+        kubectl.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}})
+        yield emulator, kubeconfig
+
+
+def _settled(kubectl: Kubectl, name: str) -> bool:
+    obj = kubectl.get("inferencepool", name, NS) or {}
+    gen = obj.get("metadata", {}).get("generation")
+    return bool(gen) and (obj.get("status") or {}).get("observedGeneration") == gen
+
+
+def operator_scenario(emu: KubeEmulator, kubectl: Kubectl) -> None:
+    a = "alpha"
+    kubectl.apply(pool(a))  # create: every child kind, monitors and NetworkPolicies
+    wait_for(lambda: _settled(kubectl, a), what="alpha reconciled")
+    kubectl("delete", "service", f"{a}-router", "-n", NS)  # drift: re-created
+    wait_for(lambda: kubectl.get("service", f"{a}-router", NS), what="drift repaired")
+    # Turned off: monitors and NetworkPolicies deleted at once; a mode switch deletes the old
+    # roles once the new engine serves.
+    kubectl.apply(pool(a, mode="Aggregated", monitoring={"podMonitor": False},
+                       networkPolicy={"enabled": False}))
+    wait_for(lambda: kubectl.get("deployment", f"{a}-engine", NS), what="the engine role")
+    kubectl("patch", "deployment", f"{a}-engine", "-n", NS, "--subresource=status",
+            "--type=merge", "-p", '{"status": {"replicas": 1, "readyReplicas": 1}}')
+    wait_for(lambda: kubectl.get("deployment", f"{a}-decode", NS) is None
+             and kubectl.get("networkpolicy", f"{a}-engines", NS) is None
+             and kubectl.get("podmonitor", f"{a}-engines", NS) is None, what="removals")
+    # A pool deleted (its finalizer removed by hand) while a reconcile writes: the operator
+    # deletes what it wrote after the pool was gone, every kind of child (held at the first).
+    b = "beta"
+    held = emu.faults.add("PATCH", rf"/configmaps/{b}-router$", "delay", delay_s=60)
+    try:
+        kubectl.apply(pool(b))
+        wait_for(lambda: held.hits >= 1, what="beta's reconcile held")
+        emu.delete("inferencepools", b, NS)
+        emu.patch("inferencepools", b, {"metadata": {"finalizers": None}}, NS)
+    finally:
+        held.release()
+    wait_for(lambda: not [k for k in ("configmaps", "deployments", "rolebindings")
+                          if emu.objects(k, NS, f"{names.POOL_LABEL}={b}")] or None,
+             what="beta's children removed")
+    kubectl("delete", "inferencepool", a, "-n", NS)  # Kopf lets go of its finalizer
+    wait_for(lambda: kubectl.get("inferencepool", a, NS) is None, what="alpha deleted")
+
+
+def test_operator_rbac_is_what_the_operator_calls(emu: tuple[KubeEmulator, Path]) -> None:
+    emulator, kubeconfig = emu
+    kubectl = Kubectl(kubeconfig)
+    start = len(emulator.requests)
+    with running_operator(kubeconfig, CONFIG, standalone=False, priority=100):
+        operator_scenario(emulator, kubectl)
+    calls = called(list(emulator.requests)[start:], ("poolpilot-operator", "kopf"))
+    # The operator may grant the routers only what it holds itself (RBAC's escalation check).
+    grants = {(g, r, v) for rule in builders.ROUTER_RULES for g in rule["apiGroups"]
+              for r in rule["resources"] for v in rule["verbs"]}
+    refused, unused = compare(calls | grants, chart_rules("-operator"), OPERATOR_ADMISSION)
+    assert refused == set(), f"calls the chart's operator rules do not allow: {refused}"
+    assert unused == set(), f"operator rules no call needs: {unused}"
+
+
+def test_router_role_is_what_discovery_calls(emu: tuple[KubeEmulator, Path]) -> None:
+    emulator, kubeconfig = emu
+    start = len(emulator.requests)
+    seen: list[tuple[str, list[str]]] = []
+    loop = asyncio.new_event_loop()
+    discovery = KubernetesDiscovery(NS, "gamma", lambda role, urls, _: seen.append((role, urls)),
+                                    kubeconfig=str(kubeconfig), watch_timeout_s=5)
+    task = loop.create_task(discovery.run())
+    thread = threading.Thread(target=loop.run_until_complete, args=(task,), daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: discovery.synced.is_set(), what="the first list")
+        emulator.apply({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+                        "metadata": {"name": "gamma-decode-x", "namespace": NS,
+                                     "labels": {"kubernetes.io/service-name": "gamma-decode"}},
+                        "addressType": "IPv4", "ports": [{"name": "http", "port": 8000}],
+                        "endpoints": [{"addresses": ["10.0.0.7"]}]})
+        wait_for(lambda: ("decode", ["http://10.0.0.7:8000"]) in seen, what="the watch event")
+    finally:
+        loop.call_soon_threadsafe(task.cancel)
+        thread.join(10)
+        with contextlib.suppress(Exception):
+            loop.close()
+    calls = called(list(emulator.requests)[start:], ("poolpilot-router",))
+    role = builders.build_router_role(builders.Pool("gamma", NS, builders_spec()))
+    refused, unused = compare(calls, role["rules"])
+    assert refused == set() and unused == set(), (refused, unused)
+
+
+def builders_spec() -> Any:
+    from poolpilot.validate import parse_spec
+
+    return parse_spec({"model": {"name": "m"}})

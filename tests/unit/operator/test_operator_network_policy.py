@@ -1,0 +1,127 @@
+"""The pool's NetworkPolicies, evaluated with Kubernetes' NetworkPolicy semantics: only the
+pool's router and its other engines reach the engines (Prometheus on the engine port), and the
+router takes anyone on its port only."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from poolpilot.operator import builders
+
+from poolpilot import names
+from poolpilot.validate import parse_spec
+
+NS = "serving"
+NS_LABELS = {NS: {"kubernetes.io/metadata.name": NS},
+             "monitoring": {"kubernetes.io/metadata.name": "monitoring"},
+             "team-b": {"kubernetes.io/metadata.name": "team-b"}}
+
+
+@dataclass(frozen=True)
+class Pod:
+    namespace: str
+    labels: dict[str, str]
+
+
+def _matches(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    if any(labels.get(k) != v for k, v in (selector.get("matchLabels") or {}).items()):
+        return False
+    for expr in selector.get("matchExpressions") or []:
+        value, op = labels.get(expr["key"]), expr["operator"]
+        if op == "In" and value not in expr["values"]:
+            return False
+        if op == "NotIn" and value in expr["values"]:
+            return False
+        if op == "Exists" and value is None:
+            return False
+    return True
+
+
+def allowed(policies: list[dict[str, Any]], src: Pod, dst: Pod, port: int) -> bool:
+    """Ingress to `dst` on `port` from `src`, as a NetworkPolicy-enforcing CNI decides."""
+    selecting = [p for p in policies if p["metadata"]["namespace"] == dst.namespace
+                 and "Ingress" in p["spec"]["policyTypes"]
+                 and _matches(p["spec"]["podSelector"], dst.labels)]
+    if not selecting:
+        return True  # not isolated
+    for policy in selecting:
+        for rule in policy["spec"].get("ingress") or []:
+            ports = rule.get("ports")
+            if ports and not any(p["port"] == port for p in ports):
+                continue
+            peers = rule.get("from")
+            if not peers:
+                return True
+            for peer in peers:
+                ns_sel, pod_sel = peer.get("namespaceSelector"), peer.get("podSelector")
+                if ns_sel is None and src.namespace != dst.namespace:
+                    continue
+                if ns_sel is not None and not _matches(ns_sel, NS_LABELS[src.namespace]):
+                    continue
+                if pod_sel is not None and not _matches(pod_sel, src.labels):
+                    continue
+                return True
+    return False
+
+
+def pod(pool: str, role: str, namespace: str = NS) -> Pod:
+    return Pod(namespace, names.labels(pool, role))
+
+
+POOL = builders.Pool("llama", NS, parse_spec({"model": {"name": "m"},
+                                              "networkPolicy": {"enabled": True}}), uid="u")
+POLICIES = [o for o in builders.build_children(POOL) if o["kind"] == "NetworkPolicy"]
+CLIENT = Pod(NS, {"app": "chat-frontend"})
+ELSEWHERE = Pod("team-b", {"app": "notebook"})
+PROMETHEUS = Pod("monitoring", {"app.kubernetes.io/name": "prometheus"})
+
+
+@pytest.mark.parametrize("src,dst,port,ok", [
+    (pod("llama", "router"), pod("llama", "decode"), 8000, True),
+    (pod("llama", "router"), pod("llama", "prefill"), 8000, True),
+    (pod("llama", "prefill"), pod("llama", "decode"), 5600, True),  # NIXL side channel
+    (pod("llama", "decode"), pod("llama", "prefill"), 40000, True),  # UCX
+    (PROMETHEUS, pod("llama", "decode"), 8000, True),  # /metrics
+    (PROMETHEUS, pod("llama", "decode"), 5600, False),
+    (CLIENT, pod("llama", "decode"), 8000, False),  # around the router
+    (ELSEWHERE, pod("llama", "prefill"), 8000, False),
+    (pod("other", "router"), pod("llama", "decode"), 8000, False),  # another pool's router
+    (pod("llama", "router", "team-b"), pod("llama", "decode"), 8000, False),  # same name, not ns
+    (CLIENT, pod("llama", "router"), 8000, True),
+    (ELSEWHERE, pod("llama", "router"), 8000, True),
+    (ELSEWHERE, pod("llama", "router"), 9000, False),
+    (CLIENT, pod("other", "decode"), 8000, True),  # another pool without policies
+], ids=["router-decode", "router-prefill", "prefill-decode-nixl", "decode-prefill-ucx",
+        "prometheus-metrics", "prometheus-other-port", "client-to-engine", "other-ns-to-engine",
+        "other-pool-router", "router-of-another-namespace", "client-to-router",
+        "other-ns-to-router", "router-other-port", "unprotected-pool"])
+def test_who_reaches_what(src: Pod, dst: Pod, port: int, ok: bool) -> None:
+    assert len(POLICIES) == 2
+    assert allowed(POLICIES, src, dst, port) is ok
+
+
+def test_metrics_namespaces_are_the_pools_choice() -> None:
+    pool = builders.Pool("llama", NS, parse_spec({
+        "model": {"name": "m"},
+        "networkPolicy": {"enabled": True, "metricsNamespaces": ["team-b"]}}))
+    policies = [o for o in builders.build_children(pool) if o["kind"] == "NetworkPolicy"]
+    assert allowed(policies, ELSEWHERE, pod("llama", "decode"), 8000)
+    assert not allowed(policies, PROMETHEUS, pod("llama", "decode"), 8000)
+
+
+@pytest.mark.parametrize("spec_enabled,default,made", [
+    (None, False, False), (None, True, True), (True, False, True), (False, True, False),
+], ids=["unset-default-off", "unset-default-on", "on", "off-overrides-default"])
+def test_the_pool_decides_else_the_operator_default(spec_enabled: bool | None, default: bool,
+                                                    made: bool) -> None:
+    spec: dict[str, Any] = {"model": {"name": "m"}}
+    if spec_enabled is not None:
+        spec["networkPolicy"] = {"enabled": spec_enabled}
+    pool = builders.Pool("p", NS, parse_spec(spec))
+    caps = builders.Capabilities(network_policies=default)
+    kinds = [o["kind"] for o in builders.build_children(pool, caps)]
+    assert ("NetworkPolicy" in kinds) is made
+    if made:  # in place before the pods they protect
+        assert kinds.index("NetworkPolicy") < kinds.index("Deployment")
