@@ -1,16 +1,26 @@
-"""Router overhead against direct engine access.
+"""Router overhead against direct engine access, with engines paced like real ones.
 
-    poolpilot perf router [--duration 5] [--concurrency 1,64,256]
+    poolpilot perf router [--streams 1,64,256] [--modes aggregated,disaggregated]
+        [--speed 1] [--model llama-3.1-8b --gpu h200] [--duration 10] [--warmup 3]
+        [--prompt-tokens 512] [--output-tokens 64] [--router-arg=--workers=2 ...] [--json FILE]
 
-Starts zero-time upstreams: `poolpilot engine-sim --speed inf` (vLLM's API and P/D protocol,
-every step instantaneous; `--upstream minimal` uses a bare aiohttp server in this file
-instead), the router in front of them (aggregated: router -> engine; disaggregated:
-router -> prefill engine, then router -> decode engine, which pulls the KV from the prefill
-engine as with NIXL), and a closed-loop load generator with C concurrent streams. For each C it
-reports the p50/p99 latency of a whole streamed completion (8 tokens) directly against an
-aggregated engine and through the router, the difference, and completed requests per second.
-All processes share the machine's cores, so the numbers are upper bounds on overhead; the
-ratios against the direct run in the same session are what carry over.
+Engines: `poolpilot engine-sim` at `--speed 1` (an 8B model on an H200: a prefill takes tens of
+milliseconds, a decode step 5-20 ms depending on the batch), so tokens arrive as they would from
+vLLM; `--speed inf` makes every step instantaneous (only HTTP and Python are timed;
+`--upstream minimal` then swaps the simulator for a bare aiohttp server). For each mode and
+each N, N closed-loop streaming clients run twice against the same engines: directly (an
+aggregated engine; for disaggregated, the client itself does the P/D flow: the prefill request,
+then the decode request with the prefill's kv_transfer_params) and through the router.
+
+Per run: TTFT (request sent to the first streamed token), ITL (gaps between streamed chunks;
+tokens that arrive together count as gaps of 0, as the router's own histogram does), latency
+of the whole stream, completed requests and streamed tokens per second; and the router's CPU
+seconds (its process group, from /proc) during the measured window. The JSON (`--json`)
+holds, per mode and N, `added_ttft_p99_ms`, `added_itl_p99_ms` (routed - direct at p99),
+`throughput_ratio` (routed / direct streamed tokens per second), `router_cpu_seconds`, the
+p50s, the old latency/request fields (`added_p50_ms`, `added_p99_ms`, `rps_ratio`, ...), and
+the machine's load average before and after. Everything shares the machine's cores: run it
+with `nice`, on a quiet machine if you can, and compare ratios measured in one run.
 """
 
 from __future__ import annotations
@@ -25,17 +35,15 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import numpy as np
 from aiohttp import web
 
-TOKENS = 8
-
-
-# -- the zero-time upstream ------------------------------------------------------------------
+# -- the zero-time upstream (--upstream minimal) ---------------------------------------------
 
 
 async def _upstream_generate(request: web.Request) -> web.StreamResponse:
@@ -43,11 +51,11 @@ async def _upstream_generate(request: web.Request) -> web.StreamResponse:
     if (body.get("kv_transfer_params") or {}).get("do_remote_decode"):
         return web.json_response({"choices": [{"index": 0, "text": "x"}],
                                   "kv_transfer_params": {"remote_engine_id": "u"}})
+    n = int(body.get("max_tokens") or 8)
     if not body.get("stream"):
-        return web.json_response({"choices": [{"index": 0, "text": "x" * TOKENS}]})
+        return web.json_response({"choices": [{"index": 0, "text": "x" * n}]})
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
     await resp.prepare(request)
-    n = int(body.get("max_tokens") or TOKENS)
     for i in range(n):
         chunk = {"id": "b", "object": "text_completion", "model": "bench",
                  "choices": [{"index": 0, "text": "x", "finish_reason": None if i < n - 1
@@ -82,20 +90,22 @@ async def _serve_upstream(port: int) -> None:
 
 
 def _start(cmd: list[str], pattern: str) -> tuple[subprocess.Popen[str], int]:
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
     assert proc.stdout is not None
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 60
+    seen: list[str] = []
     while time.monotonic() < deadline:
         line = proc.stdout.readline()
+        seen.append(line)
         if not line and proc.poll() is not None:
-            raise RuntimeError(f"{cmd[:3]} exited with {proc.returncode}")
+            raise RuntimeError(f"{cmd[:3]} exited with {proc.returncode}:\n{''.join(seen)}")
         m = re.search(pattern, line)
         if m:
             # Keep draining its output so a full pipe never blocks it.
             threading.Thread(target=proc.stdout.read, daemon=True).start()
             return proc, int(m.group(1))
-    raise TimeoutError(f"{cmd[:3]} did not start")
+    raise TimeoutError(f"{cmd[:3]} did not start:\n{''.join(seen)}")
 
 
 def _stop(proc: subprocess.Popen[str]) -> None:
@@ -108,80 +118,245 @@ def _stop(proc: subprocess.Popen[str]) -> None:
             proc.wait(5)
 
 
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def group_cpu_seconds(pgid: int) -> float:
+    """User + system CPU seconds of every live process in a process group (the router and
+    any worker processes it forked), from /proc."""
+    total = 0
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid:  # fields after "(comm)": state, ppid, pgrp, ...
+            total += int(fields[11]) + int(fields[12])
+    return total / _TICK
+
+
 # -- load ------------------------------------------------------------------------------------
 
 
 @dataclass
-class Result:
-    latencies: list[float]
-    elapsed: float
-    errors: int
+class Stream:
+    """One completed request: its TTFT, gaps between chunks, tokens and whole duration."""
 
-    def pct(self, q: float) -> float:
-        return float(np.percentile(self.latencies, q)) if self.latencies else float("nan")
+    ttft: float
+    gaps: list[float]
+    tokens: int
+    latency: float
+
+
+@dataclass
+class Result:
+    streams: list[Stream] = field(default_factory=list)
+    elapsed: float = 1.0
+    errors: int = 0
+    router_cpu_s: float | None = None
+
+    def _pct(self, values: list[float], q: float) -> float:
+        return float(np.percentile(values, q)) if values else float("nan")
+
+    def ttft(self, q: float) -> float:
+        return self._pct([s.ttft for s in self.streams], q)
+
+    def itl(self, q: float) -> float:
+        return self._pct([g for s in self.streams for g in s.gaps], q)
+
+    def latency(self, q: float) -> float:
+        return self._pct([s.latency for s in self.streams], q)
 
     @property
     def rps(self) -> float:
-        return len(self.latencies) / self.elapsed
+        return len(self.streams) / self.elapsed
+
+    @property
+    def tokens_per_s(self) -> float:
+        return sum(s.tokens for s in self.streams) / self.elapsed
+
+    def summary(self) -> dict[str, float | int | None]:
+        ms = 1000.0
+        return {
+            "ttft_p50_ms": self.ttft(50) * ms, "ttft_p99_ms": self.ttft(99) * ms,
+            "itl_p50_ms": self.itl(50) * ms, "itl_p99_ms": self.itl(99) * ms,
+            "latency_p50_ms": self.latency(50) * ms, "latency_p99_ms": self.latency(99) * ms,
+            "requests": len(self.streams), "rps": self.rps,
+            "tokens_per_s": self.tokens_per_s, "errors": self.errors,
+            "router_cpu_seconds": self.router_cpu_s,
+        }
 
 
-async def _load(url: str, concurrency: int, duration: float, warmup: float) -> Result:
-    body = {"model": "bench", "prompt": "hello " * 64, "max_tokens": TOKENS, "stream": True,
-            "ignore_eos": True}
-    latencies: list[float] = []
-    errors = 0
+@dataclass(frozen=True)
+class Target:
+    """Where a client sends its requests: a router or engine (`url`), or the P/D flow done
+    by the client itself (`prefill` then `url` as the decode engine)."""
+
+    url: str
+    prefill: str | None = None
+
+
+async def _read_stream(resp: aiohttp.ClientResponse, sent: float) -> Stream | None:
+    """Time a streamed completion's chunks; None if it did not end with [DONE]."""
+    first: float | None = None
+    last = sent
+    gaps: list[float] = []
+    tokens = 0
+    tail = b""
+    async for chunk in resp.content.iter_any():
+        now = time.monotonic()
+        events = chunk.count(b"data: ") - chunk.count(b"data: [DONE]")
+        tail = (tail + chunk)[-16:]
+        if events <= 0:
+            continue
+        tokens += events
+        if first is None:
+            first = now
+            gaps.extend([0.0] * (events - 1))
+        else:
+            gaps.append(now - last)
+            gaps.extend([0.0] * (events - 1))
+        last = now
+    if first is None or not tail.endswith(b"data: [DONE]\n\n"):
+        return None
+    return Stream(first - sent, gaps, tokens, time.monotonic() - sent)
+
+
+async def _one(session: aiohttp.ClientSession, target: Target, body: dict[str, Any]
+               ) -> Stream | None:
+    sent = time.monotonic()
+    decode = body
+    if target.prefill is not None:
+        pre = body | {"max_tokens": 1, "stream": False,
+                      "kv_transfer_params": {"do_remote_decode": True}}
+        async with session.post(target.prefill + "/v1/completions", json=pre) as resp:
+            if resp.status != 200:
+                return None
+            kv = (await resp.json()).get("kv_transfer_params")
+        decode = body | {"kv_transfer_params": kv} if kv else body
+    async with session.post(target.url + "/v1/completions", json=decode) as resp:
+        if resp.status != 200:
+            await resp.read()
+            return None
+        return await _read_stream(resp, sent)
+
+
+async def _load(target: Target, streams: int, duration: float, warmup: float,
+                prompt_tokens: int, output_tokens: int, router_pgid: int | None) -> Result:
+    result = Result(elapsed=duration)
     connector = aiohttp.TCPConnector(limit=0)
-    async with aiohttp.ClientSession(connector=connector) as session:
+    timeout = aiohttp.ClientTimeout(total=duration + warmup + 120)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
         start = time.monotonic()
         measure_from = start + warmup
         stop_at = measure_from + duration
 
-        async def worker() -> None:
-            nonlocal errors
+        async def worker(w: int) -> None:
+            i = 0
             while (now := time.monotonic()) < stop_at:
+                i += 1
+                # A distinct prompt per request: no prefix-cache effects between requests.
+                body = {"model": "bench", "prompt": f"{w}-{i} " + "hello " * prompt_tokens,
+                        "max_tokens": output_tokens, "stream": True, "ignore_eos": True}
                 try:
-                    async with session.post(url + "/v1/completions", json=body) as resp:
-                        data = await resp.read()
-                        ok = resp.status == 200 and data.endswith(b"data: [DONE]\n\n")
-                except aiohttp.ClientError:
-                    ok = False
-                end = time.monotonic()
-                if now >= measure_from and end <= stop_at:
-                    if ok:
-                        latencies.append(end - now)
+                    done = await _one(session, target, body)
+                except (aiohttp.ClientError, TimeoutError, ValueError):
+                    done = None
+                if now >= measure_from and time.monotonic() <= stop_at:
+                    if done is None:
+                        result.errors += 1
                     else:
-                        errors += 1
+                        result.streams.append(done)
 
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
-    return Result(latencies, duration, errors)
+        async def cpu_window() -> None:
+            if router_pgid is None:
+                return
+            await asyncio.sleep(max(0.0, measure_from - time.monotonic()))
+            before = group_cpu_seconds(router_pgid)
+            await asyncio.sleep(max(0.0, stop_at - time.monotonic()))
+            result.router_cpu_s = group_cpu_seconds(router_pgid) - before
+
+        await asyncio.gather(cpu_window(), *(worker(w) for w in range(streams)))
+    return result
 
 
-def _row(mode: str, c: int, direct: Result, routed: Result) -> str:
-    ms = 1000.0
-    return (
-        f"| {mode} | {c} | {direct.pct(50) * ms:.2f} | {routed.pct(50) * ms:.2f} | "
-        f"{(routed.pct(50) - direct.pct(50)) * ms:+.2f} | {direct.pct(99) * ms:.2f} | "
-        f"{routed.pct(99) * ms:.2f} | {(routed.pct(99) - direct.pct(99)) * ms:+.2f} | "
-        f"{direct.rps:.0f} | {routed.rps:.0f} | {routed.rps / direct.rps:.2f} | "
-        f"{direct.errors + routed.errors} |"
-    )
+def compare(mode: str, streams: int, direct: Result, routed: Result) -> dict[str, Any]:
+    """One JSON row: routed against direct, same mode and streams, same run."""
+    d, r = direct.summary(), routed.summary()
+
+    def added(key: str) -> float:
+        return float(r[key] or 0.0) - float(d[key] or 0.0)
+
+    return {
+        "mode": mode, "streams": streams,
+        "added_ttft_p99_ms": added("ttft_p99_ms"), "added_ttft_p50_ms": added("ttft_p50_ms"),
+        "added_itl_p99_ms": added("itl_p99_ms"), "added_itl_p50_ms": added("itl_p50_ms"),
+        "throughput_ratio": routed.tokens_per_s / direct.tokens_per_s
+        if direct.tokens_per_s else float("nan"),
+        "router_cpu_seconds": routed.router_cpu_s,
+        # The fields of the zero-time benchmark this replaces (whole-stream latency, req/s).
+        "added_p50_ms": added("latency_p50_ms"), "added_p99_ms": added("latency_p99_ms"),
+        "rps_ratio": routed.rps / direct.rps if direct.rps else float("nan"),
+        "errors": direct.errors + routed.errors,
+        "direct": d, "routed": r,
+    }
+
+
+HEADER = ("| mode | streams | TTFT p99 direct / routed ms | added TTFT p99 ms | ITL p99 direct / "
+          "routed ms | added ITL p99 ms | tokens/s direct / routed | ratio | router CPU s | "
+          "errors |\n|---|---|---|---|---|---|---|---|---|---|")
+
+
+def row(c: dict[str, Any]) -> str:
+    d, r = c["direct"], c["routed"]
+    cpu = c["router_cpu_seconds"]
+    return (f"| {c['mode']} | {c['streams']} | {d['ttft_p99_ms']:.1f} / {r['ttft_p99_ms']:.1f} "
+            f"| {c['added_ttft_p99_ms']:+.1f} | {d['itl_p99_ms']:.1f} / {r['itl_p99_ms']:.1f} "
+            f"| {c['added_itl_p99_ms']:+.2f} | {d['tokens_per_s']:.0f} / "
+            f"{r['tokens_per_s']:.0f} | {c['throughput_ratio']:.3f} | "
+            f"{'-' if cpu is None else f'{cpu:.2f}'} | {c['errors']} |")
+
+
+def _csv(text: str) -> list[str]:
+    return [p for p in re.split(r"[,\s]+", text) if p]
 
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
-    p.add_argument("--duration", type=float, default=5.0, help="seconds measured per run")
-    p.add_argument("--warmup", type=float, default=1.0,
-                   help="seconds of load before each measured run (default 1)")
-    p.add_argument("--concurrency", default="1,64,256",
-                   help="comma-separated requests in flight, one run each (default 1,64,256)")
+    p.add_argument("--streams", "--concurrency", default="1,64,256",
+                   help="comma-separated concurrent streaming clients, one run each "
+                   "(default 1,64,256)")
+    p.add_argument("--modes", default="aggregated,disaggregated",
+                   help="comma-separated: aggregated, disaggregated (default both)")
+    p.add_argument("--duration", type=float, default=10.0, help="seconds measured per run")
+    p.add_argument("--warmup", type=float, default=3.0,
+                   help="seconds of load before each measured run (default 3)")
+    p.add_argument("--speed", type=float, default=1.0,
+                   help="engine-sim --speed: 1 paces engines like real ones (default), inf "
+                   "makes every step instantaneous")
+    p.add_argument("--model", default="llama-3.1-8b", help="engine-sim model (default 8B)")
+    p.add_argument("--gpu", default="h200", help="engine-sim GPU (default h200)")
+    p.add_argument("--prompt-tokens", type=int, default=512, help="prompt length (default 512)")
+    p.add_argument("--output-tokens", type=int, default=64,
+                   help="tokens streamed per request (default 64)")
+    p.add_argument("--router-arg", action="append", default=[], metavar="ARG",
+                   help="extra router flag, repeatable, e.g. --router-arg=--workers=2")
     p.add_argument("--upstream", choices=("engine-sim", "minimal"), default="engine-sim",
-                   help="zero-time upstream: the engine simulator or a bare aiohttp server")
+                   help="engine-sim, or a bare aiohttp server (instantaneous; implies no "
+                   "pacing)")
+    p.add_argument("--json", metavar="FILE", help="write the results as JSON to FILE")
     p.add_argument("--serve-upstream", type=int, metavar="PORT", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.serve_upstream is not None:
         asyncio.run(_serve_upstream(args.serve_upstream))
         return 0
-    levels = [int(c) for c in args.concurrency.split(",")]
+    levels = [int(c) for c in _csv(args.streams)]
+    modes = _csv(args.modes)
+    if bad := set(modes) - {"aggregated", "disaggregated"}:
+        p.error(f"--modes: unknown {sorted(bad)}; use aggregated, disaggregated")
     poolpilot = str(Path(sys.executable).parent / "poolpilot")
     procs: list[subprocess.Popen[str]] = []
 
@@ -189,36 +364,57 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         if args.upstream == "minimal":
             cmd = [sys.executable, "-P", "-m", "poolpilot.perf.router", "--serve-upstream", "0"]
         else:
-            cmd = [poolpilot, "engine-sim", "--role", role, "--speed", "inf",
-                   "--served-name", "bench", "--port", "0"]
+            cmd = [poolpilot, "engine-sim", "--role", role, "--speed", str(args.speed),
+                   "--model", args.model, "--gpu", args.gpu, "--served-name", "bench",
+                   "--port", "0", "--log-level", "WARNING"]
         proc, port = _start(cmd, r"listening on (?:http://[\d.]+:)?(\d+)")
         procs.append(proc)
         return f"http://127.0.0.1:{port}"
 
+    load_before = os.getloadavg()
+    results: list[dict[str, Any]] = []
     try:
-        engine = upstream("aggregated")
-        prefill, decode = upstream("prefill"), upstream("decode")
-        routers = {}
-        for mode, extra in (("aggregated", ["--engine", engine]),
-                            ("disaggregated", ["--prefill", prefill, "--decode", decode])):
+        engines = {"aggregated": {"engine": upstream("aggregated")}} if "aggregated" in modes \
+            else {}
+        if "disaggregated" in modes:
+            engines["disaggregated"] = {"prefill": upstream("prefill"),
+                                        "decode": upstream("decode")}
+        routers: dict[str, tuple[str, int]] = {}
+        for mode, urls in engines.items():
+            extra = [arg for role, url in urls.items() for arg in (f"--{role}", url)]
             proc, port = _start([poolpilot, "router", "--host", "127.0.0.1", "--port", "0",
-                                 "--log-level", "WARNING", *extra],
+                                 "--log-level", "WARNING", "--local-prefill", "off",
+                                 *extra, *args.router_arg],
                                 r"listening on http://[\d.]+:(\d+)")
             procs.append(proc)
-            routers[mode] = f"http://127.0.0.1:{port}"
-        print(f"router overhead, {os.cpu_count()} cores, {args.duration:.0f} s per run, "
-              f"streamed completions of {TOKENS} tokens, upstream: {args.upstream}\n")
-        print("| mode | streams | direct p50 ms | routed p50 ms | added p50 ms | direct p99 ms "
-              "| routed p99 ms | added p99 ms | direct req/s | routed req/s | ratio | errors |")
-        print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+            routers[mode] = (f"http://127.0.0.1:{port}", proc.pid)
+        print(f"router overhead: {os.cpu_count()} cores, load {load_before[0]:.1f}, "
+              f"engine-sim {args.model}/{args.gpu} speed {args.speed:g} ({args.upstream}), "
+              f"{args.prompt_tokens}-token prompts, {args.output_tokens} tokens streamed, "
+              f"{args.duration:g} s per run\n\n{HEADER}", flush=True)
         for c in levels:
-            direct = asyncio.run(_load(engine, c, args.duration, args.warmup))
-            for mode, url in routers.items():
-                routed = asyncio.run(_load(url, c, args.duration, args.warmup))
-                print(_row(mode, c, direct, routed), flush=True)
+            for mode in modes:
+                urls = engines[mode]
+                direct_target = (Target(urls["engine"]) if mode == "aggregated"
+                                 else Target(urls["decode"], prefill=urls["prefill"]))
+                url, pgid = routers[mode]
+                run = (args.duration, args.warmup, args.prompt_tokens, args.output_tokens)
+                direct = asyncio.run(_load(direct_target, c, *run, None))
+                routed = asyncio.run(_load(Target(url), c, *run, pgid))
+                results.append(compare(mode, c, direct, routed))
+                print(row(results[-1]), flush=True)
     finally:
         for proc in procs:
             _stop(proc)
+    load_after = os.getloadavg()
+    print(f"\nload average before {load_before[0]:.1f}, after {load_after[0]:.1f}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({
+            "machine": {"cores": os.cpu_count(), "load_before": load_before,
+                        "load_after": load_after},
+            "config": {k: v for k, v in vars(args).items() if k != "serve_upstream"},
+            "runs": results,
+        }, indent=2) + "\n")
     return 0
 
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
+import orjson
 from aiohttp import web
 from poolpilot.router import local_prefill as lp
 from poolpilot.router import pd, validate
@@ -29,7 +30,7 @@ from poolpilot.router.metrics import (
     parse_handoff_counters,
     parse_waiting,
 )
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest, multiprocess
 
 log = logging.getLogger("poolpilot.router")
 
@@ -37,6 +38,7 @@ DISAGGREGATED = "disaggregated"
 AGGREGATED = "aggregated"
 # Upstream answers that mean "this engine cannot take it now": try another one.
 RETRYABLE_STATUS = {502, 503, 504}
+JSON_HEADERS = {"Content-Type": "application/json"}
 
 
 @dataclass
@@ -63,6 +65,7 @@ class RouterConfig:
     api_keys: ApiKeys | None = None  # None: no authentication
     max_concurrent_per_client: int = 0  # 0: no limit; a client is its API key, else its IP
     release_timeout_s: float = 60.0  # a KV release (a one-token decode) may take this long
+    workers: int = 1  # processes sharing the port (router/workers.py); > 1: shared metrics
 
     def roles(self) -> tuple[str, ...]:
         return ("prefill", "decode") if self.mode == DISAGGREGATED else ("engine",)
@@ -328,7 +331,12 @@ class Router:
         return web.json_response({"status": "ready"})
 
     async def handle_metrics(self, request: web.Request) -> web.Response:
-        body = generate_latest(self.metrics.registry)
+        if self.config.workers > 1:  # every worker's series, summed (multiprocess mode)
+            registry = CollectorRegistry()
+            multiprocess.MultiProcessCollector(registry)
+            body = generate_latest(registry)
+        else:
+            body = generate_latest(self.metrics.registry)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def handle_models(self, request: web.Request) -> web.Response:
@@ -392,18 +400,18 @@ class Router:
 
     async def _handle_generate(self, request: web.Request, start: float) -> web.StreamResponse:
         try:
-            body = await request.json()
+            body = orjson.loads(await request.read())  # orjson: a few times faster than json
         except web.HTTPRequestEntityTooLarge:
             self.metrics.observe_request(413)
             return json_error(
                 413, f"request body larger than {self.config.max_request_bytes} bytes",
                 "invalid_request_error",
             )
-        except RecursionError:
+        except orjson.JSONDecodeError as exc:
             self.metrics.observe_request(400)
-            return json_error(400, "request body nests too deeply", "invalid_request_error")
-        except ValueError:
-            self.metrics.observe_request(400)
+            if "depth limit" in str(exc):
+                return json_error(400, "request body nests too deeply (more than 1024 levels)",
+                                  "invalid_request_error")
             return json_error(400, "request body is not valid JSON", "invalid_request_error")
         if not isinstance(body, dict):
             self.metrics.observe_request(400)
@@ -502,8 +510,8 @@ class Router:
         if endpoint is not None:
             timeout = aiohttp.ClientTimeout(total=self.config.release_timeout_s)
             try:
-                async with self.session.post(endpoint.url + path, json=body,
-                                             timeout=timeout) as resp:
+                async with self.session.post(endpoint.url + path, data=orjson.dumps(body),
+                                             headers=JSON_HEADERS, timeout=timeout) as resp:
                     await resp.read()
                     outcome = "released" if resp.status == 200 else "failed"
             except (aiohttp.ClientError, TimeoutError) as exc:
@@ -523,11 +531,13 @@ class Router:
         rate = self.prefill_rate.tokens_per_s
         prefills = [e for e in self.balancer.role_endpoints("prefill") if not e.ejected()]
         decodes = [e for e in self.balancer.role_endpoints("decode") if not e.ejected()]
-        # Queued prompt tokens: what this router has in flight there, or the engine's own
-        # queue (which also holds other routers' work) in tokens, whichever says more.
+        # Queued prompt tokens: what this router has in flight there (x its workers, which
+        # share connections evenly), or the engine's own queue (which also holds other
+        # routers' work) in tokens, whichever says more.
         d = lp.decide(
             prompt_tokens,
-            [lp.PrefillLoad(max(e.inflight_tokens, e.waiting * self.mean_prompt_tokens), rate)
+            [lp.PrefillLoad(max(e.inflight_tokens * self.config.workers,
+                                e.waiting * self.mean_prompt_tokens), rate)
              for e in prefills],
             [lp.DecodeLoad(e.inflight, e.local_tokens) for e in decodes],
             policy,
@@ -564,7 +574,7 @@ class Router:
                 async with self._open("prefill", path, pd.prefill_body(body), tokens,
                                       exclude=failed) as att:
                     try:
-                        data = await att.resp.json(content_type=None)
+                        data = orjson.loads(await att.resp.read())
                     except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
                         self._failed(att.endpoint.url)
                         failed.append(att.endpoint.url)
@@ -624,7 +634,8 @@ class Router:
                 progress.decode_url = endpoint.url
             try:
                 try:
-                    resp = await self.session.post(endpoint.url + path, json=body)
+                    resp = await self.session.post(endpoint.url + path, data=orjson.dumps(body),
+                                                   headers=JSON_HEADERS)
                 except (aiohttp.ClientError, TimeoutError) as exc:
                     self._failed(endpoint.url)
                     status = 504 if isinstance(exc, TimeoutError) else 502
@@ -714,11 +725,14 @@ class Router:
                         raise HandoffFailed(error) from exc
                     return json_error(status, error.message, "upstream_error"), status
                 return await self._stream_broke(response, endpoint, exc, handoff), 502
-            buffer += chunk
-            cut = buffer.rfind(b"\n\n")
-            if cut < 0:
-                continue
-            complete, buffer = buffer[: cut + 2], buffer[cut + 2 :]
+            if not buffer and chunk.endswith(b"\n\n"):
+                complete = chunk  # the usual case: whole events, passed on as they are
+            else:
+                buffer += chunk
+                cut = buffer.rfind(b"\n\n")
+                if cut < 0:
+                    continue
+                complete, buffer = buffer[: cut + 2], buffer[cut + 2 :]
             now = self.clock()
             if response is None:
                 if handoff and complete.startswith(b'data: {"error"'):
@@ -734,7 +748,8 @@ class Router:
                     await response.prepare(request)
                 except ConnectionError:
                     return response, 499
-            events = complete.count(b"data: ") - complete.count(b"data: [DONE]")
+            done = complete.count(b"data: [DONE]")
+            events = complete.count(b"data: ") - done
             if events > 0:
                 # Events that arrive together reach the client together: gaps of 0.
                 if last_event is None:
@@ -751,7 +766,7 @@ class Router:
                 await response.write(complete)
             except ConnectionError:
                 return response, 499  # client gone; leaving closes the upstream request
-            if b"data: [DONE]" in complete:
+            if done:
                 progress.done_sent = True
         if response is None:  # the engine ended the stream without a single event
             error = UpstreamError(endpoint.url, 502, "engine ended the stream without events")

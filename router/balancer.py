@@ -66,6 +66,9 @@ class Balancer:
     # url (load, health, queue depth) apply to every role it serves: it is one server.
     endpoints: dict[tuple[str, str], Endpoint] = field(default_factory=dict)
     _turns: dict[str, int] = field(default_factory=dict)  # per role, for rotating ties
+    # Indexes rebuilt when membership changes: every request looks endpoints up several times.
+    _by_role: dict[str, list[Endpoint]] = field(default_factory=dict)
+    _by_url: dict[str, list[Endpoint]] = field(default_factory=dict)
 
     # -- membership ------------------------------------------------------------------------
 
@@ -82,7 +85,14 @@ class Balancer:
         for url in added:
             joined = float("-inf") if initial else now
             self.endpoints[(role, url)] = Endpoint(url=url, role=role, joined_at=joined)
+        self._index()
         return added, removed
+
+    def _index(self) -> None:
+        self._by_role, self._by_url = {}, {}
+        for e in self.endpoints.values():
+            self._by_role.setdefault(e.role, []).append(e)
+            self._by_url.setdefault(e.url, []).append(e)
 
     def get(self, url: str, role: str | None = None) -> Endpoint:
         """The endpoint for a url (and role, when the url serves several)."""
@@ -90,13 +100,13 @@ class Balancer:
         return e
 
     def by_url(self, url: str) -> list[Endpoint]:
-        return [e for e in self.endpoints.values() if e.url == url]
+        return self._by_url.get(url, [])
 
     def urls(self) -> list[str]:
         return list(dict.fromkeys(e.url for e in self.endpoints.values()))
 
     def role_endpoints(self, role: str) -> list[Endpoint]:
-        return [e for e in self.endpoints.values() if e.role == role]
+        return self._by_role.get(role, [])
 
     # -- selection ---------------------------------------------------------------------------
 

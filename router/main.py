@@ -26,6 +26,7 @@ from poolpilot.router.app import AGGREGATED, DISAGGREGATED, Router, RouterConfig
 from poolpilot.router.auth import ApiKeys, KeyFileError
 from poolpilot.router.balancer import BalancerConfig
 from poolpilot.router.discovery import KubernetesDiscovery, parse_urls
+from poolpilot.router.workers import run_workers
 
 from poolpilot import fileerrors, handoff
 
@@ -71,6 +72,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      "from both")
     lim.add_argument("--max-attempts", type=int, default=handoff.ROUTER_MAX_ATTEMPTS,
                      help="tries per phase (prefill, decode)")
+    lim.add_argument("--workers", type=int, default=1,
+                     help="router processes sharing the port (SO_REUSEPORT), one core each "
+                     "(default 1)")
     lim.add_argument("--max-concurrent-per-client", type=int, default=0,
                      help="requests one client may have in flight (a client is its API key, "
                      "else its address); more get 429 (default 0: no limit)")
@@ -178,6 +182,8 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
         raise UsageError("--max-attempts: must be >= 1")
     if not args.speed > 0:
         raise UsageError(f"--speed {args.speed}: must be > 0")
+    if not 1 <= args.workers <= 64:
+        raise UsageError(f"--workers {args.workers}: must be 1..64")
     if args.max_concurrent_per_client < 0:
         raise UsageError("--max-concurrent-per-client: must be >= 0 (0: no limit)")
     keys = [*args.api_key]
@@ -190,6 +196,7 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
     return RouterConfig(
         api_keys=api_keys if api_keys.enabled else None,
         max_concurrent_per_client=args.max_concurrent_per_client,
+        workers=args.workers,
         local_prefill=local_prefill_policy(args),
         prefill_tokens_per_s=prefill_seed(args),
         mode=mode,
@@ -233,14 +240,18 @@ async def _healthy_once_synced(router: Router, discovery: KubernetesDiscovery) -
     router.discovering = False
 
 
-async def serve(args: argparse.Namespace, config: RouterConfig) -> int:
+async def serve(args: argparse.Namespace, config: RouterConfig, port: int | None = None,
+                ready_fd: int | None = None) -> int:
+    """Run one router process; with `ready_fd` (a worker of --workers), listen on the shared
+    `port` with SO_REUSEPORT and report readiness on the fd instead of printing."""
     router = Router(config)
     if not args.discover:
         for role in config.roles():
             router.set_endpoints(role, parse_urls(getattr(args, role)), initial=True)
     runner = web.AppRunner(router.build_app(), handler_cancellation=True, access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, args.host, args.port, shutdown_timeout=config.drain_timeout_s)
+    site = web.TCPSite(runner, args.host, args.port if port is None else port,
+                       shutdown_timeout=config.drain_timeout_s, reuse_port=ready_fd is not None)
     await site.start()
     discovery_task = None
     if args.discover:
@@ -249,14 +260,15 @@ async def serve(args: argparse.Namespace, config: RouterConfig) -> int:
         )
         router.discovering = True  # /health answers 503 until the engines are known
         discovery_task = asyncio.gather(discovery.run(), _healthy_once_synced(router, discovery))
-    if config.mode == DISAGGREGATED and config.local_prefill is None:
+    if config.mode == DISAGGREGATED and config.local_prefill is None and ready_fd is None:
         log.info("local prefill when prefill is behind: off (%s); a failed KV handoff is still "
                  "retried locally", "--local-prefill off" if args.local_prefill == "off" else
                  "no mixed-step profile for this model: set --local-prefill-profile")
-    port = runner.addresses[0][1]
-    # One machine-readable line: tests and the sandbox read the port from it.
-    print(f"poolpilot router listening on http://{args.host}:{port} mode={config.mode}",
-          flush=True)
+    if ready_fd is None:
+        listening(args, config, runner.addresses[0][1])
+    else:
+        os.write(ready_fd, b"x")
+        os.close(ready_fd)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -270,11 +282,24 @@ async def serve(args: argparse.Namespace, config: RouterConfig) -> int:
     return 0 if drained else 1
 
 
+def listening(args: argparse.Namespace, config: RouterConfig, port: int) -> None:
+    # One machine-readable line: tests and the sandbox read the port from it.
+    workers = f" workers={config.workers}" if config.workers > 1 else ""
+    print(f"poolpilot router listening on http://{args.host}:{port} mode={config.mode}{workers}",
+          flush=True)
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         config = config_from_args(args)
     except UsageError as exc:
         print(f"poolpilot router: error: {exc}", file=sys.stderr)
         return 2
+    if config.workers > 1:
+        return run_workers(
+            config.workers, args.host, args.port,
+            lambda port, fd: uvloop.run(serve(args, config, port=port, ready_fd=fd)),
+            lambda port: listening(args, config, port),
+        )
     # uvloop (libuv) roughly halves the router's per-request CPU cost on the proxy path.
     return uvloop.run(serve(args, config))

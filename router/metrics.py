@@ -58,6 +58,7 @@ class RouterMetrics:
             "Upstream requests in flight, by engine role.",
             ["pool", "role"],
             registry=r,
+            multiprocess_mode="livesum",  # with --workers: the live workers' sum
         )
         self.kv_failures = Counter(
             _base(names.ROUTER_KV_TRANSFER_FAILURES),
