@@ -142,41 +142,51 @@ def group_cpu_seconds(pgid: int) -> float:
 
 
 @dataclass
-class Stream:
-    """One completed request: its TTFT, gaps between chunks, tokens and whole duration."""
-
-    ttft: float
-    gaps: list[float]
-    tokens: int
-    latency: float
-
-
-@dataclass
 class Result:
-    streams: list[Stream] = field(default_factory=list)
-    elapsed: float = 1.0
+    """What the clients saw inside the measured window [start, stop): TTFTs of requests sent
+    in it, gaps between chunks that arrived in it, tokens that arrived in it, whole
+    latencies of requests sent and finished in it. Requests still streaming when the window
+    closes are cut off, so long streams at saturation do not bias the sample towards the
+    few that fit in the window."""
+
+    start: float = 0.0
+    stop: float = 1.0
+    ttfts: list[float] = field(default_factory=list)
+    gaps: list[float] = field(default_factory=list)
+    latencies: list[float] = field(default_factory=list)
+    tokens: int = 0
     errors: int = 0
     router_cpu_s: float | None = None
+    engine_cpu_s: float | None = None  # the engines' processes, same window
+    engine_ttft_s: float | None = None  # the engines' own mean TTFT over the run (vLLM metric)
 
-    def _pct(self, values: list[float], q: float) -> float:
+    @property
+    def elapsed(self) -> float:
+        return self.stop - self.start
+
+    def inside(self, t: float) -> bool:
+        return self.start <= t < self.stop
+
+    @staticmethod
+    def _pct(values: list[float], q: float) -> float:
         return float(np.percentile(values, q)) if values else float("nan")
 
     def ttft(self, q: float) -> float:
-        return self._pct([s.ttft for s in self.streams], q)
+        return self._pct(self.ttfts, q)
 
     def itl(self, q: float) -> float:
-        return self._pct([g for s in self.streams for g in s.gaps], q)
+        return self._pct(self.gaps, q)
 
     def latency(self, q: float) -> float:
-        return self._pct([s.latency for s in self.streams], q)
+        return self._pct(self.latencies, q)
 
     @property
     def rps(self) -> float:
-        return len(self.streams) / self.elapsed
+        return len(self.latencies) / self.elapsed
 
     @property
     def tokens_per_s(self) -> float:
-        return sum(s.tokens for s in self.streams) / self.elapsed
+        return self.tokens / self.elapsed
 
     def summary(self) -> dict[str, float | int | None]:
         ms = 1000.0
@@ -184,9 +194,11 @@ class Result:
             "ttft_p50_ms": self.ttft(50) * ms, "ttft_p99_ms": self.ttft(99) * ms,
             "itl_p50_ms": self.itl(50) * ms, "itl_p99_ms": self.itl(99) * ms,
             "latency_p50_ms": self.latency(50) * ms, "latency_p99_ms": self.latency(99) * ms,
-            "requests": len(self.streams), "rps": self.rps,
-            "tokens_per_s": self.tokens_per_s, "errors": self.errors,
-            "router_cpu_seconds": self.router_cpu_s,
+            "requests": len(self.latencies), "ttft_samples": len(self.ttfts),
+            "rps": self.rps, "tokens_per_s": self.tokens_per_s, "errors": self.errors,
+            "router_cpu_seconds": self.router_cpu_s, "engine_cpu_seconds": self.engine_cpu_s,
+            "engine_ttft_mean_ms": None if self.engine_ttft_s is None
+            else self.engine_ttft_s * ms,
         }
 
 
@@ -199,12 +211,10 @@ class Target:
     prefill: str | None = None
 
 
-async def _read_stream(resp: aiohttp.ClientResponse, sent: float) -> Stream | None:
-    """Time a streamed completion's chunks; None if it did not end with [DONE]."""
-    first: float | None = None
+async def _read_stream(resp: aiohttp.ClientResponse, sent: float, out: Result) -> bool:
+    """Time a streamed completion's chunks into `out`; False if it did not end with [DONE]."""
+    first = True
     last = sent
-    gaps: list[float] = []
-    tokens = 0
     tail = b""
     async for chunk in resp.content.iter_any():
         now = time.monotonic()
@@ -212,21 +222,25 @@ async def _read_stream(resp: aiohttp.ClientResponse, sent: float) -> Stream | No
         tail = (tail + chunk)[-16:]
         if events <= 0:
             continue
-        tokens += events
-        if first is None:
-            first = now
-            gaps.extend([0.0] * (events - 1))
-        else:
-            gaps.append(now - last)
-            gaps.extend([0.0] * (events - 1))
+        if out.inside(now):
+            out.tokens += events
+            if first:
+                if out.inside(sent):
+                    out.ttfts.append(now - sent)
+            else:
+                out.gaps.append(now - last)
+            # Tokens that arrive together reach the client together: gaps of 0.
+            out.gaps.extend([0.0] * (events - 1))
+        first = False
         last = now
-    if first is None or not tail.endswith(b"data: [DONE]\n\n"):
-        return None
-    return Stream(first - sent, gaps, tokens, time.monotonic() - sent)
+    done = tail.endswith(b"data: [DONE]\n\n") and not first
+    if done and out.inside(sent) and out.inside(last):
+        out.latencies.append(last - sent)
+    return done
 
 
-async def _one(session: aiohttp.ClientSession, target: Target, body: dict[str, Any]
-               ) -> Stream | None:
+async def _one(session: aiohttp.ClientSession, target: Target, body: dict[str, Any],
+               out: Result) -> bool:
     sent = time.monotonic()
     decode = body
     if target.prefill is not None:
@@ -234,53 +248,89 @@ async def _one(session: aiohttp.ClientSession, target: Target, body: dict[str, A
                       "kv_transfer_params": {"do_remote_decode": True}}
         async with session.post(target.prefill + "/v1/completions", json=pre) as resp:
             if resp.status != 200:
-                return None
+                return False
             kv = (await resp.json()).get("kv_transfer_params")
         decode = body | {"kv_transfer_params": kv} if kv else body
     async with session.post(target.url + "/v1/completions", json=decode) as resp:
         if resp.status != 200:
             await resp.read()
-            return None
-        return await _read_stream(resp, sent)
+            return False
+        return await _read_stream(resp, sent, out)
 
 
 async def _load(target: Target, streams: int, duration: float, warmup: float,
-                prompt_tokens: int, output_tokens: int, router_pgid: int | None) -> Result:
-    result = Result(elapsed=duration)
+                prompt_tokens: int, output_tokens: int, router_pgid: int | None,
+                engine_pgids: list[int], engine_urls: list[str]) -> Result:
+    start = time.monotonic() + warmup
+    result = Result(start=start, stop=start + duration)
     connector = aiohttp.TCPConnector(limit=0)
     timeout = aiohttp.ClientTimeout(total=duration + warmup + 120)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
-        start = time.monotonic()
-        measure_from = start + warmup
-        stop_at = measure_from + duration
 
         async def worker(w: int) -> None:
             i = 0
-            while (now := time.monotonic()) < stop_at:
+            while time.monotonic() < result.stop:
                 i += 1
                 # A distinct prompt per request: no prefix-cache effects between requests.
                 body = {"model": "bench", "prompt": f"{w}-{i} " + "hello " * prompt_tokens,
                         "max_tokens": output_tokens, "stream": True, "ignore_eos": True}
+                sent = time.monotonic()
                 try:
-                    done = await _one(session, target, body)
+                    ok = await _one(session, target, body, result)
                 except (aiohttp.ClientError, TimeoutError, ValueError):
-                    done = None
-                if now >= measure_from and time.monotonic() <= stop_at:
-                    if done is None:
-                        result.errors += 1
-                    else:
-                        result.streams.append(done)
+                    ok = False
+                if not ok and result.inside(sent):
+                    result.errors += 1
+
+        def engines_cpu() -> float:
+            return sum(group_cpu_seconds(pgid) for pgid in engine_pgids)
 
         async def cpu_window() -> None:
-            if router_pgid is None:
-                return
-            await asyncio.sleep(max(0.0, measure_from - time.monotonic()))
-            before = group_cpu_seconds(router_pgid)
-            await asyncio.sleep(max(0.0, stop_at - time.monotonic()))
-            result.router_cpu_s = group_cpu_seconds(router_pgid) - before
+            await asyncio.sleep(max(0.0, result.start - time.monotonic()))
+            before = group_cpu_seconds(router_pgid) if router_pgid is not None else 0.0
+            engines_before = engines_cpu()
+            await asyncio.sleep(max(0.0, result.stop - time.monotonic()))
+            result.engine_cpu_s = engines_cpu() - engines_before
+            if router_pgid is not None:
+                result.router_cpu_s = group_cpu_seconds(router_pgid) - before
 
-        await asyncio.gather(cpu_window(), *(worker(w) for w in range(streams)))
+        ttft_before = await _engine_ttft(session, engine_urls)
+        tasks = [asyncio.create_task(worker(w)) for w in range(streams)]
+        await cpu_window()
+        await asyncio.sleep(max(0.0, result.stop - time.monotonic()))
+        for task in tasks:  # the window is over: cut off the streams still running
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        ttft_after = await _engine_ttft(session, engine_urls)
+        count = ttft_after[1] - ttft_before[1]
+        result.engine_ttft_s = (ttft_after[0] - ttft_before[0]) / count if count > 0 else None
     return result
+
+
+TTFT_SUM = "vllm:time_to_first_token_seconds_sum"
+TTFT_COUNT = "vllm:time_to_first_token_seconds_count"
+
+
+async def _engine_ttft(session: aiohttp.ClientSession, urls: list[str]) -> tuple[float, float]:
+    """(sum, count) of the engines' own TTFT histograms: the engine that prefills decides
+    TTFT, so a routed run whose engines report a different TTFT than the direct run's saw
+    different queueing at the engines, not only the router's hop."""
+    total = count = 0.0
+    for url in urls:
+        try:
+            async with session.get(url + "/metrics") as resp:
+                text = await resp.text()
+        except aiohttp.ClientError:
+            continue
+        for line in text.splitlines():
+            name = line.split("{", 1)[0].split(" ", 1)[0]
+            if name in (TTFT_SUM, TTFT_COUNT):
+                value = float(line.rsplit(" ", 1)[1])
+                if name == TTFT_SUM:
+                    total += value
+                else:
+                    count += value
+    return total, count
 
 
 def compare(mode: str, streams: int, direct: Result, routed: Result) -> dict[str, Any]:
@@ -305,19 +355,26 @@ def compare(mode: str, streams: int, direct: Result, routed: Result) -> dict[str
     }
 
 
-HEADER = ("| mode | streams | TTFT p99 direct / routed ms | added TTFT p99 ms | ITL p99 direct / "
-          "routed ms | added ITL p99 ms | tokens/s direct / routed | ratio | router CPU s | "
-          "errors |\n|---|---|---|---|---|---|---|---|---|---|")
+HEADER = ("| mode | streams | workers | TTFT p99 direct / routed ms | added TTFT p99 ms | "
+          "ITL p99 direct / routed ms | added ITL p99 ms | tokens/s direct / routed | ratio | "
+          "router CPU s | engine's own TTFT mean direct / routed ms | errors |\n"
+          "|---|---|---|---|---|---|---|---|---|---|---|---|")
 
 
 def row(c: dict[str, Any]) -> str:
     d, r = c["direct"], c["routed"]
     cpu = c["router_cpu_seconds"]
-    return (f"| {c['mode']} | {c['streams']} | {d['ttft_p99_ms']:.1f} / {r['ttft_p99_ms']:.1f} "
+    return (f"| {c['mode']} | {c['streams']} | {c.get('workers', 1)} "
+            f"| {d['ttft_p99_ms']:.1f} / {r['ttft_p99_ms']:.1f} "
             f"| {c['added_ttft_p99_ms']:+.1f} | {d['itl_p99_ms']:.1f} / {r['itl_p99_ms']:.1f} "
             f"| {c['added_itl_p99_ms']:+.2f} | {d['tokens_per_s']:.0f} / "
             f"{r['tokens_per_s']:.0f} | {c['throughput_ratio']:.3f} | "
-            f"{'-' if cpu is None else f'{cpu:.2f}'} | {c['errors']} |")
+            f"{'-' if cpu is None else f'{cpu:.2f}'} | {_ms(d['engine_ttft_mean_ms'])} / "
+            f"{_ms(r['engine_ttft_mean_ms'])} | {c['errors']} |")
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f}"
 
 
 def _csv(text: str) -> list[str]:
@@ -343,7 +400,10 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     p.add_argument("--output-tokens", type=int, default=64,
                    help="tokens streamed per request (default 64)")
     p.add_argument("--router-arg", action="append", default=[], metavar="ARG",
-                   help="extra router flag, repeatable, e.g. --router-arg=--workers=2")
+                   help="extra router flag, repeatable, e.g. --router-arg=--idle-timeout=30")
+    p.add_argument("--workers", default="1",
+                   help="comma-separated router --workers values: one router per value and "
+                   "mode, each measured against the same direct run (default 1)")
     p.add_argument("--upstream", choices=("engine-sim", "minimal"), default="engine-sim",
                    help="engine-sim, or a bare aiohttp server (instantaneous; implies no "
                    "pacing)")
@@ -354,11 +414,14 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         asyncio.run(_serve_upstream(args.serve_upstream))
         return 0
     levels = [int(c) for c in _csv(args.streams)]
+    workers = [int(w) for w in _csv(args.workers)]
     modes = _csv(args.modes)
     if bad := set(modes) - {"aggregated", "disaggregated"}:
         p.error(f"--modes: unknown {sorted(bad)}; use aggregated, disaggregated")
     poolpilot = str(Path(sys.executable).parent / "poolpilot")
     procs: list[subprocess.Popen[str]] = []
+
+    engine_pgids: dict[str, int] = {}
 
     def upstream(role: str) -> str:
         if args.upstream == "minimal":
@@ -369,7 +432,9 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
                    "--port", "0", "--log-level", "WARNING"]
         proc, port = _start(cmd, r"listening on (?:http://[\d.]+:)?(\d+)")
         procs.append(proc)
-        return f"http://127.0.0.1:{port}"
+        url = f"http://127.0.0.1:{port}"
+        engine_pgids[url] = proc.pid
+        return url
 
     load_before = os.getloadavg()
     results: list[dict[str, Any]] = []
@@ -379,15 +444,16 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         if "disaggregated" in modes:
             engines["disaggregated"] = {"prefill": upstream("prefill"),
                                         "decode": upstream("decode")}
-        routers: dict[str, tuple[str, int]] = {}
+        routers: dict[tuple[str, int], tuple[str, int]] = {}
         for mode, urls in engines.items():
             extra = [arg for role, url in urls.items() for arg in (f"--{role}", url)]
-            proc, port = _start([poolpilot, "router", "--host", "127.0.0.1", "--port", "0",
-                                 "--log-level", "WARNING", "--local-prefill", "off",
-                                 *extra, *args.router_arg],
-                                r"listening on http://[\d.]+:(\d+)")
-            procs.append(proc)
-            routers[mode] = (f"http://127.0.0.1:{port}", proc.pid)
+            for w in workers:
+                proc, port = _start([poolpilot, "router", "--host", "127.0.0.1", "--port", "0",
+                                     "--log-level", "WARNING", "--local-prefill", "off",
+                                     "--workers", str(w), *extra, *args.router_arg],
+                                    r"listening on http://[\d.]+:(\d+)")
+                procs.append(proc)
+                routers[(mode, w)] = (f"http://127.0.0.1:{port}", proc.pid)
         print(f"router overhead: {os.cpu_count()} cores, load {load_before[0]:.1f}, "
               f"engine-sim {args.model}/{args.gpu} speed {args.speed:g} ({args.upstream}), "
               f"{args.prompt_tokens}-token prompts, {args.output_tokens} tokens streamed, "
@@ -397,12 +463,16 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
                 urls = engines[mode]
                 direct_target = (Target(urls["engine"]) if mode == "aggregated"
                                  else Target(urls["decode"], prefill=urls["prefill"]))
-                url, pgid = routers[mode]
                 run = (args.duration, args.warmup, args.prompt_tokens, args.output_tokens)
-                direct = asyncio.run(_load(direct_target, c, *run, None))
-                routed = asyncio.run(_load(Target(url), c, *run, pgid))
-                results.append(compare(mode, c, direct, routed))
-                print(row(results[-1]), flush=True)
+                pgids = [engine_pgids[u] for u in urls.values()]
+                # The engine that prefills: the aggregated one, or the prefill engine.
+                first = [urls.get("engine") or urls["prefill"]]
+                direct = asyncio.run(_load(direct_target, c, *run, None, pgids, first))
+                for w in workers:
+                    url, pgid = routers[(mode, w)]
+                    routed = asyncio.run(_load(Target(url), c, *run, pgid, pgids, first))
+                    results.append(compare(mode, c, direct, routed) | {"workers": w})
+                    print(row(results[-1]), flush=True)
     finally:
         for proc in procs:
             _stop(proc)

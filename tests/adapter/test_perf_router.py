@@ -1,0 +1,57 @@
+"""`poolpilot perf router` runs as documented and writes its JSON fields; `--workers` routers
+share one port and their metrics (smoke tests: numbers are for docs/benchmarks.md, never
+asserted)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import httpx
+import pytest
+from router_support import FAST, POOLPILOT, metric_value, running, start_fake_engine, start_router
+
+pytestmark = pytest.mark.adapter
+
+FIELDS = {"added_ttft_p99_ms", "added_itl_p99_ms", "throughput_ratio", "router_cpu_seconds",
+          "added_p50_ms", "added_p99_ms", "rps_ratio", "errors", "direct", "routed"}
+
+
+def test_perf_router_writes_its_json(tmp_path: Path) -> None:
+    out = tmp_path / "router.json"
+    done = subprocess.run(
+        [POOLPILOT, "perf", "router", "--streams", "2", "--speed", "inf", "--duration", "1",
+         "--warmup", "0.5", "--output-tokens", "8", "--json", str(out)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    data = json.loads(out.read_text())
+    assert {(r["mode"], r["streams"]) for r in data["runs"]} == {("aggregated", 2),
+                                                                   ("disaggregated", 2)}
+    for run in data["runs"]:
+        assert set(run) >= FIELDS
+        assert run["errors"] == 0 and run["routed"]["requests"] > 0
+        assert run["router_cpu_seconds"] > 0
+    assert len(data["machine"]["load_before"]) == 3
+
+
+def test_workers_share_the_port_and_their_metrics() -> None:
+    with (
+        running(start_fake_engine("P"), start_fake_engine("D")) as (p, d),
+        running(start_router("--prefill", p.url, "--decode", d.url, "--workers", "3",
+                             *FAST)) as (r,),
+    ):
+        assert r.output is not None and "workers=3" in r.output.text()
+        with httpx.Client() as client:  # one connection: stays with one worker
+            for _ in range(10):
+                assert client.post(r.url + "/v1/completions", json={
+                    "model": "fake", "prompt": "hi " * 50, "max_tokens": 3}).status_code == 200
+        for _ in range(10):  # new connections: spread over the workers by the kernel
+            assert httpx.post(r.url + "/v1/completions", json={
+                "model": "fake", "prompt": "hi " * 50, "max_tokens": 3}).status_code == 200
+        # Whichever worker answers /metrics, it counts every worker's requests.
+        pages = [httpx.get(r.url + "/metrics").text for _ in range(6)]
+        assert {metric_value(page, "poolpilot_router_requests_total", {"code": "200"})
+                for page in pages} == {20}
+        assert r.stop() == 0  # SIGTERM: every worker drains and exits
