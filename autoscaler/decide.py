@@ -48,6 +48,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, NamedTuple
 
+from poolpilot.autoscaler import capacity as model
+
 from poolpilot.reasons import Reason
 
 if TYPE_CHECKING:  # only for type hints; the core does not depend on the API at runtime
@@ -77,7 +79,8 @@ class RoleObservation:
     requests (vllm:num_requests_waiting/running), `kv_usage` (mean KV-cache usage, 0..1),
     `ttft` and `itl` (the SLO quantile at this role's engines, seconds; NaN when no request
     finished in the window), `prompt_tokens_rate` and `generation_tokens_rate` (tokens/s),
-    `sample_age` (seconds since the newest sample of this role).
+    `sample_age` (seconds since the newest sample of this role), `request_rate` (requests/s
+    the role's engines finished; at prefill it gives the mean prompt length).
     """
 
     replicas: int
@@ -93,6 +96,7 @@ class RoleObservation:
     prompt_tokens_rate: float | None = None
     generation_tokens_rate: float | None = None
     sample_age: float | None = 0.0
+    request_rate: float | None = None
 
     @property
     def ready_replicas(self) -> int:
@@ -106,8 +110,11 @@ class Observation:
     `router_ttft` is the user-visible TTFT quantile (at the router; in disaggregated mode it
     covers prefill, KV transfer and the first decode step) and wins over the prefill engines'
     own TTFT. `router_inflight` (requests inside the router) and `router_request_rate`
-    (requests/s) wake a pool scaled to zero. `prometheus_error` set means the queries failed.
-    `router_ready`: the router's ready pods (Kubernetes; None: unknown or no router asked for).
+    (requests/s) wake a pool scaled to zero. `local_prefill_rate`: requests/s the router
+    prefilled on decode engines because prefill was behind (prompt demand the prefill role did
+    not see); `kv_transfer_failure_rate`: prefill -> decode handoffs that failed, per second.
+    `prometheus_error` set means the queries failed. `router_ready`: the router's ready pods
+    (Kubernetes; None: unknown or no router asked for).
     """
 
     roles: Mapping[str, RoleObservation]
@@ -116,6 +123,8 @@ class Observation:
     router_inflight: float | None = None
     router_request_rate: float | None = None
     prometheus_error: str | None = None
+    local_prefill_rate: float | None = None
+    kv_transfer_failure_rate: float | None = None
     router_ready: int | None = None
 
 
@@ -135,7 +144,11 @@ class Policy:
     InferencePool spec with `Policy.from_spec(spec)`.
 
     `bounds` maps each engine role to (minReplicas, maxReplicas). Throughputs per replica
-    (`prefill_tokens_per_replica`, `decode_tokens_per_replica`) are measured when None.
+    (`prefill_tokens_per_replica`, `decode_tokens_per_replica`) seed the capacity model (a
+    profile's numbers) and are refined online; None: learned from the first saturated moment.
+    `cold_start`: seconds from a scale-up to a serving replica until one has been observed;
+    `backlog_drain`: seconds a queued backlog should drain in; `forecast_window`: seconds of
+    demand the trend is fitted over.
     """
 
     bounds: Mapping[str, tuple[int, int]]
@@ -153,6 +166,13 @@ class Policy:
     prefill_tokens_per_replica: float | None = None
     decode_tokens_per_replica: float | None = None
     ratio_band: float = 0.5
+    decode_headroom: float = 0.05
+    cold_start: float = 120.0
+    backlog_drain: float = 60.0
+    forecast_window: float = 300.0
+    history_window: float = 1800.0
+    slo_quantile: float = 0.9
+    kv_failure_limit: float = 0.05
 
     @classmethod
     def from_spec(cls, spec: InferencePoolSpec) -> Policy:
@@ -163,6 +183,7 @@ class Policy:
                 for r in spec.engine_roles()
             },
             ttft_target=spec.slo.ttft.seconds,
+            slo_quantile=spec.slo.ttft.quantile,
             itl_target=spec.slo.itl.seconds,
             prefill_queue_per_replica=t.prefill_queue_per_replica,
             decode_sequences_per_replica=t.decode_sequences_per_replica,
@@ -176,6 +197,8 @@ class Policy:
             prefill_tokens_per_replica=t.prefill_tokens_per_second_per_replica,
             decode_tokens_per_replica=t.decode_tokens_per_second_per_replica,
             ratio_band=t.ratio_band,
+            backlog_drain=t.backlog_drain_seconds,
+            cold_start=float(a.cold_start_seconds),
         )
 
     def min_replicas(self, role: str) -> int:
@@ -213,6 +236,8 @@ class History:
     gap (a hold without data: Prometheus down, missing or stale samples, no ready replica),
     None while the gap lasts: the down-window holds no recommendation from the gap and rates
     cover part of it, so no scale-down until the window has filled again (as after a restart).
+    `memory`: role -> what the capacity model follows (orders on the way, the learned cold
+    start, demand samples; see `capacity.Memory`).
     """
 
     started_at: float | None = None
@@ -221,6 +246,7 @@ class History:
     capacity: Mapping[str, float] = field(default_factory=dict)
     ready_seen: Mapping[str, tuple[int, float]] = field(default_factory=dict)
     resumed: Mapping[str, float | None] = field(default_factory=dict)
+    memory: Mapping[str, model.Memory] = field(default_factory=dict)
 
     @classmethod
     def fresh(cls, now: float, last_scale: Mapping[str, float] | None = None) -> History:
@@ -276,6 +302,7 @@ class Signal:
     target: float
     proposal: int | None  # None: the signal abstained
     in_band: bool = False  # within the dead band of its target
+    model: bool = False  # the capacity model's demand (it sizes in its own steps)
 
 
 @dataclass(frozen=True)
@@ -327,26 +354,37 @@ def decide(observation: Observation, policy: Policy, history: History, now: floa
     """Decide the size of every engine role of one pool. Pure: same inputs, same output."""
     roles = [r for r in policy.bounds if r in observation.roles]
     capacity = dict(history.capacity)
+    for role, seed in ((PREFILL, policy.prefill_tokens_per_replica),
+                       (DECODE, policy.decode_tokens_per_replica)):
+        if seed and role not in capacity:
+            capacity[role] = seed  # a profile's number: where the learning starts
     seen = {r: history.ready_change(r, observation.roles[r].ready_replicas, now) for r in roles}
+    memory = dict(history.memory)
     proposals: dict[str, Proposal] = {}
     for role in roles:
+        o = observation.roles[role]
+        memory[role] = model.track_starts(memory.get(role, model.Memory()), o.replicas,
+                                          o.ready_replicas, now)
         held = check_data(role, observation, policy)
         if held is not None:
             proposals[role] = held
             continue
-        if now - seen[role][1] >= settle_seconds(policy):
-            # a rate over a window in which the ready count changed is no capacity
-            learn_capacity(role, observation, policy, capacity)
-        proposals[role] = propose_from_signals(role, observation, policy, capacity)
-    floors = ratio_floors(observation, policy, capacity, proposals)
+        memory[role] = learn_capacity(role, observation, policy, capacity, memory[role], now,
+                                      settled=now - seen[role][1] >= settle_seconds(policy))
+        need, memory[role] = measure_need(role, observation, policy, capacity, memory[role], now,
+                                          settled=now - seen[role][1] >= settle_seconds(policy))
+        proposals[role] = propose_from_signals(role, observation, policy, capacity, need)
+    presized = {r: presize(proposals[r]) for r in roles}
+    floors = ratio_floors(observation, policy, capacity,
+                          {r: (proposals[r], presized[r][0]) for r in roles})
     history = replace(history, resumed=track_gaps(history, proposals, policy, now))
 
     recs = list(history.recommendations)
     last_scale = dict(history.last_scale)
     decisions: dict[str, RoleDecision] = {}
     for role in roles:
-        d, rec = size_role(role, proposals[role], floors.get(role), observation, policy,
-                           history, now)
+        d, rec = size_role(role, proposals[role], presized[role], floors.get(role), observation,
+                           policy, history, now)
         decisions[role] = d
         if rec is not None:
             recs.append(Recommendation(now, role, rec))
@@ -357,12 +395,12 @@ def decide(observation: Observation, policy: Policy, history: History, now: floa
     pruned = tuple(r for r in recs if r.time > now - keep - _EPS) if keep > 0 else ()
     new_history = replace(
         history, recommendations=pruned, last_scale=last_scale, capacity=capacity,
-        ready_seen={**history.ready_seen, **seen},
+        ready_seen={**history.ready_seen, **seen}, memory=memory,
     )
     return Decision(
         roles=decisions,
         metrics_available=metrics_condition(decisions),
-        scaling_limited=limited_condition(decisions),
+        scaling_limited=limited_condition(decisions, observation, policy),
         history=new_history,
     )
 
@@ -370,15 +408,17 @@ def decide(observation: Observation, policy: Policy, history: History, now: floa
 @dataclass
 class Proposal:
     """A role's size before the cross-role and time-based steps: either a hold from
-    `check_data` (`hold` set), or the winning signal's proposal."""
+    `check_data` (`hold` set), or the signals' proposal and the capacity model's need."""
 
     current: int
     hold: Step | None = None
     metrics_ok: bool = True
     wake: bool = False
     signals: list[Signal] = field(default_factory=list)
-    replicas: int | None = None  # max of the signals' proposals
+    replicas: int | None = None  # max of the signals' proposals (None: all abstained)
     reason: Reason = Reason.AT_RECOMMENDED_SIZE
+    need: model.Need | None = None  # the capacity model, when the role's capacity is known
+    dead_band: float = 0.0
 
 
 def _bad(v: float | None) -> bool:
@@ -389,6 +429,10 @@ def _bad(v: float | None) -> bool:
 
 def _ceil(x: float) -> int:
     return max(0, math.ceil(x - _EPS))
+
+
+def _num(v: float | None) -> float:
+    return 0.0 if _bad(v) else float(v or 0.0)
 
 
 # Signals each role must have to decide (gauges every engine exports while it runs).
@@ -469,6 +513,68 @@ def broken_path(obs: Observation) -> str | None:
                 None)
 
 
+# --- the capacity model's inputs ---------------------------------------------------------------
+
+
+def measure_need(role: str, obs: Observation, p: Policy, capacity: Mapping[str, float],
+                 mem: model.Memory, now: float,
+                 settled: bool = True) -> tuple[model.Need | None, model.Memory]:
+    """The role's demand, backlog and trend, and what the capacity model makes of them (None
+    while the role's per-replica capacity or, for prefill, its prompt length is unknown)."""
+    o = obs.roles[role]
+    per_replica = capacity.get(role)
+    local = 0.0
+    if role == PREFILL:
+        served = _num(o.prompt_tokens_rate)
+        requests = _num(o.request_rate)
+        tokens = served / requests if served > 0 and requests > 0 else mem.tokens_per_request
+        mem = replace(mem, tokens_per_request=tokens)
+        if tokens is None:
+            return None, mem
+        backlog = (_num(o.waiting) + _num(o.running)) * tokens
+        local = _num(obs.local_prefill_rate) * tokens
+        served += local
+    elif role == DECODE:
+        served, backlog = _num(o.generation_tokens_rate), 0.0
+    else:
+        return None, mem
+    rate = served + model.backlog_growth(mem.samples, now, backlog)
+    mem = model.remember(mem, now, rate, backlog, max(p.forecast_window, p.history_window))
+    if not per_replica:
+        return None, mem
+    headroom = role_headroom(role, p, mem)
+    if role == PREFILL and settled and o.starting == 0:
+        ttft = obs.router_ttft if not _bad(obs.router_ttft) else o.ttft
+        if not _bad(ttft):
+            assert ttft is not None
+            headroom = model.learn_headroom(
+                headroom, rate / (per_replica * o.ready_replicas), ttft, p.ttft_target,
+                # queued: the backlog alone takes a quarter of the target to prefill
+                p.dead_band, queued=backlog / (per_replica * o.ready_replicas)
+                > 0.25 * p.ttft_target)
+            mem = replace(mem, headroom=headroom)
+    horizon = mem.cold_start if mem.cold_start is not None else p.cold_start
+    usable = model.trend_samples(mem, p.max_metric_age)
+    recent = tuple(x for x in usable if x.time > now - p.forecast_window)
+    slope = model.trend(recent, p.forecast_window)
+    rise = model.upside(usable, now, horizon, p.slo_quantile)
+    need = model.need(per_replica, rate, backlog, slope, horizon, p.backlog_drain,
+                      headroom, o.ready_replicas, o.starting, mem.orders, now, local, rise,
+                      "prompt tokens" if role == PREFILL else "generated tokens")
+    return need, mem
+
+
+def role_headroom(role: str, p: Policy, mem: model.Memory | None = None) -> float:
+    """Capacity kept free. Prefill queues: a prompt waits for those before it, so its TTFT
+    grows long before the replicas are fully busy, and `headroom` keeps them below that.
+    Decode batches: every running sequence advances each step, its ITL is the step time of
+    the batch, and the per-replica capacity (tokens/s at the ITL target) already is the
+    throughput at the SLO; only a small margin for the next minute's noise is kept."""
+    if role == DECODE:
+        return p.decode_headroom
+    return mem.headroom if mem is not None and mem.headroom is not None else p.headroom
+
+
 # --- step: signals -----------------------------------------------------------------------------
 
 _ABOVE = {"TTFT": Reason.TTFT_ABOVE_TARGET, "ITL": Reason.ITL_ABOVE_TARGET,
@@ -480,11 +586,14 @@ _BELOW = {"Queue": Reason.QUEUE_BELOW_TARGET,
           "Sequences": Reason.SEQUENCES_BELOW_TARGET, "KVCache": Reason.KV_CACHE_BELOW_TARGET}
 
 
-def propose_from_signals(role: str, obs: Observation, p: Policy,
-                         capacity: Mapping[str, float]) -> Proposal:
-    """One proposal per signal, sized on the ready replicas; the largest wins."""
+def propose_from_signals(role: str, obs: Observation, p: Policy, capacity: Mapping[str, float],
+                         need: model.Need | None = None) -> Proposal:
+    """One proposal per threshold or latency signal, sized on the ready replicas; the largest
+    wins. Where the capacity model knows the role (`need`), it sizes the load instead of the
+    proxies (queue length, sequences per replica) and the TTFT, which only say that a pool is
+    behind, not by how much: the model's backlog term says that."""
     o = obs.roles[role]
-    prop = Proposal(current=o.replicas)
+    prop = Proposal(current=o.replicas, need=need, dead_band=p.dead_band)
     ready = o.ready_replicas
     sig = prop.signals
     waiting, running = float(o.waiting or 0), float(o.running or 0)
@@ -496,40 +605,61 @@ def propose_from_signals(role: str, obs: Observation, p: Policy,
         band = abs(u - 1) <= p.dead_band
         sig.append(Signal(name, value, target, o.replicas if band else _ceil(ready * u), band))
 
-    def latency(name: str, value: float | None, target: float) -> None:
+    def latency(name: str, value: float | None, target: float, sizes: bool = True) -> None:
         if _bad(value):
             return  # no request finished in the window: no opinion (not "no data")
         assert value is not None
         u = value / target
-        if u > 1 + p.dead_band:
-            n: int | None = _ceil(ready * u)
-        elif u >= 1 - p.dead_band:
+        if not sizes:
+            n: int | None = None  # shown, but the capacity model sizes the role
+        elif u > 1 + p.dead_band:
+            n = _ceil(ready * u)
+        elif u >= 1 - p.dead_band and need is None:
             n = o.replicas
         else:
-            n = None  # below target: latency cannot say how many fewer would do
+            # below target: latency cannot say how many fewer would do; near it, the
+            # capacity model says (a quantile interpolated in a histogram bucket sits near
+            # the bucket's top for want of resolution, which is no reason to hold)
+            n = None
         sig.append(Signal(name, value, target, n, abs(u - 1) <= p.dead_band or n is None))
 
     owner = ttft_owner(obs, p)
+    # While KV handoffs keep failing, a late first token is the retries' (ScalingLimited says
+    # so): more replicas of either role would fail alike.
+    failing = kv_transfer_failing(obs, p) is not None
     if role in (PREFILL, ENGINE):
         if role == ENGINE or owner == PREFILL:
             ttft = obs.router_ttft if not _bad(obs.router_ttft) else o.ttft
-            latency("TTFT", ttft, p.ttft_target)
-        load("Queue", waiting, p.prefill_queue_per_replica * ready)
-    if role == PREFILL:
-        cap = p.prefill_tokens_per_replica or capacity.get(PREFILL)
+            latency("TTFT", ttft, p.ttft_target, sizes=need is None and not failing)
+        if need is None:
+            load("Queue", waiting, p.prefill_queue_per_replica * ready)
+    if role == PREFILL and need is None:
+        cap = capacity.get(PREFILL)
         if cap:
             load("PromptThroughput", float(o.prompt_tokens_rate or 0),
                  cap * (1 - p.headroom) * ready)
     if role == DECODE and owner == DECODE:
-        latency("TTFT", obs.router_ttft, p.ttft_target)
+        latency("TTFT", obs.router_ttft, p.ttft_target, sizes=not failing)
     if role in (DECODE, ENGINE):
         latency("ITL", o.itl, p.itl_target)
-        load("Sequences", running + waiting, p.decode_sequences_per_replica * ready)
+        if need is None:
+            load("Sequences", running + waiting, p.decode_sequences_per_replica * ready)
         load("KVCache", float(o.kv_usage or 0), p.kv_cache_usage)
+    if need is not None:
+        unit = "PromptTokens" if role == PREFILL else "GenerationTokens"
+        target = need.per_replica * (1 - need.headroom) * o.replicas
+        sig.append(Signal(f"{unit}Demand", need.rate + need.backlog / need.drain, target,
+                          None, True, model=True))
+        sig.append(Signal(f"{unit}Ahead", need.rate_ahead + need.backlog_ahead / need.drain,
+                          target, None, True, model=True))
 
     rates = [o.prompt_tokens_rate, o.generation_tokens_rate]
     no_traffic = waiting == 0 and running == 0 and all(_bad(r) or r == 0 for r in rates)
-    best = max((s for s in sig if s.proposal is not None), key=lambda s: s.proposal or 0)
+    proposing = [s for s in sig if s.proposal is not None]
+    if not proposing:
+        prop.reason = Reason.NO_TRAFFIC if no_traffic else Reason.SIGNALS_ABSTAIN
+        return prop
+    best = max(proposing, key=lambda s: s.proposal or 0)
     prop.replicas = best.proposal
     if no_traffic and prop.replicas == 0:
         prop.reason = Reason.NO_TRAFFIC
@@ -544,6 +674,66 @@ def propose_from_signals(role: str, obs: Observation, p: Policy,
         prop.reason = (_ABOVE if best.value > best.target else _BELOW).get(
             best.name, Reason.AT_RECOMMENDED_SIZE)
     return prop
+
+
+# --- steps: capacity and forecast --------------------------------------------------------------
+
+
+def size_from_capacity(s: Sized, prop: Proposal) -> Sized:
+    """The replicas the demand and the backlog need now: a floor under the signals' proposal,
+    and the size a scale-down goes to. It never asks for more than the role has (the backlog
+    that the replicas asked for drain before a new one could arrive needs none; `look_ahead`
+    orders what is still missing then), and it keeps the current size while the need is
+    within the dead band below it (the hysteresis of a scale-down)."""
+    need = prop.need
+    if need is None:
+        return s
+    cur = prop.current
+    keep = min(_ceil(need.now), cur)
+    if keep < cur and need.now >= cur * (1 - prop.dead_band) - _EPS:
+        keep = cur  # within the band: not worth a direction change
+    if s.replicas > keep:
+        return s  # a signal asks for more
+    if keep == 0 and s.reason is Reason.NO_TRAFFIC:
+        return s
+    if s.replicas == keep == cur and prop.replicas is not None:
+        return s  # the signals hold the size the model needs
+    reason = Reason.CAPACITY_IDLE if keep < cur else Reason.CAPACITY_NEEDED
+    return Sized(keep, reason, need.describe())
+
+
+def look_ahead(s: Sized, prop: Proposal) -> Sized:
+    """Order what the role will lack one cold start from now: the forecast demand plus the
+    backlog the ready and starting replicas will not have drained by then."""
+    need = prop.need
+    if need is None:
+        return s
+    n = _ceil(need.ahead)
+    if n <= max(s.replicas, prop.current):
+        return s
+    rising = _ceil(need.ahead_of_current) < n
+    reason = Reason.DEMAND_RISING if rising else Reason.DEMAND_ABOVE_CAPACITY
+    detail = need.describe() if s.reason not in (Reason.CAPACITY_NEEDED, Reason.CAPACITY_IDLE) \
+        else f"{need.ahead:.2f} replicas when one ordered now lands in {need.horizon:.0f}s"
+    return Sized(n, reason, detail)
+
+
+def presize(prop: Proposal) -> tuple[Sized, list[Step]]:
+    """The role's own size, before the other role and the clock have their say: the signals,
+    then the capacity model now, then one cold start ahead."""
+    if prop.hold is not None:
+        return Sized(prop.hold.replicas, prop.hold.reason), [prop.hold]
+    trail = _Trail()
+    text = _signals_text(prop.signals)
+    if prop.replicas is None:  # every signal abstained: the capacity model alone sizes
+        s = Sized(0 if prop.need is not None else prop.current, prop.reason, text)
+    else:
+        s = Sized(prop.replicas, prop.reason, text)
+    trail.steps.append(Step("signals", prop.current if prop.replicas is None else s.replicas,
+                            s.reason, text))
+    s = trail.run("capacity", s, size_from_capacity(s, prop))
+    s = trail.run("forecast", s, look_ahead(s, prop))
+    return s, trail.steps
 
 
 def ttft_owner(obs: Observation, p: Policy) -> str:
@@ -568,48 +758,54 @@ def _latency_breach(role: str, obs: Observation, p: Policy) -> bool:
     return False
 
 
-def learn_capacity(role: str, obs: Observation, p: Policy, capacity: dict[str, float]) -> None:
-    """Learn per-replica throughput from saturated moments: a prefill queue above its target,
-    or a TTFT above it, means prefill runs at what it can do within the SLO; decode above its
-    sequence or KV target, or its ITL above target, likewise (beyond the dead band, so a pool
-    sitting at its targets does not count).
+def learn_capacity(role: str, obs: Observation, p: Policy, capacity: dict[str, float],
+                   mem: model.Memory, now: float, settled: bool = True) -> model.Memory:
+    """Learn per-replica throughput from saturated stretches: prefill with a queue above its
+    target band runs at what it can do; decode with its KV cache above target, or its ITL
+    above target, likewise. (A TTFT above target without a queue is no such moment: a prompt
+    too long for the target misses it on an idle pool too.) A sample counts once the role has
+    been saturated for a whole rate window (the rate of a burst's first seconds holds the idle
+    seconds before it), and only over a window with a steady ready count (`settled`: a rate
+    from when fewer replicas served, divided by the replicas now, is no per-replica rate).
 
-    Between saturated moments the estimate only rises: replicas that served more per replica
-    than the estimate (within their latency target, over a window with a steady ready count)
-    can do at least that. A saturated sample is a 60 s mean that may hold idle seconds around
-    a burst, so it moves the estimate by CAPACITY_ALPHA only; an estimate that only fell would
-    size every later decision for a pool slower than it is."""
+    Between saturated stretches the estimate only rises: replicas that served more per
+    replica than the estimate (within their latency target) can do at least that. A saturated
+    sample moves the estimate by CAPACITY_ALPHA only; an estimate that only fell would size
+    every later decision for a pool slower than it is. Returns the memory with the start of
+    the current saturated stretch."""
     o = obs.roles[role]
     latency_breach = _latency_breach(role, obs, p)
     ready = o.ready_replicas
-    waiting, running = float(o.waiting or 0), float(o.running or 0)
     busy = 1 + p.dead_band
     if role == PREFILL:
-        saturated = latency_breach or waiting > p.prefill_queue_per_replica * ready * busy
+        saturated = float(o.waiting or 0) > p.prefill_queue_per_replica * ready * busy
         rate = o.prompt_tokens_rate
     elif role == DECODE:
-        saturated = latency_breach or (
-            running + waiting > p.decode_sequences_per_replica * ready * busy) or (
-            float(o.kv_usage or 0) > min(1.0, p.kv_cache_usage * busy)
-        )
+        # (not the sequences-per-replica proxy: a batch larger than it is no evidence that
+        # decode is at its limit, and would teach the capacity model a limit that is not)
+        saturated = latency_breach or float(o.kv_usage or 0) > min(1.0, p.kv_cache_usage * busy)
         rate = o.generation_tokens_rate
     else:
-        return
-    if _bad(rate) or not rate:
-        return
+        return mem
+    since = (mem.busy_since if mem.busy_since is not None else now) if saturated else None
+    mem = replace(mem, busy_since=since)
+    if not settled or _bad(rate) or not rate:
+        return mem
     sample = float(rate) / ready
     old = capacity.get(role)
-    if old is not None and sample > old and not latency_breach:
+    if old is not None and sample > old and not latency_breach and not saturated:
         capacity[role] = sample  # served that much: a lower bound on what it can serve
-    elif saturated:
+    elif since is not None and now - since >= p.max_metric_age - _EPS:
         capacity[role] = sample if old is None else old + CAPACITY_ALPHA * (sample - old)
+    return mem
 
 
 # --- step: ratio -------------------------------------------------------------------------------
 
 
 def ratio_floors(
-    obs: Observation, p: Policy, capacity: Mapping[str, float], props: Mapping[str, Proposal]
+    obs: Observation, p: Policy, capacity: Mapping[str, float],
+    props: Mapping[str, tuple[Proposal, Sized]],
 ) -> dict[str, int]:
     """The coordinated prefill:decode ratio rule.
 
@@ -625,27 +821,44 @@ def ratio_floors(
     keeps decode from shrinking under the generation work about to arrive. The floor is only
     a floor (it never lowers a role) and is skipped while P, G, Cp or Cd is unknown or zero
     (no traffic: both roles may scale down freely).
+
+    When the capacity model knows both roles, the same rule couples their demands instead of
+    their sizes: the prompts prefill will see one cold start ahead bring G/P generated tokens
+    per prompt token to decode, so
+
+        decode  >= ceil(P_trend * (G / P) / (Cd (1 - decode headroom)))
+        prefill >= ceil(G_trend * (P / G) / (Cp (1 - headroom)))
+
+    with X_trend the role's demand one cold start ahead by its trend (a rising prompt rate
+    orders decode before its generated tokens arrive; a replica count that only drains a
+    backlog, or the margin a role keeps for its own rises, is no news for the other role).
     """
     if PREFILL not in props or DECODE not in props:
         return {}
     pre, dec = obs.roles[PREFILL], obs.roles[DECODE]
-    cp = p.prefill_tokens_per_replica or capacity.get(PREFILL)
-    cd = p.decode_tokens_per_replica or capacity.get(DECODE)
+    cp, cd = capacity.get(PREFILL), capacity.get(DECODE)
     prompt, gen = pre.prompt_tokens_rate, dec.generation_tokens_rate
     if not cp or not cd or _bad(prompt) or _bad(gen) or not prompt or not gen:
         return {}
     assert prompt is not None and gen is not None
+    pn, dn = props[PREFILL][0].need, props[DECODE][0].need
+    if pn is not None and dn is not None:
+        return {
+            DECODE: _ceil(pn.trend_ahead * (gen / prompt) / (cd * (1 - dn.headroom))),
+            PREFILL: _ceil(dn.trend_ahead * (prompt / gen) / (cp * (1 - pn.headroom))),
+        }
     ratio = (prompt * cd) / (gen * cp) if gen * cp > 0 else math.inf  # (P/Cp) / (G/Cd)
     if not 1e-6 < ratio < 1e6:  # degenerate (tiny rates): no meaningful ratio
         return {}
     band = 1 + p.ratio_band
 
-    def growth(pr: Proposal) -> int | None:
+    def growth(ps: tuple[Proposal, Sized]) -> int | None:
         # Only a scale-up of the other role carries news (more work is coming); its size at
         # rest holds slack (minReplicas, rounding, a proxy target) that is no demand.
-        if pr.hold is not None or pr.replicas is None or pr.replicas <= pr.current:
+        pr, sized = ps
+        if pr.hold is not None or sized.replicas <= pr.current:
             return None
-        return pr.replicas
+        return sized.replicas
 
     out = {}
     if (d := growth(props[DECODE])) is not None:
@@ -737,13 +950,20 @@ def cool_down(s: Sized, cur: int, role: str, p: Policy, history: History, now: f
                  f"last scale {now - last:.0f}s ago (cooldown {cool:g}s)")
 
 
-def hold_for_pending(s: Sized, cur: int, role: str, o: RoleObservation) -> Sized:
-    """No scale-up while pods of the role cannot be placed, or are still starting."""
+# Sizes that already count replicas still starting as capacity on its way.
+COUNTS_STARTING = (Reason.DEMAND_ABOVE_CAPACITY, Reason.DEMAND_RISING)
+
+
+def hold_for_pending(s: Sized, cur: int, role: str, o: RoleObservation,
+                     counts_starting: bool = False) -> Sized:
+    """No scale-up while pods of the role cannot be placed, or are still starting (unless the
+    size came from the capacity model, which counts starting replicas as capacity on its way
+    and orders only what they will not cover)."""
     if s.replicas <= cur:
         return s
     if o.unschedulable > 0:
         return Sized(cur, Reason.UNSCHEDULABLE, _unschedulable_text(role, o))
-    if o.starting > 0:
+    if o.starting > 0 and not counts_starting:
         return Sized(cur, Reason.WAITING_FOR_STARTING_REPLICAS,
                      f"{o.starting} replica(s) still starting count as capacity")
     return s
@@ -778,27 +998,25 @@ class _Trail:
         return after
 
 
-def size_role(role: str, prop: Proposal, floor: int | None, obs: Observation, p: Policy,
-              history: History, now: float) -> tuple[RoleDecision, int | None]:
-    """Run the steps after the proposal; returns the decision and the recommendation to
+def size_role(role: str, prop: Proposal, presized: tuple[Sized, list[Step]], floor: int | None,
+              obs: Observation, p: Policy, history: History,
+              now: float) -> tuple[RoleDecision, int | None]:
+    """Run the steps after the role's own size; returns the decision and the recommendation to
     remember (None when there was nothing to recommend)."""
     o = obs.roles[role]
     cur = prop.current
     lo, hi = p.min_replicas(role), p.max_replicas(role)
+    s, steps = presized
     trail = _Trail()
+    trail.steps.extend(steps)
 
     if prop.hold is not None:
-        trail.steps.append(prop.hold)
-        s = Sized(prop.hold.replicas, prop.hold.reason)
         if prop.wake:  # a wake-up goes straight to a size within the bounds
             s = Sized(min(max(s.replicas, lo), hi), s.reason)
         else:
             s = trail.run("bounds", s, clamp_to_bounds(s, lo, hi))
         return _decision(role, cur, s, trail.steps, prop, None), None
 
-    s = Sized(prop.replicas if prop.replicas is not None else cur, prop.reason,
-              _signals_text(prop.signals))
-    trail.steps.append(Step("signals", *s))
     s = trail.run("ratio", s, apply_ratio_floor(s, floor))
     wanted = s.replicas
     # Recommendations live within the bounds (a pool idling at its minimum is "clamped", not
@@ -808,7 +1026,8 @@ def size_role(role: str, prop: Proposal, floor: int | None, obs: Observation, p:
     s = trail.run("stabilization", s, stabilize(s, cur, role, p, history, now))
     s = trail.run("rate", s, limit_rate(s, cur, p))
     s = trail.run("cooldown", s, cool_down(s, cur, role, p, history, now))
-    s = trail.run("pending", s, hold_for_pending(s, cur, role, o))
+    s = trail.run("pending", s, hold_for_pending(s, cur, role, o,
+                                                 presized[0].reason in COUNTS_STARTING))
     s = trail.run("bounds", s, clamp_to_bounds(s, lo, hi))
     limited = scaling_limit(role, o, wanted, hi)
     return _decision(role, cur, s, trail.steps, prop, *limited), rec
@@ -817,7 +1036,7 @@ def size_role(role: str, prop: Proposal, floor: int | None, obs: Observation, p:
 def _signals_text(signals: Iterable[Signal]) -> str:
     return ", ".join(
         f"{s.name} {s.value:.4g} vs {s.target:.4g}"
-        + (f" -> {s.proposal}" if s.proposal is not None else " (abstains)")
+        + (f" -> {s.proposal}" if s.proposal is not None else "" if s.model else " (abstains)")
         for s in signals
     )
 
@@ -855,10 +1074,38 @@ def metrics_condition(ds: Mapping[str, RoleDecision]) -> ConditionDecision:
     )
 
 
-def limited_condition(ds: Mapping[str, RoleDecision]) -> ConditionDecision:
+def limited_condition(ds: Mapping[str, RoleDecision], obs: Observation | None = None,
+                      p: Policy | None = None) -> ConditionDecision:
+    """ScalingLimited: a role cannot scale as it wants, or scaling cannot help (KV handoffs
+    between prefill and decode keep failing: more replicas of either role would fail alike)."""
     lim = [d for d in ds.values() if d.limited]
-    if not lim:
+    failing = kv_transfer_failing(obs, p) if obs is not None and p is not None else None
+    if not lim and failing is None:
         return ConditionDecision(False, Reason.SCALING_ALLOWED, "no limit reached")
+    if failing is not None:
+        return ConditionDecision(True, Reason.KV_TRANSFER_FAILING,
+                                 "; ".join([failing, *(d.limited_message for d in lim)]))
     return ConditionDecision(
         True, lim[0].limited or Reason.SCALING_ALLOWED, "; ".join(d.limited_message for d in lim)
     )
+
+
+def kv_transfer_failing(obs: Observation, p: Policy) -> str | None:
+    """A message when more than `kv_failure_limit` of the requests' KV handoffs fail."""
+    failures = obs.kv_transfer_failure_rate
+    if _bad(failures) or not failures:
+        return None
+    pre = obs.roles.get(PREFILL)
+    requests = obs.router_request_rate
+    if _bad(requests) or not requests:
+        requests = pre.request_rate if pre is not None else None
+    if _bad(requests) or not requests:
+        return None
+    assert failures is not None and requests is not None
+    share = failures / requests
+    if share <= p.kv_failure_limit:
+        return None
+    return (f"{share:.0%} of KV handoffs from prefill to decode fail ({failures:.3g}/s of "
+            f"{requests:.3g} requests/s); the router prefills them again on decode engines. "
+            "More replicas of either role would not help: check the KV connector (NIXL) and "
+            "the network between the roles")

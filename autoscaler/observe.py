@@ -205,6 +205,7 @@ def observation(
             prompt_tokens_rate=snap.get(q.PROMPT_RATE, g),
             generation_tokens_rate=snap.get(q.GENERATION_RATE, g),
             sample_age=max(0.0, age) if age is not None else None,
+            request_rate=snap.get(q.REQUEST_RATE, g),
         )
     p = (namespace, pool, "")
     return Observation(
@@ -214,4 +215,6 @@ def observation(
         router_request_rate=snap.get(q.ROUTER_REQUEST_RATE, p),
         prometheus_error=snap.error,
         router_ready=router.ready if router is not None and router.replicas > 0 else None,
+        local_prefill_rate=snap.get(q.LOCAL_PREFILL_RATE, p),
+        kv_transfer_failure_rate=snap.get(q.KV_FAILURE_RATE, p),
     )

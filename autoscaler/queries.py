@@ -40,6 +40,9 @@ GENERATION_RATE = "generation_tokens_rate"
 SAMPLE_TIME = "sample_time"
 ROUTER_INFLIGHT = "router_inflight"
 ROUTER_REQUEST_RATE = "router_request_rate"
+REQUEST_RATE = "request_rate"
+LOCAL_PREFILL_RATE = "local_prefill_rate"
+KV_FAILURE_RATE = "kv_failure_rate"
 
 
 def name_variants(metric: str) -> list[str]:
@@ -118,6 +121,21 @@ class QuerySet:
             ),
             ROUTER_INFLIGHT: f"sum by (namespace, pool) ({m.ROUTER_INFLIGHT}{s})",
             ROUTER_REQUEST_RATE: f"sum by (namespace, pool) (rate({m.ROUTER_REQUESTS}{s}[{w}]))",
+            # Requests each role's engines finished (at prefill: prompts prefilled), for the
+            # mean prompt length.
+            REQUEST_RATE: self._compat(
+                m.VLLM_REQUEST_SUCCESS, lambda c: f"sum by ({BY}) (rate({c}{s}[{w}]))"
+            ),
+            # Prompt demand the prefill role did not see: requests the router prefilled on a
+            # decode engine because prefill was behind (not the retries of failed handoffs,
+            # which prefill had served).
+            LOCAL_PREFILL_RATE: (
+                f"sum by (namespace, pool) (rate({m.ROUTER_LOCAL_PREFILL}"
+                f"{s[:-1]}, reason=\"{m.LOCAL_PREFILL_REASONS[0]}\"}}[{w}]))"
+            ),
+            KV_FAILURE_RATE: (
+                f"sum by (namespace, pool) (rate({m.ROUTER_KV_TRANSFER_FAILURES}{s}[{w}]))"
+            ),
         }
         for q in sorted(set(ttft_quantiles)):
             queries[ttft_key(q)] = self._quantile(q, m.VLLM_TTFT)

@@ -143,7 +143,7 @@ def _build(name: str, params: dict[str, float], trace: Sequence[TraceRequest],
     from poolpilot.bench.policies.dynamo_sla import ADJUSTMENT_INTERVAL_S, DynamoSLA
     from poolpilot.bench.policies.hpa import TARGET_UTIL, HPAGpuUtil
     from poolpilot.bench.policies.keda import QUEUE_THRESHOLD, KedaQueue
-    from poolpilot.bench.policies.poolpilot_policy import PoolpilotPolicy
+    from poolpilot.bench.policies.poolpilot_policy import PoolpilotPolicy, profile_targets
     from poolpilot.bench.policies.static_peak import StaticPeak, size_for, warmup_load
 
     bounds = Bounds(cfg.min_replicas, cfg.max_replicas)
@@ -160,7 +160,8 @@ def _build(name: str, params: dict[str, float], trace: Sequence[TraceRequest],
         return _static_min_inline(trace, cfg, opts)
     if name == "poolpilot":
         return PoolpilotPolicy(bounds, initial, cfg.slo_ttft, cfg.slo_itl, cfg.quantile,
-                               autoscaling=opts.autoscaling)
+                               autoscaling=opts.autoscaling,
+                               profile=profile_targets(warmup_load(trace), cap))
     if name == "hpa":
         return HPAGpuUtil(bounds, initial, target_util=params.get("target", TARGET_UTIL))
     if name == "keda-queue":

@@ -449,7 +449,10 @@ class AutoscalingTargets(ApiModel):
         default=0.2,
         ge=0,
         lt=1,
-        description="Capacity kept free: the capacity signal sizes for load / (1 - headroom).",
+        description="Prefill capacity kept free: the capacity model sizes prefill for "
+        "demand / (1 - headroom). The starting value: the autoscaler raises it when TTFT "
+        "breaches with requests queued below that utilization, and lowers it when prefill "
+        "served more within the TTFT target.",
     )
     dead_band: float = Field(
         default=0.1,
@@ -460,20 +463,28 @@ class AutoscalingTargets(ApiModel):
     prefill_tokens_per_second_per_replica: float | None = Field(
         default=None,
         gt=0,
-        description="Prompt tokens/s one prefill replica sustains. Unset: measured from the "
-        "prompt-token rate while the prefill queue is at or above its target.",
+        description="Prompt tokens/s one prefill replica sustains (from a profile of the "
+        "engine): where the capacity model starts; refined online from saturated minutes and "
+        "from what replicas served. Unset: measured at the first saturated minute.",
     )
     decode_tokens_per_second_per_replica: float | None = Field(
         default=None,
         gt=0,
-        description="Generated tokens/s one decode replica sustains. Unset: measured from the "
-        "generation-token rate while decode runs at its sequence or KV-cache target.",
+        description="Generated tokens/s one decode replica sustains within the ITL target "
+        "(from a profile of the engine): where the capacity model starts; refined online. "
+        "Unset: measured while decode runs at its KV-cache or ITL target.",
     )
     ratio_band: float = Field(
         default=0.5,
         ge=0,
         description="Tolerance of the prefill:decode ratio around the ratio the measured "
         "throughputs imply (0.5 = down to 1/1.5 of it); neither role may fall below it.",
+    )
+    backlog_drain_seconds: float = Field(
+        default=60.0,
+        gt=0,
+        description="Seconds a queued backlog should drain in: the capacity model orders "
+        "replicas for what the replicas asked for will not have drained one cold start ahead.",
     )
 
 
@@ -511,6 +522,12 @@ class AutoscalingSpec(ApiModel):
         ge=1,
         description="Samples older than this count as missing: the autoscaler holds the "
         "current size and sets MetricsAvailable=False.",
+    )
+    cold_start_seconds: Int32 = Field(
+        default=120,
+        ge=1,
+        description="Seconds from a scale-up until the new replica serves, until the "
+        "autoscaler has seen one (then it learns it from the pods): how far ahead it looks.",
     )
 
 

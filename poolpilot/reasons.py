@@ -22,6 +22,7 @@ class Reason(StrEnum):
     # signals: the winning proposal
     NO_TRAFFIC = "NoTraffic"
     WITHIN_DEAD_BAND = "WithinDeadBand"
+    SIGNALS_ABSTAIN = "SignalsAbstain"
     AT_RECOMMENDED_SIZE = "AtRecommendedSize"
     TTFT_ABOVE_TARGET = "TTFTAboveTarget"
     ITL_ABOVE_TARGET = "ITLAboveTarget"
@@ -33,6 +34,12 @@ class Reason(StrEnum):
     SEQUENCES_BELOW_TARGET = "SequencesBelowTarget"
     KV_CACHE_ABOVE_TARGET = "KVCacheAboveTarget"
     KV_CACHE_BELOW_TARGET = "KVCacheBelowTarget"
+    # capacity: the capacity model, now
+    CAPACITY_NEEDED = "CapacityNeeded"
+    CAPACITY_IDLE = "CapacityIdle"
+    # forecast: the capacity model, one cold start ahead
+    DEMAND_ABOVE_CAPACITY = "DemandAboveCapacity"
+    DEMAND_RISING = "DemandRising"
     # ratio
     RATIO_FLOOR = "RatioFloor"
     # stabilization
@@ -52,6 +59,7 @@ class Reason(StrEnum):
     CLAMPED_TO_MIN = "ClampedToMin"
     CLAMPED_TO_MAX = "ClampedToMax"
     MAX_REPLICAS_REACHED = "MaxReplicasReached"
+    KV_TRANSFER_FAILING = "KVTransferFailing"
     # conditions only
     METRICS_FOUND = "MetricsFound"
     SCALING_ALLOWED = "ScalingAllowed"
@@ -70,6 +78,8 @@ DESCRIPTION: dict[Reason, str] = {
     Reason.METRICS_STALE: "the newest sample is older than metricsMaxAgeSeconds: holding",
     Reason.NO_TRAFFIC: "no request at all: every load signal proposes 0",
     Reason.WITHIN_DEAD_BAND: "every signal within deadBand of its target",
+    Reason.SIGNALS_ABSTAIN: "no signal proposes a size (latencies below target; the capacity "
+                            "model sizes the load)",
     Reason.AT_RECOMMENDED_SIZE: "the winning proposal is the current size",
     Reason.TTFT_ABOVE_TARGET: "time to first token above the SLO",
     Reason.ITL_ABOVE_TARGET: "inter-token latency above the SLO",
@@ -81,6 +91,12 @@ DESCRIPTION: dict[Reason, str] = {
     Reason.SEQUENCES_BELOW_TARGET: "decode sequences below decodeSequencesPerReplica",
     Reason.KV_CACHE_ABOVE_TARGET: "decode KV-cache usage above kvCacheUsage",
     Reason.KV_CACHE_BELOW_TARGET: "decode KV-cache usage below kvCacheUsage",
+    Reason.CAPACITY_NEEDED: "the demand and the backlog need the replicas the role has",
+    Reason.CAPACITY_IDLE: "the capacity model says some replicas are idle: scale down",
+    Reason.DEMAND_ABOVE_CAPACITY: "one cold start from now the demand and the backlog left "
+                                  "need more replicas than asked for (starting ones counted)",
+    Reason.DEMAND_RISING: "as DemandAboveCapacity, with the forecast (the rising trend, or "
+                          "the rises seen within a cold start) adding replicas",
     Reason.RATIO_FLOOR: "held up by the prefill:decode ratio to the other role's scale-up",
     Reason.SCALE_UP_STABILIZED: "scale-up to the minimum over scaleUp's window",
     Reason.SCALE_DOWN_STABILIZED: "scale-down to the maximum over scaleDown's window",
@@ -95,6 +111,8 @@ DESCRIPTION: dict[Reason, str] = {
     Reason.CLAMPED_TO_MIN: "brought up to minReplicas",
     Reason.CLAMPED_TO_MAX: "brought down to maxReplicas",
     Reason.MAX_REPLICAS_REACHED: "wants more than maxReplicas (ScalingLimited)",
+    Reason.KV_TRANSFER_FAILING: "KV handoffs between the roles keep failing: scaling cannot "
+                                "help (ScalingLimited)",
     Reason.METRICS_FOUND: "every role has fresh samples (MetricsAvailable)",
     Reason.SCALING_ALLOWED: "no limit reached (ScalingLimited=False)",
     Reason.SCALED_UP: "the Deployment's scale was raised (Normal Event)",
@@ -104,24 +122,28 @@ DESCRIPTION: dict[Reason, str] = {
 }
 
 # The decision step that gives each reason (the order the core runs them in).
-STEPS = ("data", "signals", "ratio", "stabilization", "rate", "cooldown", "pending", "bounds",
-         "condition", "event")
+STEPS = ("data", "signals", "capacity", "forecast", "ratio", "stabilization", "rate",
+         "cooldown", "pending", "bounds", "condition", "event")
 _STEP_MEMBERS: dict[str, tuple[Reason, ...]] = {
     "data": (Reason.SCALED_TO_ZERO, Reason.WAKE_UP, Reason.NO_READY_REPLICAS,
              Reason.METRICS_UNAVAILABLE, Reason.METRICS_STALE),
-    "signals": (Reason.NO_TRAFFIC, Reason.WITHIN_DEAD_BAND, Reason.AT_RECOMMENDED_SIZE,
+    "signals": (Reason.NO_TRAFFIC, Reason.WITHIN_DEAD_BAND, Reason.SIGNALS_ABSTAIN,
+                Reason.AT_RECOMMENDED_SIZE,
                 Reason.TTFT_ABOVE_TARGET, Reason.ITL_ABOVE_TARGET, Reason.QUEUE_ABOVE_TARGET,
                 Reason.QUEUE_BELOW_TARGET, Reason.PROMPT_THROUGHPUT_ABOVE_TARGET,
                 Reason.PROMPT_THROUGHPUT_BELOW_TARGET, Reason.SEQUENCES_ABOVE_TARGET,
                 Reason.SEQUENCES_BELOW_TARGET, Reason.KV_CACHE_ABOVE_TARGET,
                 Reason.KV_CACHE_BELOW_TARGET),
+    "capacity": (Reason.CAPACITY_NEEDED, Reason.CAPACITY_IDLE),
+    "forecast": (Reason.DEMAND_ABOVE_CAPACITY, Reason.DEMAND_RISING),
     "ratio": (Reason.RATIO_FLOOR,),
     "stabilization": (Reason.SCALE_UP_STABILIZED, Reason.SCALE_DOWN_STABILIZED,
                       Reason.STABILIZATION_WINDOW_FILLING),
     "rate": (Reason.SCALE_UP_RATE_LIMITED, Reason.SCALE_DOWN_RATE_LIMITED),
     "cooldown": (Reason.SCALE_UP_COOLDOWN, Reason.SCALE_DOWN_COOLDOWN),
     "pending": (Reason.WAITING_FOR_STARTING_REPLICAS, Reason.UNSCHEDULABLE),
-    "bounds": (Reason.CLAMPED_TO_MIN, Reason.CLAMPED_TO_MAX, Reason.MAX_REPLICAS_REACHED),
+    "bounds": (Reason.CLAMPED_TO_MIN, Reason.CLAMPED_TO_MAX, Reason.MAX_REPLICAS_REACHED,
+               Reason.KV_TRANSFER_FAILING),
     "condition": (Reason.METRICS_FOUND, Reason.SCALING_ALLOWED),
     "event": (Reason.SCALED_UP, Reason.SCALED_DOWN, Reason.SCALE_FAILED),
 }

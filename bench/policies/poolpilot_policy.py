@@ -17,6 +17,8 @@ from poolpilot.autoscaler.decide import History, Observation, decide
 from poolpilot.autoscaler.decide import Policy as ScalerPolicy
 from poolpilot.autoscaler.observe import RoleState, Snapshot, observation
 from poolpilot.bench.policies.base import ROLES, Bounds, Decision, PoolView
+from poolpilot.bench.policies.static_peak import MinuteLoad
+from poolpilot.bench.profile import Capacity
 
 from poolpilot import metrics as m
 from poolpilot.validate import parse_spec
@@ -45,6 +47,19 @@ def pool_spec(
     }
 
 
+def profile_targets(load: MinuteLoad, cap: Capacity) -> dict[str, float]:
+    """The spec targets a user would set from an offline profile of the engine, at the
+    prompt and output lengths of the traffic the pool starts with: prompt tokens/s one prefill
+    replica serves, generated tokens/s one decode replica serves within the ITL target."""
+    if not load.requests:
+        return {}
+    return {
+        "prefillTokensPerSecondPerReplica": round(cap.prefill_tokens_per_s(load.mean_isl), 1),
+        "decodeTokensPerSecondPerReplica": round(
+            cap.decode_tokens_per_s(load.mean_isl + load.mean_osl / 2), 1),
+    }
+
+
 class PoolpilotPolicy:
     name = "poolpilot"
 
@@ -57,8 +72,15 @@ class PoolpilotPolicy:
         quantile: float = 0.9,
         autoscaling: dict[str, Any] | None = None,
         rate_window: float = RATE_WINDOW_S,
+        profile: dict[str, float] | None = None,
     ) -> None:
-        spec = parse_spec(pool_spec(bounds, slo_ttft, slo_itl, quantile, autoscaling or {}))
+        # A user who profiled the engine writes its per-replica throughputs into the spec's
+        # targets (the same profile Dynamo's planner gets); explicit settings win.
+        given = dict(autoscaling or {})
+        targets = {**(profile or {}), **(given.get("targets") or {})}
+        if targets:
+            given["targets"] = targets
+        spec = parse_spec(pool_spec(bounds, slo_ttft, slo_itl, quantile, given))
         self.policy = ScalerPolicy.from_spec(spec)
         self.quantile = quantile
         self.interval = float(spec.autoscaling.interval_seconds)
@@ -81,14 +103,22 @@ class PoolpilotPolicy:
         def grouped(d: dict[tuple[str, ...], float]) -> dict[tuple[str, str, str], float]:
             return {(NAMESPACE, POOL, g[0]): v for g, v in d.items()}
 
+        def per_pool(d: dict[tuple[str, ...], float]) -> dict[tuple[str, str, str], float]:
+            return {(NAMESPACE, POOL, ""): sum(d.values())} if d else {}
+
         values = {
             q.WAITING: grouped(prom.gauge(m.VLLM_WAITING, by=by)),
             q.RUNNING: grouped(prom.gauge(m.VLLM_RUNNING, by=by)),
             q.KV_USAGE: grouped(prom.gauge(m.VLLM_KV_USAGE, by=by, agg="avg")),
             q.PROMPT_RATE: grouped(prom.rate(m.VLLM_PROMPT_TOKENS, w, by=by)),
             q.GENERATION_RATE: grouped(prom.rate(m.VLLM_GENERATION_TOKENS, w, by=by)),
+            q.REQUEST_RATE: grouped(prom.rate(m.VLLM_REQUEST_SUCCESS, w, by=by)),
             q.ttft_key(qt): grouped(prom.histogram_quantile(qt, m.VLLM_TTFT, w, by=by)),
             q.itl_key(qt): grouped(prom.histogram_quantile(qt, m.VLLM_ITL, w, by=by)),
+            # the router's (by pool): requests it prefilled on decode engines, failed handoffs
+            q.LOCAL_PREFILL_RATE: per_pool(prom.rate(
+                m.ROUTER_LOCAL_PREFILL, w, match={"reason": m.LOCAL_PREFILL_REASONS[0]})),
+            q.KV_FAILURE_RATE: per_pool(prom.rate(m.ROUTER_KV_TRANSFER_FAILURES, w)),
             # max(timestamp(waiting)): every series of a scrape carries the scrape's time
             q.SAMPLE_TIME: {(NAMESPACE, POOL, g[0]): prom.now
                             for g in prom.gauge(m.VLLM_WAITING, by=by)},
@@ -104,6 +134,7 @@ class PoolpilotPolicy:
     def decide(self, view: PoolView) -> Decision:
         d = decide(self.observe(view), self.policy, self.history, view.now)
         self.history = d.history
+        self.last_decision = d
         return Decision(
             {r: d.roles[r].replicas for r in ROLES},
             {r: d.roles[r].reason for r in ROLES},

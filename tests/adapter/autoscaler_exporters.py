@@ -119,7 +119,7 @@ def _le(bound: float) -> str:
 def engine(waiting: float = 0, running: float = 0, kv: float | None = 0.0,
            prompt_rate: float = 0, generation_rate: float = 0,
            ttft: Hist | None = None, itl: Hist | None = None, old_names: bool = False,
-           text_only: bool = False) -> FakeExporter:
+           text_only: bool = False, request_rate: float = 0) -> FakeExporter:
     """A vLLM engine's page; `old_names` uses the names older vLLM releases exported."""
     kv_name = m.VLLM_RENAMED[m.VLLM_KV_USAGE] if old_names else m.VLLM_KV_USAGE
     itl_name = m.VLLM_RENAMED[m.VLLM_ITL] if old_names else m.VLLM_ITL
@@ -133,7 +133,8 @@ def engine(waiting: float = 0, running: float = 0, kv: float | None = 0.0,
         hists[itl_name] = itl
     return FakeExporter(
         gauges=gauges,
-        counters={m.VLLM_PROMPT_TOKENS: prompt_rate, m.VLLM_GENERATION_TOKENS: generation_rate},
+        counters={m.VLLM_PROMPT_TOKENS: prompt_rate, m.VLLM_GENERATION_TOKENS: generation_rate,
+                  m.VLLM_REQUEST_SUCCESS: request_rate},
         histograms=hists,
         text_only=text_only,
     )
@@ -147,4 +148,14 @@ def router(pool: str, inflight: float = 0, request_rate: float = 0,
         counters={m.ROUTER_REQUESTS: request_rate},
         histograms={m.ROUTER_TTFT: ttft} if ttft else {},
         labels={"pool": pool},
+    )
+
+
+def router_fallback(pool: str, reason: str, local_prefill_rate: float,
+                    kv_failure_rate: float = 0) -> FakeExporter:
+    """The router's local-prefill counter for one reason (and its failed-handoff counter)."""
+    return FakeExporter(
+        counters={m.ROUTER_LOCAL_PREFILL: local_prefill_rate,
+                  m.ROUTER_KV_TRANSFER_FAILURES: kv_failure_rate},
+        labels={"pool": pool, "reason": reason},
     )
