@@ -310,11 +310,13 @@ class ApiModel(BaseModel):
 
 
 def _without_nulls(cls: type[BaseModel], data: dict[str, Any]) -> dict[str, Any]:
-    """Drop null fields, and null values of map fields: for the API server null means unset."""
-    maps = _map_fields(cls)
+    """Drop null fields, and null values of map fields: for the API server null means unset.
+    A null under a name that is not a field stays, to be refused as an unknown field (the API
+    server prunes nulls only where its schema knows the field)."""
+    fields, maps = _field_names(cls)
     out: dict[str, Any] = {}
     for key, value in data.items():
-        if value is None:
+        if value is None and key in fields:
             continue
         if key in maps and isinstance(value, dict) and None in value.values():
             value = {k: v for k, v in value.items() if v is not None}
@@ -323,16 +325,19 @@ def _without_nulls(cls: type[BaseModel], data: dict[str, Any]) -> dict[str, Any]
 
 
 @functools.cache
-def _map_fields(cls: type[BaseModel]) -> frozenset[str]:
-    """Names (wire and Python) of the fields that are maps: their null values are pruned too."""
+def _field_names(cls: type[BaseModel]) -> tuple[frozenset[str], frozenset[str]]:
+    """Names (wire and Python) of all fields, and of the fields that are maps."""
     names: set[str] = set()
+    maps: set[str] = set()
     for name, info in cls.model_fields.items():
+        both = {name, info.alias or name}
+        names |= both
         if typing.get_origin(info.annotation) is dict or (
             typing.get_origin(info.annotation) is Annotated
             and typing.get_origin(typing.get_args(info.annotation)[0]) is dict
         ):
-            names |= {name, info.alias or name}
-    return frozenset(names)
+            maps |= both
+    return frozenset(names), frozenset(maps)
 
 
 def _snake(name: str) -> str:

@@ -150,7 +150,7 @@ def value_for(draw: Any, schema: dict[str, Any] | None, mood: Mood,
             if name in required or draw(st.integers(0, 99)) < (20 if mood.plausible else 35):
                 out[name] = value_for(draw, sub, mood, (*path, name))
         if _pct(draw, mood.hostility // 3):
-            out[draw(st.sampled_from(["replica", "modee", "x"]))] = 1
+            out[draw(st.sampled_from(["replica", "modee", "x"]))] = draw(st.sampled_from([1, None]))
         return out
     if kind == "object":  # a map: typed values, or any JSON (engine args, connector config)
         sub = schema.get("additionalProperties")

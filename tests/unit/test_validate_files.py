@@ -66,6 +66,9 @@ BAD_FILES = [
     BadFile("not-a-mapping", b"- a\n- b\n", "document 1: expected a mapping"),
     BadFile("bad-yaml", (POOL + "  mode: [\n").encode(),
             "line 7, column 1: expected the node content"),
+    BadFile("infinite-seconds",
+            (POOL + "  slo: {ttft: {quantile: 0.9, seconds: .inf}}\n").encode(),
+            "spec.slo.ttft.seconds: must be a finite number, got inf"),
     BadFile("too-large", (POOL + "x: '" + "a" * (5 * 1024 * 1024) + "'\n").encode(),
             "bytes; poolpilot reads at most 4 MiB"),
 ]
