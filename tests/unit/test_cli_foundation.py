@@ -8,6 +8,8 @@ from pathlib import Path
 
 import yaml
 
+from poolpilot import crd
+
 ROOT = Path(__file__).parents[2]
 
 
@@ -57,7 +59,7 @@ def test_crd_has_what_kubectl_users_rely_on() -> None:
 
 
 def test_generated_files_have_no_yaml_anchors() -> None:
-    for path in ("crds/inferencepool.yaml", "charts/poolpilot/crds/inferencepool.yaml"):
+    for path in (crd.CRD_PATH, crd.CHART_CRD_PATH):
         text = (ROOT / path).read_text()
         assert "&id0" not in text and "*id0" not in text, path
 
