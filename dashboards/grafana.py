@@ -2,7 +2,8 @@
 
 Panels query Prometheus through the `datasource` template variable and filter with the
 `namespace` and `pool` variables (multi-value regexes). Scale events come from the
-autoscaler's desired-replicas gauge as annotations.
+autoscaler's metrics as annotations naming the role, the new size and the decision's reason.
+Each panel shows one unit (its y axis has one meaning); every unit is a Grafana unit id.
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ class Panel:
     # Series drawn as dashed threshold lines (SLO targets), matched by legend regex.
     dashed: str = ""
     extra_options: Json = field(default_factory=dict)
+    axis_label: str = ""  # what the unit counts, when the unit id alone does not say
 
 
 @dataclass
@@ -65,7 +67,10 @@ def _target(q: Query, ref: str) -> Json:
 
 
 def _panel_json(p: Panel, pid: int, x: int, y: int) -> Json:
-    field_config: Json = {"defaults": {"unit": p.unit}, "overrides": []}
+    defaults: Json = {"unit": p.unit}
+    if p.axis_label:
+        defaults["custom"] = {"axisLabel": p.axis_label}
+    field_config: Json = {"defaults": defaults, "overrides": []}
     if p.dashed:
         field_config["overrides"].append({
             "matcher": {"id": "byRegexp", "options": p.dashed},
@@ -148,15 +153,36 @@ def _annotations(scale_events: bool) -> Json:
         items.append({
             "name": "Scale events", "datasource": DS, "enable": True, "hide": False,
             "iconColor": "orange", "expr": SCALE_EVENTS, "step": "30s",
-            "titleFormat": "{{role}} scaled", "textFormat": "{{pool}}: {{role}} now {{__value}}",
-            "tagKeys": "namespace,pool,role", "useValueForTime": False,
+            "titleFormat": "{{role}} scaled {{direction}} to {{replicas}}",
+            "textFormat": "{{namespace}}/{{pool}}: {{role}} scaled {{direction}} to "
+                          "{{replicas}} replicas ({{reason}})",
+            "tagKeys": "namespace,pool,role,reason", "useValueForTime": False,
         })
     return {"list": items}
 
 
-# A change of the desired replica count is a scale decision (up or down).
-SCALE_EVENTS_SERIES = series(m.AUTOSCALER_DESIRED, NS, POOL)
-SCALE_EVENTS = f"changes({SCALE_EVENTS_SERIES}[1m]) > 0"
+# A scale decision (direction up or down) in the last minute, labelled with its reason, joined
+# with the size it decided on: count_values turns the desired-replicas value into the label
+# `replicas` (an annotation can show labels, not values). A decision series seen for the first
+# time starts at 1, where increase() sees no change: new series count too.
+_DECIDED = series(m.AUTOSCALER_DECISIONS, NS, POOL, SCALED)
+SCALE_DECISIONS = (
+    f"max by ({BY_ROLE}, direction, reason) "
+    f"((increase({_DECIDED}[1m]) > 0) or ({_DECIDED} unless {_DECIDED} offset 1m))"
+)
+SCALE_SIZES = (
+    f'count_values by ({BY_ROLE}) ("replicas", '
+    f"max by ({BY_ROLE}) ({series(m.AUTOSCALER_DESIRED, NS, POOL)}))"
+)
+SCALE_EVENTS = (
+    f"{SCALE_SIZES}\n* on ({BY_ROLE}) group_right (replicas)\n"
+    f"({SCALE_DECISIONS} > bool 0)"
+)
+SCALE_EVENTS_INPUTS = (SCALE_SIZES, SCALE_DECISIONS)
+
+# Units of the autoscaler's signals (the `signal` label): one panel per unit.
+SIGNAL_UNITS = {"TTFT": "s", "ITL": "s", "Queue": "short", "Sequences": "short",
+                "PromptThroughput": "cps", "KVCache": "percentunit"}
 
 
 def dashboard(uid: str, title: str, description: str, items: list[Panel | Row], *,
@@ -240,7 +266,8 @@ def pool_dashboard() -> Json:
             Query(_rate_by(BY_ROLE, m.VLLM_PROMPT_TOKENS, *f), "{{pool}} {{role}} prompt"),
             Query(_rate_by(BY_ROLE, m.VLLM_GENERATION_TOKENS, *f),
                   "{{pool}} {{role}} generation"),
-        ], unit="tps", description="Prompt tokens prefilled and tokens generated, per role."),
+        ], unit="cps", axis_label="tokens/s",
+            description="Prompt tokens prefilled and tokens generated, per role."),
         Panel("Requests at the router", [
             Query(_rate_by(f"{BY_POOL}, code", m.ROUTER_REQUESTS, *f), "{{pool}} {{code}}"),
         ], unit="reqps", description="Requests per second by HTTP status."),
@@ -275,6 +302,18 @@ def pool_dashboard() -> Json:
                      items)
 
 
+def _signals_panel(title: str, signals: tuple[str, ...], unit: str, axis_label: str,
+                   description: str) -> Panel:
+    assert all(SIGNAL_UNITS[s] == unit for s in signals), (title, unit)
+    f = (NS, POOL, f'signal=~"{"|".join(signals)}"')
+    return Panel(title, [
+        Query(f"max by ({BY_ROLE}, signal) ({series(m.AUTOSCALER_SIGNAL, *f)})",
+              "{{pool}} {{role}} {{signal}}"),
+        Query(f"max by ({BY_ROLE}, signal) ({series(m.AUTOSCALER_SIGNAL_TARGET, *f)})",
+              "{{pool}} {{role}} {{signal}} target"),
+    ], unit=unit, axis_label=axis_label, description=description, dashed=".*target")
+
+
 def autoscaler_dashboard() -> Json:
     f = (NS, POOL)
     items: list[Panel | Row] = [
@@ -298,13 +337,17 @@ def autoscaler_dashboard() -> Json:
         ], description="1: every signal had a fresh value; 0: the size is held (no data is "
                        "not zero)."),
         Row("Signals next to their targets"),
-        Panel("Signals and targets", [
-            Query(f"max by ({BY_ROLE}, signal) ({series(m.AUTOSCALER_SIGNAL, *f)})",
-                  "{{pool}} {{role}} {{signal}}"),
-            Query(f"max by ({BY_ROLE}, signal) ({series(m.AUTOSCALER_SIGNAL_TARGET, *f)})",
-                  "{{pool}} {{role}} {{signal}} target"),
-        ], description="Each signal the decision used, with its target dashed.",
-            dashed=".*target", width=24),
+        _signals_panel("Latency signals", ("TTFT", "ITL"), "s", "",
+                       "TTFT (at the router, else the engines) and inter-token latency the "
+                       "decision used, with the SLO targets dashed."),
+        _signals_panel("Queue and sequences", ("Queue", "Sequences"), "short", "requests",
+                       "Requests waiting (prefill) and sequences per decode engine, with "
+                       "their targets for the ready replicas dashed."),
+        _signals_panel("Prompt throughput", ("PromptThroughput",), "cps", "tokens/s",
+                       "Prompt tokens per second into prefill, with the ready replicas' "
+                       "capacity (less headroom) dashed."),
+        _signals_panel("KV-cache usage", ("KVCache",), "percentunit", "",
+                       "Decode's KV-cache usage, with its target dashed."),
         Panel("ScalingLimited", [
             Query(f"max by ({BY_ROLE}, reason) ({series(m.AUTOSCALER_LIMITED, *f)})",
                   "{{pool}} {{role}} {{reason}}"),

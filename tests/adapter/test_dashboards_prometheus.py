@@ -33,6 +33,7 @@ import yaml
 from poolpilot.dashboards import grafana, rules
 from poolpilot.sandbox.localprom import PrometheusProcess, Target
 
+from poolpilot import metrics as m
 from poolpilot.polling import wait_for
 
 pytestmark = pytest.mark.adapter
@@ -86,10 +87,11 @@ def dashboard_queries() -> list[Q]:
                              substitute(t["expr"])))
         for a in d["annotations"]["list"]:
             if "expr" in a:
-                # `changes(...) > 0` shows only when a scale happened; its input must exist.
+                # Shows only when a scale happened; its inputs must exist.
                 assert a["expr"] == grafana.SCALE_EVENTS
-                out.append(Q(f"{name}/annotation/{_slug(a['name'])}",
-                             substitute(grafana.SCALE_EVENTS_SERIES)))
+                for i, expr in enumerate(grafana.SCALE_EVENTS_INPUTS):
+                    out.append(Q(f"{name}/annotation/{_slug(a['name'])}/input{i}",
+                                 substitute(expr)))
     return out
 
 
@@ -316,13 +318,16 @@ def _start_autoscaler(tmp: Path, procs: list[Proc], prometheus_url: str) -> str:
     pool["spec"]["decode"]["replicas"] = 3
     pool["spec"]["autoscaling"]["scaleDown"].update(stabilizationWindowSeconds=0,
                                                      cooldownSeconds=0)
+    # A known prefill capacity: the prompt-throughput signal (and its panel) is on.
+    pool["spec"]["autoscaling"]["targets"]["prefillTokensPerSecondPerReplica"] = 5000
     (tmp / "pool.yaml").write_text(yaml.safe_dump(pool))
     _kubectl(kubeconfig, "apply", "-f", str(ROOT / "crds" / "inferencepool.yaml"))
     _kubectl(kubeconfig, "apply", "-f", str(tmp / "pool.yaml"))
     children = subprocess.run([*POOLPILOT, "render", "--no-rbac", str(tmp / "pool.yaml")],
                               capture_output=True, text=True, timeout=60, check=True).stdout
     _kubectl(kubeconfig, "apply", "-f", "-", stdin=children)
-    for role, replicas, ready in (("prefill", 2, 1), ("decode", 3, 3)):
+    # The router serves (else the autoscaler holds every role: NoReadyReplicas).
+    for role, replicas, ready in (("prefill", 2, 1), ("decode", 3, 3), ("router", 1, 1)):
         _kubectl(kubeconfig, "scale", "deployment", f"{POOL}-{role}", "-n", NS,
                  f"--replicas={replicas}")
         _kubectl(kubeconfig, "patch", "deployment", f"{POOL}-{role}", "-n", NS,
@@ -400,5 +405,12 @@ def test_scale_events_show_as_annotations(stack: Stack) -> None:
     if "autoscaler" in stack.missing or "engine" in stack.missing:
         pytest.skip("not exercised: needs the autoscaler and the engines")
     expr = substitute(grafana.SCALE_EVENTS)
-    wait_for(lambda: any(r["metric"].get("role") == "decode" for r in stack.query(expr)), 30,
-               f"a decode scale event from {expr}")
+    events = wait_for(lambda: [r["metric"] for r in stack.query(expr)
+                               if r["metric"].get("role") == "decode"], 30,
+                      f"a decode scale event from {expr}")
+    # What the annotation shows: the role, the direction, the new size and the reason.
+    event = events[0]
+    assert event["direction"] == "down" and event["reason"]
+    desired = stack.query(substitute(
+        f'max by (namespace, pool, role) ({m.AUTOSCALER_DESIRED}{{role="decode"}})'))
+    assert event["replicas"] in {r["value"][1] for r in desired}

@@ -155,3 +155,56 @@ def test_pool_dashboard_covers_what_operators_look_at() -> None:
     annotations = [a for a in _load("pool")["annotations"]["list"] if a["name"] == "Scale events"]
     assert annotations and metrics.AUTOSCALER_DESIRED in annotations[0]["expr"]
     assert "Prefill:decode ratio" in text
+
+
+def _grafana_units() -> set[str]:
+    """Every unit id Grafana knows, from grafana-foundation-sdk's generated list."""
+    import typing
+
+    from grafana_foundation_sdk.models import units
+
+    hints = typing.get_type_hints(units)
+    return {value for name, hint in hints.items() if typing.get_origin(hint) is typing.Literal
+            for value in typing.get_args(hint)} | {getattr(units, n) for n in hints}
+
+
+def _units(node: Any) -> list[str]:
+    if isinstance(node, dict):
+        found = [node["unit"]] if isinstance(node.get("unit"), str) else []
+        if node.get("id") == "unit" and isinstance(node.get("value"), str):
+            found.append(node["value"])  # an override's unit
+        return found + [u for v in node.values() for u in _units(v)]
+    if isinstance(node, list):
+        return [u for v in node for u in _units(v)]
+    return []
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_unit_is_a_grafana_unit_id(name: str) -> None:
+    known = _grafana_units()
+    assert {"s", "reqps", "percentunit", "short", "cps"} <= known  # the list is the real one
+    assert "tps" not in known
+    used = _units(_load(name))
+    assert used
+    assert sorted(set(used) - known) == [], f"not Grafana unit ids: {set(used) - known}"
+
+
+def test_each_autoscaler_signal_has_one_panel_in_its_unit() -> None:
+    from poolpilot.autoscaler import decide
+
+    emitted = set(decide._ABOVE) | {"TTFT", "ITL"}
+    assert emitted == set(grafana.SIGNAL_UNITS), "a signal without a unit (or a stale one)"
+    panels = [p for p in _load("autoscaler")["panels"] if p.get("targets")]
+    for signal, unit in grafana.SIGNAL_UNITS.items():
+        showing = [p for p in panels if any(re.search(rf'signal=~"[^"]*\b{signal}\b', t["expr"])
+                                            for t in p["targets"])]
+        assert len(showing) == 1, (signal, [p["title"] for p in showing])
+        assert showing[0]["fieldConfig"]["defaults"]["unit"] == unit, signal
+
+
+def test_scale_annotations_name_the_role_the_size_and_the_reason() -> None:
+    [scale] = [a for a in _load("pool")["annotations"]["list"] if a["name"] == "Scale events"]
+    shown = scale["titleFormat"] + scale["textFormat"]
+    for label in ("{{role}}", "{{replicas}}", "{{reason}}", "{{direction}}"):
+        assert label in shown, label
+    assert "reason" in scale["tagKeys"]
