@@ -56,7 +56,7 @@ class Options:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--trace", required=True, help="trace file (Azure CSV, Mooncake JSONL, CSV)")
+    p.add_argument("--trace", help="trace file (Azure CSV, Mooncake JSONL, CSV)")
     p.add_argument("--format", choices=FORMATS, default=None,
                    help="trace format (default: detected from the file)")
     p.add_argument("--model", default="llama-3.1-8b", help="model shape (engine simulator)")
@@ -106,6 +106,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", dest="json_out", default=None, help="write results as JSON here")
     p.add_argument("--plot", default=None, help="write a PNG of replicas and TTFT over time")
     p.add_argument("--markdown", default=None, help="write the table as markdown here")
+    p.add_argument("--replot", default=None, metavar="JSON",
+                   help="draw --plot, --markdown and the table again from a saved --json "
+                        "document, without replaying")
 
 
 def parse_policies(text: str, sweep: bool = False) -> list[str]:
@@ -344,8 +347,12 @@ def _check(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.replot:
+        return replot(args)
     console = Console(stderr=True)
     try:
+        if not args.trace:
+            raise ValueError("--trace is required (or --replot a saved JSON)")
         _check(args)
         names = parse_policies(args.policies, args.sweep)
         raw = load_trace(args.trace, args.format)
@@ -396,17 +403,13 @@ def run(args: argparse.Namespace) -> int:
     title = (f"{Path(args.trace).name} x{args.rate_scale:g}: {len(trace):,} requests, "
              f"{cfg.model} TP{cfg.tensor_parallel} on {cfg.gpu}, cold start {cfg.cold_start:g}s"
              + (", local prefill on" if cfg.local_prefill else ""))
-    report.print_table(results, title, Console(width=max(160, Console().width)), opts.goal)
-    for line in report.reference_notes(results):
-        console.print(line, soft_wrap=True, markup=False)
-    console.print(f"replayed {len(names)} policies in {wall:.1f} s wall")
     meta = {
+        "title": title,
         "trace": {"file": str(args.trace), "requests": len(trace), "span_s": span,
                   "rate_scale": args.rate_scale, "duration": args.duration},
         "config": {k: v for k, v in asdict(replace(cfg)).items() if k != "engine"},
         "slo_ceiling": {"share": round(ceiling.share, 6),
                         "longest_prompt": ceiling.longest_prompt},
-        "goal": opts.goal,
         "oracle": {"window_s": opts.oracle_window,
                    "target": opts.oracle_target or opts.goal},
         "poolpilot_autoscaling": opts.autoscaling,
@@ -415,10 +418,36 @@ def run(args: argparse.Namespace) -> int:
     doc = report.as_json(results, meta, opts.goal)
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(doc, indent=2, default=_json_default) + "\n")
+    render(doc, args, console)
+    console.print(f"replayed {len(names)} policies in {wall:.1f} s wall")
+    return 0
+
+
+def render(doc: dict[str, Any], args: argparse.Namespace, console: Console) -> None:
+    """The table on stdout, the references' notes, and --markdown / --plot, from the JSON."""
+    title = str(doc.get("title", ""))
+    report.print_table(doc, title, Console(width=max(160, Console().width)))
+    for line in report.reference_notes(doc):
+        console.print(line, soft_wrap=True, markup=False)
     if args.markdown:
-        Path(args.markdown).write_text(report.markdown_table(results, opts.goal) + "\n")
+        Path(args.markdown).write_text(report.markdown_table(doc) + "\n")
     if args.plot:
-        report.plot(results, args.plot, title, cfg.slo_ttft, opts.goal)
+        report.plot(doc, args.plot, title)
+
+
+def replot(args: argparse.Namespace) -> int:
+    """`--replot FILE`: draw a saved run's outputs again, without replaying."""
+    try:
+        doc = json.loads(Path(args.replot).read_text())
+        if not isinstance(doc, dict) or not isinstance(doc.get("policies"), dict):
+            raise ValueError(f"--replot {args.replot}: not a poolpilot bench JSON document")
+    except FileNotFoundError:
+        return _fail(f"--replot {args.replot}: no such file")
+    except json.JSONDecodeError as exc:
+        return _fail(f"--replot {args.replot}: not valid JSON: {exc.msg}")
+    except ValueError as exc:
+        return _fail(exc)
+    render(doc, args, Console(stderr=True))
     return 0
 
 

@@ -17,8 +17,6 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from poolpilot.bench.replay import RunResult
-
 
 @dataclass(frozen=True)
 class Knob:
@@ -114,18 +112,19 @@ def family(name: str) -> str:
     return name.split("(", 1)[0]
 
 
-def best_points(results: Sequence[RunResult], goal: float) -> dict[str, str]:
-    """Per baseline run with more than one setting: the name of its best point."""
-    groups: dict[str, list[RunResult]] = {}
-    for r in results:
-        if family(r.policy) in KNOBS:
-            groups.setdefault(family(r.policy), []).append(r)
+def best_points(runs: Sequence[tuple[str, float, float]], goal: float) -> dict[str, str]:
+    """Per baseline run with more than one setting, the name of its best point; `runs` are
+    (policy name, SLO attainment, GPU-hours)."""
+    groups: dict[str, list[tuple[str, float, float]]] = {}
+    for run in runs:
+        if family(run[0]) in KNOBS:
+            groups.setdefault(family(run[0]), []).append(run)
     out = {}
-    for fam, runs in groups.items():
-        if len(runs) < 2:
+    for fam, members in groups.items():
+        if len(members) < 2:
             continue
-        meeting = [r for r in runs if r.summary.slo_attainment >= goal - 1e-12]
-        best = (min(meeting, key=lambda r: r.summary.gpu_hours) if meeting
-                else max(runs, key=lambda r: (r.summary.slo_attainment, -r.summary.gpu_hours)))
-        out[fam] = best.policy
+        meeting = [r for r in members if r[1] >= goal - 1e-12]
+        best = (min(meeting, key=lambda r: r[2]) if meeting
+                else max(members, key=lambda r: (r[1], -r[2])))
+        out[fam] = best[0]
     return out

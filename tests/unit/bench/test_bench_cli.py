@@ -54,6 +54,14 @@ def test_all_policies_json_and_plot(trace: Path, tmp_path: Path,
     assert table.count("\n") == 9  # header, rule, seven policies
     assert "| vs oracle | vs static-min |" in table
     assert "static-peak" in capsys.readouterr().out
+    # the saved JSON draws the same table and a plot again, without replaying
+    md2, png2 = tmp_path / "again.md", tmp_path / "again.png"
+    assert cli_main(["bench", "--replot", str(out), "--markdown", str(md2),
+                     "--plot", str(png2)]) == 0
+    assert md2.read_text() == table
+    assert png2.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    series = pols["oracle"]["series"]
+    assert len(series["t"]) == len(series["prefill"]) == len(series["decode"]) > 1
 
 
 @pytest.mark.parametrize(
@@ -110,9 +118,11 @@ def test_no_static_pool_within_the_bounds_says_so(trace: Path, tmp_path: Path,
         (["--goal", "0"], "--goal must be a share in (0, 1]"),
         (["--oracle-window", "0"], "--oracle-window must be > 0"),
         (["--jobs", "0"], "--jobs must be >= 1"),
+        (["--replot", "/nonexistent/r.json"], "--replot /nonexistent/r.json: no such file"),
     ],
     ids=["unknown policy", "invalid autoscaling field", "bad JSON", "zero rate", "unknown model",
-         "min above max", "target above 1", "zero goal", "zero window", "zero jobs"],
+         "min above max", "target above 1", "zero goal", "zero window", "zero jobs",
+         "replot missing file"],
 )
 def test_bad_options_exit_2_in_one_line(trace: Path, args: list[str], says: str,
                                         capsys: pytest.CaptureFixture[str]) -> None:

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
-from poolpilot.bench.accounting import Ledger, summarize
 from poolpilot.bench.main import POLICIES, build_policy, parse_policies
 from poolpilot.bench.policies.dynamo_sla import DynamoSLA
 from poolpilot.bench.policies.hpa import HPAGpuUtil
 from poolpilot.bench.policies.keda import KedaQueue
-from poolpilot.bench.replay import BenchConfig, RunResult, Timeline
+from poolpilot.bench.replay import BenchConfig
 from poolpilot.bench.sweeps import best_points, parse_policy_spec, split_specs
 
 from poolpilot.traces import TraceRequest
@@ -71,10 +68,8 @@ def test_variants_reach_the_policies() -> None:
     assert isinstance(dyn, DynamoSLA) and (dyn.interval, dyn.margin) == (60.0, 0.5)
 
 
-def run(name: str, attainment: float, gpu_hours: float) -> RunResult:
-    s = replace(summarize([], Ledger(), 1.0, 1.0, 0.05), slo_attainment=attainment,
-                gpu_hours=gpu_hours)
-    return RunResult(name, s, [], Ledger(), Timeline(), {}, 0)
+def run(name: str, attainment: float, gpu_hours: float) -> tuple[str, float, float]:
+    return (name, attainment, gpu_hours)
 
 
 @pytest.mark.parametrize(
@@ -87,6 +82,6 @@ def run(name: str, attainment: float, gpu_hours: float) -> RunResult:
        run("hpa(target=65)", 0.70, 12.0)], "hpa(target=65)")],
     ids=["cheapest that meets the goal", "the goal itself counts", "else highest, then cheaper"],
 )
-def test_best_point(runs: list[RunResult], want: str) -> None:
+def test_best_point(runs: list[tuple[str, float, float]], want: str) -> None:
     others = [run("oracle", 0.99, 5.0), run("keda-queue", 0.5, 3.0)]  # single runs: no best
     assert best_points([*others, *runs], goal=0.95) == {"hpa": want}
