@@ -226,7 +226,8 @@ def plot(doc: Doc, path: str | Path, title: str) -> None:
     pols = doc["policies"]
     best = _best(doc)
     shown = main_rows(doc)
-    cycle = iter(plt.get_cmap("tab10").colors)
+    cmap = plt.get_cmap("tab10")
+    cycle = iter([cmap(i % 10) for i in range(64)])
     style: dict[str, dict[str, Any]] = {}
     for n in shown:
         style[n] = dict(REFERENCE_STYLE.get(n) or {"color": next(cycle), "linewidth": 1.2})
