@@ -70,6 +70,10 @@ def scaled_policy(p: core.Policy, speed: float) -> core.Policy:
         scale_up=b(p.scale_up),
         scale_down=b(p.scale_down),
         max_metric_age=p.max_metric_age / speed,
+        cold_start=p.cold_start / speed,
+        backlog_drain=p.backlog_drain / speed,
+        forecast_window=p.forecast_window / speed,
+        history_window=p.history_window / speed,
         prefill_tokens_per_replica=(p.prefill_tokens_per_replica or 0) * speed or None,
         decode_tokens_per_replica=(p.decode_tokens_per_replica or 0) * speed or None,
     )

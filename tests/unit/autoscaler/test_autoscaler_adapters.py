@@ -116,6 +116,8 @@ def test_speed_divides_durations_and_multiplies_token_rates() -> None:
     assert s.scale_up == Behavior(6, 4, 3) and s.scale_down == Behavior(30, 1, 6)
     assert (s.max_metric_age, s.prefill_tokens_per_replica, s.decode_tokens_per_replica) == (
         6, 10000, None)
+    assert (s.cold_start, s.backlog_drain, s.forecast_window, s.history_window) == (
+        p.cold_start / 10, p.backlog_drain / 10, p.forecast_window / 10, p.history_window / 10)
     assert s.ttft_target == p.ttft_target  # engines report latencies in simulated seconds
     assert scaled_policy(p, 1) is p
 
