@@ -471,3 +471,29 @@ def test_network_policies_follow_the_pool(cluster: Cluster, operator: None) -> N
              and cluster.get("networkpolicy", f"{name}-router") is None,
              what="the NetworkPolicies removed")
     assert cluster.get("deployment", f"{name}-decode") is not None
+
+
+def test_changes_the_router_does_not_read_leave_the_routers_running(cluster: Cluster,
+                                                                    operator: None) -> None:
+    name = next(_names)
+    k = cluster.kubectl
+    k.apply(cluster.pool(name))
+    wait_for(lambda: cluster.settled(name), what="first reconcile")
+    router = cluster.get("deployment", f"{name}-router") or {}
+    decode = cluster.get("deployment", f"{name}-decode") or {}
+    # Served name and SLO quantile: the engines' command changes, the router's config does not.
+    k.apply(cluster.pool(name, model={"name": "org/model", "servedName": "alias"},
+                         slo={"ttft": {"quantile": 0.99, "seconds": 1.0}}))
+    wait_for(lambda: cluster.settled(name), what="the change reconciled")
+    wait_for(lambda: (d := cluster.get("deployment", f"{name}-decode")) and
+             d["metadata"]["generation"] > decode["metadata"]["generation"],
+             what="the engines rolled")
+    after = cluster.get("deployment", f"{name}-router") or {}
+    assert after["metadata"]["generation"] == router["metadata"]["generation"]
+    assert after["spec"]["template"] == router["spec"]["template"]
+    # What the router reads (the SLO seconds) rolls it.
+    k.apply(cluster.pool(name, model={"name": "org/model", "servedName": "alias"},
+                         slo={"ttft": {"quantile": 0.99, "seconds": 2.5}}))
+    wait_for(lambda: (d := cluster.get("deployment", f"{name}-router")) and
+             d["metadata"]["generation"] > router["metadata"]["generation"],
+             what="the routers rolled")
