@@ -639,7 +639,9 @@ def propose_from_signals(role: str, obs: Observation, p: Policy, capacity: Mappi
             load("PromptThroughput", float(o.prompt_tokens_rate or 0),
                  cap * (1 - p.headroom) * ready)
     if role == DECODE and owner == DECODE:
-        latency("TTFT", obs.router_ttft, p.ttft_target, sizes=not failing)
+        # (decode's waiting gauge counts KV handoffs in flight: a late first token with a few
+        # of those is no decode shortage; its model and KV cache say when decode is short)
+        latency("TTFT", obs.router_ttft, p.ttft_target, sizes=need is None and not failing)
     if role in (DECODE, ENGINE):
         latency("ITL", o.itl, p.itl_target)
         if need is None:

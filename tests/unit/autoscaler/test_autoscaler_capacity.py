@@ -241,6 +241,11 @@ CASES = [
     Case("an-itl-breach-still-scales-decode-up",
          pool(decode=dec(2, itl=0.08, generation_tokens_rate=2000.0)),
          {"decode": (4, "ITLAboveTarget")}),
+    Case("a-late-first-token-with-handoffs-in-flight-is-no-decode-shortage",
+         # prefill meets the target, 3 handoffs wait at decode, the router's TTFT is late:
+         # decode's model (1,000 of 2,000 tokens/s) and KV cache (0.3) say decode is not short
+         pool(pre(2, ttft=0.3), dec(1, waiting=3.0), router_ttft=2.0),
+         {"decode": (1, "AtRecommendedSize")}),
     Case("decode-ordered-for-prompts-on-the-rise",
          # prompts rising to 24k in 120 s; 1,500 generated tokens per 16k prompt tokens: 2,250
          # generated tokens/s ahead -> 2 decode replicas before they arrive (1,500 now: 1)
