@@ -259,12 +259,17 @@ def _evaluate_json(rule: str, message: str | None, message_expression: str | Non
     return _evaluate(rule, message, message_expression, to_cel(json.loads(value_json)))
 
 
+_CACHED_VALUE_BYTES = 2048  # small parts repeat (roles, resources); whole objects do not
+
+
 def _rule_outcome(rule: dict[str, Any], value: Any) -> str | None:
     args = (rule["rule"], rule.get("message"), rule.get("messageExpression"))
     try:
         value_json = json.dumps(value, sort_keys=True)
-    except (RecursionError, ValueError, TypeError):  # too deep to encode: no cache
-        return _evaluate(*args, to_cel(value))
+    except (RecursionError, ValueError, TypeError):  # too deep to encode
+        value_json = None
+    if value_json is None or len(value_json) > _CACHED_VALUE_BYTES:
+        return _evaluate(*args, to_cel(value))  # the cache holds small values only
     return _evaluate_json(*args, value_json)
 
 
