@@ -199,11 +199,25 @@ def test_helm_install_upgrade_uninstall(kubectl: Kubectl) -> None:
         return proc.stdout
 
     chart = str(ROOT / "charts/poolpilot")
-    helm("install", "pp", chart, "-n", "pp-system", "--create-namespace")
-    helm("upgrade", "pp", chart, "-n", "pp-system", "--set", "operator.replicas=3")
+    # The module's cluster has the CRD from `kubectl apply -f crds/`: the chart, which templates
+    # the CRD, stops before changing anything and names both ways out (docs/helm.md, Install).
+    refused = subprocess.run([str(HELM), "--kubeconfig", str(kubectl.kubeconfig), "install", "pp",
+                              chart, "-n", "pp-system", "--create-namespace"],
+                             capture_output=True, text=True, timeout=120)
+    assert refused.returncode != 0
+    assert "--set crds.install=false" in refused.stderr, refused.stderr
+    assert "kubectl annotate crd inferencepools.poolpilot.dev meta.helm.sh/release-name=pp " \
+           "meta.helm.sh/release-namespace=pp-system" in refused.stderr, refused.stderr
+    assert helm("list", "-n", "pp-system", "-q").strip() == ""
+    helm("install", "pp", chart, "-n", "pp-system", "--create-namespace",
+         "--set", "crds.install=false")
+    helm("upgrade", "pp", chart, "-n", "pp-system", "--reuse-values",
+         "--set", "operator.replicas=3")
     history = helm("history", "pp", "-n", "pp-system").splitlines()
     assert [line.split()[0] for line in history[1:]] == ["1", "2"]
     deploys = kubectl.json("get", "deployments", "-n", "pp-system")["items"]
     assert 3 in [d["spec"]["replicas"] for d in deploys]
     helm("uninstall", "pp", "-n", "pp-system")
     assert kubectl.json("get", "deployments,secrets", "-n", "pp-system")["items"] == []
+    # The CRD was never the release's: it and its pools outlive it.
+    assert kubectl.run("get", "crd", "inferencepools.poolpilot.dev", "-o", "name").stdout.strip()

@@ -88,7 +88,9 @@ def test_upgrade_from_the_crds_folder_to_the_templated_crd(cli: Cli, tmp_path: P
     # Helm will not take over an object another installation made ...
     refused = cli("helm upgrade poolpilot charts/poolpilot -n poolpilot-system --reuse-values",
                   check=False)
-    assert refused.returncode != 0 and "invalid ownership metadata" in refused.stderr
+    assert refused.returncode != 0 and "does not own it" in refused.stderr, refused.stderr
+    assert "--set crds.install=false" in refused.stderr
+    assert next(c for c in upgrade_commands() if c.startswith("kubectl annotate")) in refused.stderr
     assert cli.crd()["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]
     # ... until the documented adoption, after which the upgrade goes through.
     commands = upgrade_commands()
