@@ -51,6 +51,7 @@ from typing import TYPE_CHECKING, NamedTuple
 from poolpilot.autoscaler import capacity as model
 
 from poolpilot.reasons import Reason
+from poolpilot.reasons import SignalName as S
 
 if TYPE_CHECKING:  # only for type hints; the core does not depend on the API at runtime
     from poolpilot.api import InferencePoolSpec
@@ -297,7 +298,7 @@ class Step:
 class Signal:
     """A signal's value next to its target (for logs, status and the autoscaler's metrics)."""
 
-    name: str
+    name: S
     value: float
     target: float
     proposal: int | None  # None: the signal abstained
@@ -577,13 +578,13 @@ def role_headroom(role: str, p: Policy, mem: model.Memory | None = None) -> floa
 
 # --- step: signals -----------------------------------------------------------------------------
 
-_ABOVE = {"TTFT": Reason.TTFT_ABOVE_TARGET, "ITL": Reason.ITL_ABOVE_TARGET,
-          "Queue": Reason.QUEUE_ABOVE_TARGET,
-          "PromptThroughput": Reason.PROMPT_THROUGHPUT_ABOVE_TARGET,
-          "Sequences": Reason.SEQUENCES_ABOVE_TARGET, "KVCache": Reason.KV_CACHE_ABOVE_TARGET}
-_BELOW = {"Queue": Reason.QUEUE_BELOW_TARGET,
-          "PromptThroughput": Reason.PROMPT_THROUGHPUT_BELOW_TARGET,
-          "Sequences": Reason.SEQUENCES_BELOW_TARGET, "KVCache": Reason.KV_CACHE_BELOW_TARGET}
+_ABOVE = {S.TTFT: Reason.TTFT_ABOVE_TARGET, S.ITL: Reason.ITL_ABOVE_TARGET,
+          S.QUEUE: Reason.QUEUE_ABOVE_TARGET,
+          S.PROMPT_THROUGHPUT: Reason.PROMPT_THROUGHPUT_ABOVE_TARGET,
+          S.SEQUENCES: Reason.SEQUENCES_ABOVE_TARGET, S.KV_CACHE: Reason.KV_CACHE_ABOVE_TARGET}
+_BELOW = {S.QUEUE: Reason.QUEUE_BELOW_TARGET,
+          S.PROMPT_THROUGHPUT: Reason.PROMPT_THROUGHPUT_BELOW_TARGET,
+          S.SEQUENCES: Reason.SEQUENCES_BELOW_TARGET, S.KV_CACHE: Reason.KV_CACHE_BELOW_TARGET}
 
 
 def propose_from_signals(role: str, obs: Observation, p: Policy, capacity: Mapping[str, float],
@@ -598,14 +599,14 @@ def propose_from_signals(role: str, obs: Observation, p: Policy, capacity: Mappi
     sig = prop.signals
     waiting, running = float(o.waiting or 0), float(o.running or 0)
 
-    def load(name: str, value: float, target: float) -> None:
+    def load(name: S, value: float, target: float) -> None:
         # Load signals: utilization u = value / target (the target for the ready replicas
         # together); propose ceil(ready * u), or the current size within the dead band.
         u = value / target
         band = abs(u - 1) <= p.dead_band
         sig.append(Signal(name, value, target, o.replicas if band else _ceil(ready * u), band))
 
-    def latency(name: str, value: float | None, target: float, sizes: bool = True) -> None:
+    def latency(name: S, value: float | None, target: float, sizes: bool = True) -> None:
         if _bad(value):
             return  # no request finished in the window: no opinion (not "no data")
         assert value is not None
@@ -630,29 +631,30 @@ def propose_from_signals(role: str, obs: Observation, p: Policy, capacity: Mappi
     if role in (PREFILL, ENGINE):
         if role == ENGINE or owner == PREFILL:
             ttft = obs.router_ttft if not _bad(obs.router_ttft) else o.ttft
-            latency("TTFT", ttft, p.ttft_target, sizes=need is None and not failing)
+            latency(S.TTFT, ttft, p.ttft_target, sizes=need is None and not failing)
         if need is None:
-            load("Queue", waiting, p.prefill_queue_per_replica * ready)
+            load(S.QUEUE, waiting, p.prefill_queue_per_replica * ready)
     if role == PREFILL and need is None:
         cap = capacity.get(PREFILL)
         if cap:
-            load("PromptThroughput", float(o.prompt_tokens_rate or 0),
+            load(S.PROMPT_THROUGHPUT, float(o.prompt_tokens_rate or 0),
                  cap * (1 - p.headroom) * ready)
     if role == DECODE and owner == DECODE:
         # (decode's waiting gauge counts KV handoffs in flight: a late first token with a few
         # of those is no decode shortage; its model and KV cache say when decode is short)
-        latency("TTFT", obs.router_ttft, p.ttft_target, sizes=need is None and not failing)
+        latency(S.TTFT, obs.router_ttft, p.ttft_target, sizes=need is None and not failing)
     if role in (DECODE, ENGINE):
-        latency("ITL", o.itl, p.itl_target)
+        latency(S.ITL, o.itl, p.itl_target)
         if need is None:
-            load("Sequences", running + waiting, p.decode_sequences_per_replica * ready)
-        load("KVCache", float(o.kv_usage or 0), p.kv_cache_usage)
+            load(S.SEQUENCES, running + waiting, p.decode_sequences_per_replica * ready)
+        load(S.KV_CACHE, float(o.kv_usage or 0), p.kv_cache_usage)
     if need is not None:
-        unit = "PromptTokens" if role == PREFILL else "GenerationTokens"
+        demand, ahead = ((S.PROMPT_TOKENS_DEMAND, S.PROMPT_TOKENS_AHEAD) if role == PREFILL
+                         else (S.GENERATION_TOKENS_DEMAND, S.GENERATION_TOKENS_AHEAD))
         target = need.per_replica * (1 - need.headroom) * o.replicas
-        sig.append(Signal(f"{unit}Demand", need.rate + need.backlog / need.drain, target,
+        sig.append(Signal(demand, need.rate + need.backlog / need.drain, target,
                           None, True, model=True))
-        sig.append(Signal(f"{unit}Ahead", need.rate_ahead + need.backlog_ahead / need.drain,
+        sig.append(Signal(ahead, need.rate_ahead + need.backlog_ahead / need.drain,
                           target, None, True, model=True))
 
     rates = [o.prompt_tokens_rate, o.generation_tokens_rate]

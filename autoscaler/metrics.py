@@ -51,7 +51,7 @@ class AutoscalerMetrics:
         self.desired.labels(*key).set(d.replicas)
         self.decisions.labels(*key, d.direction, d.reason).inc()
         self.metrics_available.labels(*key).set(1 if d.metrics_ok and metrics_ok else 0)
-        names = {s.name for s in d.signals}
+        names: set[str] = {s.name for s in d.signals}
         for gone in self._signals.get(key, set()) - names:
             self.signal.remove(*key, gone)
             self.signal_target.remove(*key, gone)

@@ -22,7 +22,7 @@ from poolpilot.dashboards.promql import (
 )
 
 from poolpilot import metrics as m
-from poolpilot.reasons import reasons_text
+from poolpilot.reasons import SIGNAL_DESCRIPTION, SIGNAL_UNIT, SignalName, reasons_text
 
 SCHEMA_VERSION = 39
 DS = {"type": "prometheus", "uid": "${datasource}"}
@@ -164,14 +164,17 @@ def _annotations(scale_events: bool) -> Json:
 # A scale decision (direction up or down) in the last minute, labelled with its reason, joined
 # with the size it decided on: count_values turns the desired-replicas value into the label
 # `replicas` (an annotation can show labels, not values). A decision series seen for the first
-# time starts at 1, where increase() sees no change: new series count too.
+# time starts at 1, where increase() sees no change: new series count too. Grafana runs the
+# annotation as a range query, where Prometheus 2.42's `count_values by (a, b, c)` drops a
+# grouping label (role: the join below then fails as many-to-many); `without ()` keeps the
+# labels `max by` left, on every version.
 _DECIDED = series(m.AUTOSCALER_DECISIONS, NS, POOL, SCALED)
 SCALE_DECISIONS = (
     f"max by ({BY_ROLE}, direction, reason) "
     f"((increase({_DECIDED}[1m]) > 0) or ({_DECIDED} unless {_DECIDED} offset 1m))"
 )
 SCALE_SIZES = (
-    f'count_values by ({BY_ROLE}) ("replicas", '
+    f'count_values without () ("replicas", '
     f"max by ({BY_ROLE}) ({series(m.AUTOSCALER_DESIRED, NS, POOL)}))"
 )
 SCALE_EVENTS = (
@@ -180,9 +183,15 @@ SCALE_EVENTS = (
 )
 SCALE_EVENTS_INPUTS = (SCALE_SIZES, SCALE_DECISIONS)
 
-# Units of the autoscaler's signals (the `signal` label): one panel per unit.
-SIGNAL_UNITS = {"TTFT": "s", "ITL": "s", "Queue": "short", "Sequences": "short",
-                "PromptThroughput": "cps", "KVCache": "percentunit"}
+# The autoscaler's signals (the `signal` label), one panel per unit of the autoscaler's own
+# vocabulary (poolpilot.reasons.SIGNAL_UNIT): unit -> (panel title, Grafana unit id, axis label).
+SIGNAL_PANELS = {
+    "seconds": ("Latency signals", "s", ""),
+    "requests": ("Queue and sequences", "short", "requests"),
+    "tokens/s": ("Token throughput and demand", "cps", "tokens/s"),
+    "fraction": ("KV-cache usage", "percentunit", ""),
+}
+SIGNAL_UNITS = {s: SIGNAL_PANELS[SIGNAL_UNIT[s]][1] for s in SignalName}
 
 
 def dashboard(uid: str, title: str, description: str, items: list[Panel | Row], *,
@@ -207,7 +216,7 @@ def dashboard(uid: str, title: str, description: str, items: list[Panel | Row], 
     }
 
 
-def _latency_panel(title: str, hist: str, by: str, legend: str, target_signal: str,
+def _latency_panel(title: str, hist: str, by: str, legend: str, target_signal: SignalName,
                    description: str, *matchers: str) -> Panel:
     queries = [
         Query(quantile(q, hist, W, by, NS, POOL, *matchers), f"{legend} p{round(q * 100)}")
@@ -234,22 +243,23 @@ def pool_dashboard() -> Json:
     items: list[Panel | Row] = [
         Row("Latency against the SLO"),
         _latency_panel(
-            "TTFT at the router (user-visible)", m.ROUTER_TTFT, BY_POOL, "{{pool}}", "TTFT",
+            "TTFT at the router (user-visible)", m.ROUTER_TTFT, BY_POOL, "{{pool}}",
+            SignalName.TTFT,
             "Time to first token as clients see it: prefill + KV transfer + first decode step. "
             "Dashed: the pool's SLO target.",
         ),
         _latency_panel(
-            "TTFT per engine role", m.VLLM_TTFT, BY_ROLE, "{{pool}} {{role}}", "TTFT",
+            "TTFT per engine role", m.VLLM_TTFT, BY_ROLE, "{{pool}} {{role}}", SignalName.TTFT,
             "vLLM's own time to first token per role: tells which role adds the latency.",
             ENGINE_ROLES,
         ),
         _latency_panel(
-            "Inter-token latency at the router", m.ROUTER_ITL, BY_POOL, "{{pool}}", "ITL",
+            "Inter-token latency at the router", m.ROUTER_ITL, BY_POOL, "{{pool}}", SignalName.ITL,
             "Time between streamed tokens as clients see it. Dashed: the pool's SLO target.",
         ),
         _latency_panel(
             "Inter-token latency per engine role", m.VLLM_ITL, BY_ROLE, "{{pool}} {{role}}",
-            "ITL", "vLLM's inter-token latency (decode steps) per role.", ENGINE_ROLES,
+            SignalName.ITL, "vLLM's inter-token latency (decode steps) per role.", ENGINE_ROLES,
         ),
         Row("Load"),
         Panel("Queue depth per role", [
@@ -302,16 +312,19 @@ def pool_dashboard() -> Json:
                      items)
 
 
-def _signals_panel(title: str, signals: tuple[str, ...], unit: str, axis_label: str,
-                   description: str) -> Panel:
-    assert all(SIGNAL_UNITS[s] == unit for s in signals), (title, unit)
+def _signals_panel(unit: str) -> Panel:
+    """Every signal the autoscaler measures in `unit`, each next to its target (dashed)."""
+    title, grafana_unit, axis_label = SIGNAL_PANELS[unit]
+    signals = [s for s in SignalName if SIGNAL_UNIT[s] == unit]
     f = (NS, POOL, f'signal=~"{"|".join(signals)}"')
+    description = "Each signal the decision used, with its target dashed:\n" + "\n".join(
+        f"- `{s}`: {SIGNAL_DESCRIPTION[s]}" for s in signals)
     return Panel(title, [
         Query(f"max by ({BY_ROLE}, signal) ({series(m.AUTOSCALER_SIGNAL, *f)})",
               "{{pool}} {{role}} {{signal}}"),
         Query(f"max by ({BY_ROLE}, signal) ({series(m.AUTOSCALER_SIGNAL_TARGET, *f)})",
               "{{pool}} {{role}} {{signal}} target"),
-    ], unit=unit, axis_label=axis_label, description=description, dashed=".*target")
+    ], unit=grafana_unit, axis_label=axis_label, description=description, dashed=".*target")
 
 
 def autoscaler_dashboard() -> Json:
@@ -337,17 +350,7 @@ def autoscaler_dashboard() -> Json:
         ], description="1: every signal had a fresh value; 0: the size is held (no data is "
                        "not zero)."),
         Row("Signals next to their targets"),
-        _signals_panel("Latency signals", ("TTFT", "ITL"), "s", "",
-                       "TTFT (at the router, else the engines) and inter-token latency the "
-                       "decision used, with the SLO targets dashed."),
-        _signals_panel("Queue and sequences", ("Queue", "Sequences"), "short", "requests",
-                       "Requests waiting (prefill) and sequences per decode engine, with "
-                       "their targets for the ready replicas dashed."),
-        _signals_panel("Prompt throughput", ("PromptThroughput",), "cps", "tokens/s",
-                       "Prompt tokens per second into prefill, with the ready replicas' "
-                       "capacity (less headroom) dashed."),
-        _signals_panel("KV-cache usage", ("KVCache",), "percentunit", "",
-                       "Decode's KV-cache usage, with its target dashed."),
+        *(_signals_panel(unit) for unit in SIGNAL_PANELS),
         Panel("ScalingLimited", [
             Query(f"max by ({BY_ROLE}, reason) ({series(m.AUTOSCALER_LIMITED, *f)})",
                   "{{pool}} {{role}} {{reason}}"),

@@ -5,6 +5,7 @@ A `Reason` is what `status.<role>.reason` says, what the `reason` label of
 what the autoscaler's Events and conditions name, and what the dashboards list. The decision
 core (`poolpilot.autoscaler.decide`) returns only these; `STEP_OF` says which step of the
 decision gives each one, `DESCRIPTION` what it means (docs/autoscaler.md has the same table).
+A `SignalName` is what a decision measured against a target (`SIGNAL_UNIT`: in what unit).
 """
 
 from __future__ import annotations
@@ -67,6 +68,52 @@ class Reason(StrEnum):
     SCALED_UP = "ScaledUp"
     SCALED_DOWN = "ScaledDown"
     SCALE_FAILED = "ScaleFailed"
+
+
+class SignalName(StrEnum):
+    """What a decision compared with a target: the `signal` label of
+    `poolpilot_autoscaler_signal` and `poolpilot_autoscaler_signal_target`, the names in a
+    decision's message, and what the dashboards' signal panels select (one panel per unit)."""
+
+    TTFT = "TTFT"
+    ITL = "ITL"
+    QUEUE = "Queue"
+    SEQUENCES = "Sequences"
+    PROMPT_THROUGHPUT = "PromptThroughput"
+    KV_CACHE = "KVCache"
+    # the capacity model's demand (rate plus backlog to drain), now and one cold start ahead,
+    # against the replicas' capacity less headroom: shown, it sizes in its own steps
+    PROMPT_TOKENS_DEMAND = "PromptTokensDemand"
+    PROMPT_TOKENS_AHEAD = "PromptTokensAhead"
+    GENERATION_TOKENS_DEMAND = "GenerationTokensDemand"
+    GENERATION_TOKENS_AHEAD = "GenerationTokensAhead"
+
+
+# Each signal's unit (its value's and its target's) and meaning.
+SIGNAL_UNIT: dict[SignalName, str] = {
+    SignalName.TTFT: "seconds", SignalName.ITL: "seconds",
+    SignalName.QUEUE: "requests", SignalName.SEQUENCES: "requests",
+    SignalName.PROMPT_THROUGHPUT: "tokens/s",
+    SignalName.PROMPT_TOKENS_DEMAND: "tokens/s", SignalName.PROMPT_TOKENS_AHEAD: "tokens/s",
+    SignalName.GENERATION_TOKENS_DEMAND: "tokens/s",
+    SignalName.GENERATION_TOKENS_AHEAD: "tokens/s",
+    SignalName.KV_CACHE: "fraction",
+}
+SIGNAL_DESCRIPTION: dict[SignalName, str] = {
+    SignalName.TTFT: "time to first token (at the router, else the engines) against the SLO",
+    SignalName.ITL: "inter-token latency at the decode engines against the SLO",
+    SignalName.QUEUE: "requests waiting at prefill against prefillQueuePerReplica x ready",
+    SignalName.SEQUENCES: "decode sequences against decodeSequencesPerReplica x ready",
+    SignalName.PROMPT_THROUGHPUT: "prompt tokens/s against the ready replicas' capacity less "
+                                  "headroom (while the capacity model does not know prefill)",
+    SignalName.KV_CACHE: "decode's KV-cache usage against kvCacheUsage",
+    SignalName.PROMPT_TOKENS_DEMAND: "prefill's demand (prompt tokens/s plus the backlog to "
+                                     "drain) against its replicas' capacity less headroom",
+    SignalName.PROMPT_TOKENS_AHEAD: "the same one cold start ahead (the forecast)",
+    SignalName.GENERATION_TOKENS_DEMAND: "decode's demand (generated tokens/s) against its "
+                                         "replicas' capacity less headroom",
+    SignalName.GENERATION_TOKENS_AHEAD: "the same one cold start ahead (the forecast)",
+}
 
 
 DESCRIPTION: dict[Reason, str] = {

@@ -14,6 +14,7 @@ from poolpilot.autoscaler.observe import RoleState
 from poolpilot.autoscaler.queries import QuerySet, name_variants
 
 from poolpilot import metrics as m
+from poolpilot.reasons import SignalName as S
 
 T0 = "2026-01-01T00:00:00Z"
 T1 = "2026-01-01T00:05:00Z"
@@ -130,7 +131,7 @@ def test_time_round_trip() -> None:
 def test_own_metrics_follow_decisions() -> None:
     met = AutoscalerMetrics()
     d = RoleDecision("decode", 2, 4, "SequencesAboveTarget", "msg",
-                     signals=(Signal("Sequences", 256, 128, 4), Signal("KVCache", 0.5, 0.85, 2)),
+                     signals=(Signal(S.SEQUENCES, 256, 128, 4), Signal(S.KV_CACHE, 0.5, 0.85, 2)),
                      limited="MaxReplicasReached")
     met.record("ns", "p", d, True)
     labels = {"namespace": "ns", "pool": "p", "role": "decode"}

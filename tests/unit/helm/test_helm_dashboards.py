@@ -190,10 +190,14 @@ def test_every_unit_is_a_grafana_unit_id(name: str) -> None:
 
 
 def test_each_autoscaler_signal_has_one_panel_in_its_unit() -> None:
+    """Every name in the autoscaler's signal vocabulary (what `decide.Signal.name` is typed
+    as, so mypy holds the decision core to it) is drawn in exactly one panel of its unit."""
     from poolpilot.autoscaler import decide
 
-    emitted = set(decide._ABOVE) | {"TTFT", "ITL"}
-    assert emitted == set(grafana.SIGNAL_UNITS), "a signal without a unit (or a stale one)"
+    from poolpilot.reasons import SignalName
+
+    assert set(decide._ABOVE) | set(decide._BELOW) <= set(SignalName)
+    assert set(grafana.SIGNAL_UNITS) == set(SignalName), "a signal without a panel"
     panels = [p for p in _load("autoscaler")["panels"] if p.get("targets")]
     for signal, unit in grafana.SIGNAL_UNITS.items():
         showing = [p for p in panels if any(re.search(rf'signal=~"[^"]*\b{signal}\b', t["expr"])
