@@ -290,8 +290,10 @@ def pool_dashboard() -> Json:
                   "{{pool}} {{reason}}"),
         ], unit="reqps", description="Requests a decode engine prefilled itself (no KV "
                        "transfer): prefill_behind, the prefill role would have broken the TTFT "
-                       "target; kv_transfer_failed, a failed handoff retried locally. A pool "
-                       "living on prefill_behind needs prefill replicas."),
+                       "target; kv_transfer_failed, a failed handoff retried locally; "
+                       "prefill_failed, a prefill that failed on every prefill engine (or "
+                       "found none) retried locally. A pool living on prefill_behind needs "
+                       "prefill replicas."),
         Row("Replicas"),
         Panel("Desired vs ready replicas per role", [
             Query(_by("sum", BY_ROLE, m.AUTOSCALER_DESIRED, *f), "{{pool}} {{role}} desired"),

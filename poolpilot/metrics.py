@@ -56,10 +56,12 @@ ROUTER_REQUESTS = "poolpilot_router_requests_total"  # counter {code}
 ROUTER_INFLIGHT = "poolpilot_router_inflight"  # gauge {role}
 ROUTER_KV_TRANSFER_FAILURES = "poolpilot_router_kv_transfer_failures_total"  # counter
 # Requests served aggregated on a decode engine (local prefill, no KV transfer), by reason:
-# "prefill_behind" (the prefill role would break the TTFT target) or "kv_transfer_failed"
-# (the KV handoff failed and the request was retried locally instead of failing).
+# "prefill_behind" (the prefill role would break the TTFT target), "kv_transfer_failed"
+# (the KV handoff failed and the request was retried locally instead of failing) or
+# "prefill_failed" (the prefill failed on every prefill engine, or none was left; likewise).
+# The first is the autoscaler's prefill demand (queries.py reads index 0).
 ROUTER_LOCAL_PREFILL = "poolpilot_router_local_prefill_total"  # counter {reason}
-LOCAL_PREFILL_REASONS = ("prefill_behind", "kv_transfer_failed")
+LOCAL_PREFILL_REASONS = ("prefill_behind", "kv_transfer_failed", "prefill_failed")
 # Prefill KV holds the router freed for handoffs that did not happen {outcome}.
 ROUTER_KV_RELEASES = "poolpilot_router_kv_releases_total"
 

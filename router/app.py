@@ -457,7 +457,15 @@ class Router:
             if local is not None:
                 return await self._serve_local(request, body, start, lp.PREFILL_BEHIND,
                                                prompt_tokens, progress, first=local.url)
-            prefill = await self._prefill(path, body, prompt_tokens)
+            try:
+                prefill = await self._prefill(path, body, prompt_tokens)
+            except UpstreamError as exc:
+                # Every prefill engine failed (or none is left, e.g. the only one was killed)
+                # and nothing reached the client: a decode engine prefills it instead.
+                log.warning("prefill failed on every prefill engine (%s); retrying with a "
+                            "local prefill", exc)
+                return await self._serve_local(request, body, start, lp.PREFILL_FAILED,
+                                               prompt_tokens, progress, after=exc)
             progress.kv = pd.kv_params_from_prefill(prefill)
             try:
                 async with self._open("decode", path, pd.decode_body(body, progress.kv), tokens,
@@ -556,13 +564,21 @@ class Router:
     async def _serve_local(
         self, request: web.Request, body: dict[str, Any], start: float, reason: str,
         prompt_tokens: int, progress: Progress, first: str | None = None,
+        after: UpstreamError | None = None,
     ) -> tuple[web.StreamResponse, int]:
-        """Serve the request aggregated on a decode engine: it prefills the prompt itself."""
+        """Serve the request aggregated on a decode engine: it prefills the prompt itself.
+        `after`: the prefill's failure this retries, named in the error if this fails too."""
         self.metrics.local_prefill_reason[reason].inc()
         tokens = prompt_tokens + pd.requested_output_tokens(body)
-        async with self._open("decode", request.path, pd.local_body(body), tokens,
-                              first=first, local_tokens=prompt_tokens) as att:
-            return await self._relay(request, att, progress.stream, start, progress)
+        try:
+            async with self._open("decode", request.path, pd.local_body(body), tokens,
+                                  first=first, local_tokens=prompt_tokens) as att:
+                return await self._relay(request, att, progress.stream, start, progress)
+        except UpstreamError as exc:
+            if after is None:
+                raise
+            raise UpstreamError(exc.url, exc.status, f"{exc.message} (a local prefill, after "
+                                f"the prefill step failed: {after.message})") from exc
 
     async def _prefill(self, path: str, body: dict[str, Any], tokens: int) -> dict[str, Any]:
         """Run the prefill step; a failure (before or while reading the answer) is retried on
@@ -674,7 +690,8 @@ class Router:
                 elif local_tokens:
                     self.balancer.add_local_tokens(endpoint.url, -local_tokens)
         if last is None:
-            last = UpstreamError("-", 503, f"no {role} engine available")
+            engine = "engine" if role == "engine" else f"{role} engine"
+            last = UpstreamError("-", 503, f"no {engine} available")
         elif handoff:
             raise HandoffFailed(last)
         raise last

@@ -54,7 +54,8 @@ from typing import Protocol
 
 # Reasons (the first is also a label value of poolpilot_router_local_prefill_total).
 PREFILL_BEHIND = "prefill_behind"
-KV_TRANSFER_FAILED = "kv_transfer_failed"  # the router's retry path; not decided here
+KV_TRANSFER_FAILED = "kv_transfer_failed"  # the router's retry paths; not decided here
+PREFILL_FAILED = "prefill_failed"  # ... the prefill failed on every prefill engine (or none)
 PREFILL_OK = "prefill_ok"
 NO_DECODE_HEADROOM = "no_decode_headroom"
 DISABLED = "disabled"

@@ -1,11 +1,14 @@
 """Local prefill through the router process, against fake engine processes: a request goes
 to a decode engine alone while the prefill role is behind (and back to P/D when it catches
-up), and a failed KV handoff is served by a local prefill instead of an error.
+up), and a failed KV handoff or a prefill that failed on every prefill engine is served by a
+local prefill instead of an error.
 
 Real vLLM (same greedy output, the decode engine's own prompt counter) is in
 test_vllm_router.py."""
 
 from __future__ import annotations
+
+import threading
 
 import httpx
 import pytest
@@ -108,3 +111,49 @@ def test_failed_kv_handoff_is_served_by_a_local_prefill(stream: bool) -> None:
         assert metric_value(page, "poolpilot_router_local_prefill_total",
                             {"reason": "kv_transfer_failed"}) == 1
         assert metric_value(page, "poolpilot_router_requests_total", {"code": "200"}) == 1
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["non-streaming", "streaming"])
+def test_a_prefill_failing_on_every_prefill_engine_is_served_by_a_local_prefill(
+        stream: bool) -> None:
+    """Found by the sandbox's chaos run: the only prefill engine killed while it prefilled a
+    request left that request's client with a 502. The router prefills it on a decode engine
+    instead, and the next request too while no prefill engine is left."""
+    with (
+        running(start_fake_engine("P", 60.0), start_fake_engine("D")) as (p, d),
+        running(start_router("--prefill", p.url, "--decode", d.url, *FAST)) as (r,),
+    ):
+        answers: list[httpx.Response] = []
+        client = threading.Thread(target=lambda: answers.append(completion(r.url, stream)))
+        client.start()
+        wait_until(lambda: len(requests_at(p.url)) == 1, 10, "the prefill to start")
+        p.kill()  # mid-prefill: the engine answers nothing
+        client.join(30)
+        assert text_of(answers[0], stream) == "D0 D1 D2 "
+        assert text_of(completion(r.url, stream), stream) == "D0 D1 D2 "  # no prefill engine
+        served = requests_at(d.url)
+        assert len(served) == 2 and all("kv_transfer_params" not in b for b in served)
+        page = httpx.get(r.url + "/metrics", timeout=5).text
+        assert metric_value(page, "poolpilot_router_local_prefill_total",
+                            {"reason": "prefill_failed"}) == 2
+        assert metric_value(page, "poolpilot_router_requests_total", {"code": "200"}) == 2
+        assert metric_value(page, "poolpilot_router_kv_transfer_failures_total") == 0
+
+
+def test_a_failed_prefill_with_no_decode_engine_left_names_both_failures() -> None:
+    with (
+        running(start_fake_engine("P", 60.0), start_fake_engine("D")) as (p, d),
+        running(start_router("--prefill", p.url, "--decode", d.url, *FAST)) as (r,),
+    ):
+        d.kill()
+        answers: list[httpx.Response] = []
+        client = threading.Thread(target=lambda: answers.append(completion(r.url)))
+        client.start()
+        wait_until(lambda: len(requests_at(p.url)) == 1, 10, "the prefill to start")
+        p.kill()
+        client.join(30)
+        [resp] = answers
+        assert resp.status_code in (502, 503), resp.text
+        message = resp.json()["error"]["message"]
+        assert "decode engine" in message and "after the prefill step failed" in message
+        assert "prefill engine failed" in message
