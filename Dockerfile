@@ -1,7 +1,8 @@
 # poolpilot control plane: operator, autoscaler, router (`poolpilot operator|autoscaler|router`).
 # Build: docker build -t ghcr.io/poolpilot/poolpilot:0.1.0 .
-# Every room in pyproject's package-dir is copied except the dev-only ones ([tool.poolpilot]
-# dev-only: the Kubernetes API emulator and the performance harnesses); setup.py skips those.
+# Every room in pyproject's package-dir is copied except the tool rooms ([tool.poolpilot]
+# dev-only: the emulator, perf harnesses, engine simulator, bench, sandbox and dashboard
+# generator); setup.py skips those, and only the runtime dependencies are installed.
 FROM python:3.11-slim AS build
 WORKDIR /src
 COPY pyproject.toml setup.py README.md ./
@@ -9,10 +10,6 @@ COPY poolpilot poolpilot
 COPY operator operator
 COPY autoscaler autoscaler
 COPY router router
-COPY engine_sim engine_sim
-COPY bench bench
-COPY sandbox sandbox
-COPY dashboards dashboards
 COPY runtime_image runtime_image
 COPY kubeclient kubeclient
 RUN pip wheel --no-cache-dir --wheel-dir /wheels .

@@ -33,6 +33,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "dashboards": ("poolpilot.dashboards.generate", "write the chart's dashboards and alert rules"),
 }
 
+# The commands of the tool rooms (pyproject's [tool.poolpilot] dev-only; tests/unit/test_cli.py
+# keeps the two lists together): not in the images, their dependencies are the `tools` extra.
+TOOLS = frozenset({"engine-sim", "sim", "emulator", "perf", "sandbox", "bench", "dashboards"})
+INSTALL_TOOLS = "pip install -e '.[tools]' in a poolpilot source checkout (or ./dev setup)"
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
@@ -48,6 +52,15 @@ def add_log_level(p: argparse.ArgumentParser, default: str) -> None:
                        help=f"{', '.join(LOG_LEVELS)} (case-insensitive; default {default})")
     group.add_argument("-v", "--verbose", dest="log_level", action="store_const",
                        const="DEBUG", help="the same as --log-level DEBUG")
+
+
+def missing_tool(command: str, exc: ModuleNotFoundError) -> str:
+    """One line for a tool command whose room or dependency is absent (as in the images)."""
+    missing = exc.name or ""
+    what = (f"{missing} is not installed (the images ship the control plane only)"
+            if missing.startswith("poolpilot") else
+            f"needs {missing.split('.')[0]!r}, which is not installed")
+    return f"poolpilot {command}: {what}; install the developer tools: {INSTALL_TOOLS}\n"
 
 
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:
@@ -66,7 +79,10 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
             try:
                 mod = importlib.import_module(module)
             except ModuleNotFoundError as exc:
-                if exc.name is None or not module.startswith(exc.name):
+                missing = exc.name or ""
+                if name in TOOLS:
+                    parser.exit(2, missing_tool(name, exc))
+                if not missing or not module.startswith(missing):
                     raise
                 parser.exit(2, f"poolpilot {name}: not available in this build ({module})\n")
             mod.add_arguments(p)
@@ -77,9 +93,15 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    args = build_parser(argv).parse_args(argv)
+    parser = build_parser(argv)
+    args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level, format=LOG_FORMAT, stream=sys.stderr)
-    code: int = args.run(args)
+    try:
+        code: int = args.run(args)
+    except ModuleNotFoundError as exc:  # a tool importing a plotting library when it draws
+        if args.command not in TOOLS:
+            raise
+        parser.exit(2, missing_tool(args.command, exc))
     return code
 
 

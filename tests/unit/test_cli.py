@@ -157,3 +157,21 @@ def test_router_config_that_is_not_json_says_so(tmp_path: Path,
     bad.write_text("{not json")
     assert cli.main(["router", "--config", str(bad), "--engine", "http://127.0.0.1:1"]) == 2
     assert f"--config {bad}: cannot read it as JSON" in capsys.readouterr().err
+
+
+def test_the_tool_commands_are_the_tool_rooms() -> None:
+    """cli.TOOLS (the commands that say "install the developer tools" when their room or a
+    dependency is missing) are exactly the commands of pyproject's dev-only rooms."""
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    package_dir: dict[str, str] = project["tool"]["setuptools"]["package-dir"]
+    dev_only = set(project["tool"]["poolpilot"]["dev-only"])
+
+    def folder(module: str) -> str:
+        package = max((p for p in package_dir if module == p or module.startswith(p + ".")),
+                      key=len)
+        return package_dir[package]
+
+    assert {name for name, (module, _) in cli.COMMANDS.items()
+            if folder(module) in dev_only} == cli.TOOLS

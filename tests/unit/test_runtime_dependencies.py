@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import ast
 import importlib.metadata as md
+import re
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -129,6 +131,43 @@ def test_the_environment_really_lacks_the_tools(runtime_path: Path) -> None:
     assert out.returncode != 0 and "No module named 'matplotlib'" in out.stderr
     out = _run(runtime_path, "import poolpilot.sandbox")
     assert out.returncode != 0
+
+
+def _cli(path: Path, *argv: str) -> subprocess.CompletedProcess[str]:
+    return _run(path, f"from poolpilot import cli\nraise SystemExit(cli.main({list(argv)!r}))")
+
+
+@pytest.mark.parametrize("argv", [["sandbox", "--help"], ["bench"], ["engine-sim"],
+                                  ["dashboards", "--check"], ["emulator"]],
+                         ids=lambda a: a[0])
+def test_a_tool_in_an_image_says_what_to_install(runtime_path: Path, argv: list[str]) -> None:
+    """The images hold the control plane only: a tool command there is one line that says
+    how to get the tools, not a traceback."""
+    out = _cli(runtime_path, *argv)
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.count("\n") == 1 and "Traceback" not in out.stderr, out.stderr
+    assert out.stderr.startswith(f"poolpilot {argv[0]}: poolpilot.")
+    assert "is not installed" in out.stderr and "pip install -e '.[tools]'" in out.stderr
+    assert _cli(runtime_path, "crd").returncode == 0  # the control plane's commands work
+
+
+def test_a_tool_without_its_dependencies_names_the_missing_one(runtime_path: Path,
+                                                              tmp_path: Path) -> None:
+    """The tool rooms present, the `tools` extra not installed (a plain `pip install -e .`)."""
+    path = tmp_path / "site"
+    path.mkdir()
+    for entry in runtime_path.iterdir():
+        if entry.name != "poolpilot":
+            (path / entry.name).symlink_to(entry.resolve())
+    shutil.copytree(runtime_path / "poolpilot", path / "poolpilot", symlinks=True)
+    for package, folder in PACKAGE_DIR.items():
+        if package not in CONTROL_PLANE:
+            (path / "poolpilot" / package.rpartition(".")[2]).symlink_to(ROOT / folder)
+    out = _cli(path, "sandbox", "--help")
+    assert out.returncode == 2, out.stderr
+    assert re.fullmatch(r"poolpilot sandbox: needs '\w+', which is not installed; install the "
+                        r"developer tools: pip install -e '\.\[tools\]' .*\n", out.stderr), \
+        out.stderr
 
 
 def _third_party_imports() -> set[str]:
