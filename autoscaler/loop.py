@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import math
@@ -263,7 +264,7 @@ class Autoscaler:
             metrics = {"ttftSeconds": _round(obs.router_ttft if _ok(obs.router_ttft) else
                                              _first_ttft(obs)),
                        "itlSeconds": _round(_itl(obs))}
-        when = rfc3339(now)
+        when = _rfc3339(now)
         gen = (obj.get("metadata") or {}).get("generation")
         conds = [
             _cond(api.ConditionType.METRICS_AVAILABLE, d.metrics_available, when, gen),
@@ -274,6 +275,12 @@ class Autoscaler:
         if wrote:
             st.last_status_write = now
         return wrote
+
+
+@functools.lru_cache(maxsize=4)
+def _rfc3339(t: float) -> str:
+    """rfc3339, once per cycle rather than once per pool (every pool's `now` is the cycle's)."""
+    return rfc3339(t)
 
 
 def _name(obj: Obj) -> tuple[Any, Any]:

@@ -13,6 +13,8 @@ import sys
 from poolpilot.autoscaler import queries
 from poolpilot.autoscaler.promaccess import AccessError, PrometheusAccess, parse_header
 
+from poolpilot import gcpolicy
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prometheus", required=True, metavar="URL",
@@ -133,6 +135,7 @@ async def _main(args: argparse.Namespace) -> int:
     from poolpilot.kubeclient import leader
     from prometheus_client import start_http_server
 
+    gcpolicy.tune()  # the watch-fed view keeps every pool alive (see poolpilot.gcpolicy)
     namespaces = tuple(args.namespace)
     metrics = AutoscalerMetrics()
     server = None

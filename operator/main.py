@@ -17,6 +17,8 @@ from poolpilot.kubeclient import NoCredentials, credentials
 from poolpilot.operator import labels, peering
 from poolpilot.operator.handlers import OperatorConfig, register
 
+from poolpilot import gcpolicy
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     scope = parser.add_mutually_exclusive_group()
@@ -77,6 +79,7 @@ def run(args: argparse.Namespace) -> int:
         monitor_labels=monitor_labels,
         network_policies=args.network_policies,
     )
+    gcpolicy.tune()  # Kopf keeps every pool's state alive (see poolpilot.gcpolicy)
     registry = kopf.OperatorRegistry()
     register(registry, config)
     priority = args.priority if args.priority is not None else random.randint(1, 1_000_000)
