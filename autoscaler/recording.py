@@ -14,8 +14,8 @@ Rules (W = the autoscaler's --rate-window as `QuerySet.window()` prints it, e.g.
 |                                          | and request rates, newest sample time, ...)       |
 | `poolpilot_autoscaler_buckets:<hist>:W`  | bucket rates by (namespace, pool, role, le) of the |
 |                                          | engines' TTFT and ITL and the router's TTFT        |
-| `poolpilot_autoscaler:<hist>_quantile:W` | their quantiles at 0.5, 0.9, 0.95, 0.99           |
-|                                          | (label `quantile`)                                 |
+| `poolpilot_autoscaler:<hist>_quantile:W` | their quantile 0.9, the API's default (label      |
+|                                          | `quantile`); others come from the bucket records   |
 
 Each rule's expression is exactly the raw query's (same name fallbacks, same window), so a
 recorded value means what the raw one means, only up to one rule interval older; the newest
@@ -46,7 +46,10 @@ PREFIX = "poolpilot_autoscaler"
 DIGEST_LABEL = "poolpilot_rule"
 QUANTILE_LABEL = "quantile"
 GROUP = "poolpilot.autoscaler"
-RECORDED_QUANTILES = (0.5, 0.9, 0.95, 0.99)
+# Quantiles recorded: the API's default SLO quantile. Each one recorded costs Prometheus a
+# histogram_quantile over every pool's buckets at every rule evaluation, used or not; another
+# quantile is computed from the recorded bucket rates when a pool asks for it.
+RECORDED_QUANTILES = (0.9,)
 
 # Histograms whose quantiles the autoscaler reads: name in the records -> the query key of
 # quantile q.
