@@ -100,6 +100,7 @@ class Informer:
         self.synced = asyncio.Event()
         self.error: str | None = None  # set from a failure until the next successful list
         self.lists = 0  # LISTs made (one, unless watches broke)
+        self.events = 0  # watch events taken in
 
     @property
     def what(self) -> str:
@@ -142,6 +143,7 @@ class Informer:
                         label_selector=self.label_selector, field_selector=self.field_selector,
                         timeout_seconds=self.watch_timeout, bookmarks=True):
                     rv = str((obj.get("metadata") or {}).get("resourceVersion") or rv)
+                    self.events += 1
                     self.apply(event, obj)
                 # The server closed the watch (its timeout): watch on from the last version.
             except Exception as exc:  # API errors, and anything unexpected in a stream

@@ -1,19 +1,20 @@
-"""Operator benchmark: reconcile latency and throughput for N pools against the emulator.
+"""Operator benchmark: what the operator itself costs per pool, with the API server measured
+apart.
 
-    poolpilot perf operator --pools 1 100 1000
+    poolpilot perf operator --pools 1 100 1000 --json operator.json
 
-For each N, a fresh emulator process and a fresh `poolpilot operator` process (the real CLI)
-run; N pools are created through the API (16 at a time) and a watch records when each pool's
-last child (its router PodDisruptionBudget, applied last) appears. Latency = that moment minus
-the pool's creation; throughput = N / (last child seen - first pool created). The baseline is
-one client server-side applying the same rendered children directly (no operator) to a fresh
-emulator, so the ratio shows what the operator adds over the API's own cost. The operator's
-resident memory (VmRSS) is read from /proc after its pools settled.
+For each N a fresh emulator process (`poolpilot emulator`) and a fresh `poolpilot operator`
+process (the real CLI, standalone) run; N pools are created through the API (16 at a time)
+and a watch records when each pool's last child (its router PodDisruptionBudget) appears.
+Then that operator is stopped and a second one started: it resumes every pool, a reconcile
+that finds everything in place (what a restart, an upgrade or a failover costs).
 
-The operator's own cost, with the emulator out of the way: the CPU time the operator process
-used (/proc/PID/stat) between creating the pools and every pool's status being written, per
-pool, and the reconciles it made per CPU-second (what it sustains when the API answers at
-once; the emulator's CPU over the same window shows which side bounds the wall-clock rate).
+Both processes' CPU time is read from /proc, so the operator's own cost per reconcile is
+known whatever the API server or the machine's load add to the wall time: `reconciles per
+CPU second` is what the operator sustains with one core to itself. Reconciles are counted
+from Kopf's log ("Handler '...reconcile_pool' succeeded"). The baseline (same run, fresh
+emulator): one client server-side applying the same rendered children directly, 16 pools at a
+time. RSS is the operator's VmRSS idle (one pool) and with all N pools.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -36,12 +39,15 @@ from typing import Any
 import httpx
 from poolpilot.kubeclient import KubeClient
 from poolpilot.operator import builders
+from poolpilot.perf.procstat import cpu_seconds, load_average, rss_mib
 
 from poolpilot import api, crd, names
 from poolpilot.validate import parse_spec
 
 NS = "bench"
 CONCURRENCY = 16
+# Kopf logs "Handler 'register.<locals>.reconcile_pool' succeeded." per reconcile.
+SUCCEEDED = "reconcile_pool' succeeded"
 
 
 def _pool(i: int) -> dict[str, Any]:
@@ -55,7 +61,8 @@ def _pool(i: int) -> dict[str, Any]:
 def _emulator(workdir: Path) -> Iterator[tuple[str, Path, int]]:
     kubeconfig = workdir / "kubeconfig"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "poolpilot.cli", "emulator", "--kubeconfig", str(kubeconfig)],
+        [sys.executable, "-m", "poolpilot.cli", "emulator", "--kubeconfig", str(kubeconfig),
+         "--request-log-limit", "1000"],
         stdout=subprocess.PIPE, text=True,
     )
     try:
@@ -69,32 +76,43 @@ def _emulator(workdir: Path) -> Iterator[tuple[str, Path, int]]:
         proc.wait(timeout=30)
 
 
+@dataclass
+class OperatorProc:
+    pid: int
+    log: Path
+
+    def succeeded(self) -> int:
+        """Reconciles Kopf logged as succeeded so far."""
+        return self.log.read_text(errors="replace").count(SUCCEEDED)
+
+
 @contextmanager
-def _operator(kubeconfig: Path, log: Path) -> Iterator[int]:
+def _operator(kubeconfig: Path, log: Path, profile: Path | None = None
+              ) -> Iterator[OperatorProc]:
+    cmd = [sys.executable, "-m", "poolpilot.cli", "operator", "--kubeconfig", str(kubeconfig),
+           "--standalone", "--liveness", "", "--drift-interval", "600", "-n", NS]
     with log.open("w") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "poolpilot.cli", "operator", "--kubeconfig", str(kubeconfig),
-             "--standalone", "--liveness", "", "--drift-interval", "600", "-n", NS],
-            stdout=out, stderr=subprocess.STDOUT,
-        )
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+        spy = None
+        if profile is not None:
+            spy = subprocess.Popen([_py_spy(), "record", "--pid", str(proc.pid), "--rate", "100",
+                                    "--format", "raw", "--output", str(profile)],
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
-            yield proc.pid
+            yield OperatorProc(proc.pid, log)
         finally:
+            if spy is not None:
+                spy.send_signal(signal.SIGINT)  # py-spy writes its output on SIGINT
+                spy.wait(timeout=60)
             proc.terminate()
             proc.wait(timeout=60)
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time the process has used (/proc/PID/stat, clock ticks)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
+def _py_spy() -> str:
+    found = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    if not Path(found).exists():
+        raise SystemExit("--profile needs py-spy (pip install py-spy; it is in the dev extras)")
+    return found
 
 
 async def _install_crd(client: httpx.AsyncClient) -> None:
@@ -145,86 +163,122 @@ async def _watch_last_children(client: httpx.AsyncClient, n: int, seen: dict[str
 @dataclass
 class Result:
     pools: int
-    p50: float
-    p99: float
-    total: float
-    throughput: float
-    rss_idle: float = float("nan")
-    rss_loaded: float = float("nan")
-    # The operator's own cost, the API's out of the way: CPU it spent while the pools were
-    # created and reconciled, and the reconciles it made (one per pool and spec change, its
-    # log's "reconciled with" lines).
-    operator_cpu: float = float("nan")
-    reconciles: int = 0
-    emulator_cpu: float = float("nan")
+    latency_p50_seconds: float = 0.0
+    latency_p99_seconds: float = 0.0
+    all_children_seconds: float = 0.0
+    pools_per_second: float = 0.0
+    direct_apply_pools_per_second: float = 0.0
+    # The operator's own CPU: creating the pools (their first reconcile) and resuming them
+    # after a restart (a reconcile that finds every child in place).
+    create_reconciles: int = 0
+    create_operator_cpu_seconds: float = 0.0
+    create_api_cpu_seconds: float = 0.0
+    resume_reconciles: int = 0
+    resume_seconds: float = 0.0
+    resume_operator_cpu_seconds: float = 0.0
+    resume_api_cpu_seconds: float = 0.0
+    startup_cpu_seconds: float = 0.0  # an operator's CPU until it reconciled one pool
+    rss_idle_mib: float = 0.0
+    rss_loaded_mib: float = 0.0
+    rss_resumed_mib: float = 0.0
 
     @property
-    def cpu_ms_per_pool(self) -> float:
-        return 1000 * self.operator_cpu / self.pools
+    def create_cpu_ms_per_reconcile(self) -> float:
+        return 1000 * self.create_operator_cpu_seconds / max(1, self.create_reconciles)
 
     @property
-    def reconciles_per_cpu_second(self) -> float:
-        return self.reconciles / self.operator_cpu if self.operator_cpu else float("nan")
+    def resume_cpu_ms_per_reconcile(self) -> float:
+        return 1000 * self.resume_operator_cpu_seconds / max(1, self.resume_reconciles)
+
+    def as_json(self) -> dict[str, Any]:
+        """The JSON fields (the names of the first version of this harness where they mean
+        the same: `operator_cpu_ms_per_pool`, `reconciles_per_operator_cpu_second`, ...)."""
+        return {
+            "pools": self.pools, "latency_p50_s": self.latency_p50_seconds,
+            "latency_p99_s": self.latency_p99_seconds,
+            "all_children_s": self.all_children_seconds, "pools_per_s": self.pools_per_second,
+            "direct_apply_pools_per_s": self.direct_apply_pools_per_second,
+            "operator_rss_idle_mib": self.rss_idle_mib,
+            "operator_rss_loaded_mib": self.rss_loaded_mib,
+            "operator_rss_resumed_mib": self.rss_resumed_mib,
+            "operator_startup_cpu_seconds": self.startup_cpu_seconds,
+            # Creating the pools: their first reconcile (and Kopf's retries, if any).
+            "reconciles": self.create_reconciles,
+            "operator_cpu_seconds": self.create_operator_cpu_seconds,
+            "operator_cpu_ms_per_pool": 1000 * self.create_operator_cpu_seconds / self.pools,
+            "operator_cpu_ms_per_reconcile": self.create_cpu_ms_per_reconcile,
+            "reconciles_per_operator_cpu_second":
+                1000 / max(1e-9, self.create_cpu_ms_per_reconcile),
+            "emulator_cpu_seconds": self.create_api_cpu_seconds,
+            # A restarted operator resuming every pool (nothing to change).
+            "resume_s": self.resume_seconds, "resume_reconciles": self.resume_reconciles,
+            "resume_operator_cpu_seconds": self.resume_operator_cpu_seconds,
+            "resume_operator_cpu_ms_per_reconcile": self.resume_cpu_ms_per_reconcile,
+            "resume_reconciles_per_operator_cpu_second":
+                1000 / max(1e-9, self.resume_cpu_ms_per_reconcile),
+            "resume_emulator_cpu_seconds": self.resume_api_cpu_seconds,
+        }
 
 
-def _summary(n: int, created: dict[str, float], seen: dict[str, float]) -> Result:
+def _latencies(result: Result, created: dict[str, float], seen: dict[str, float]) -> None:
     lat = sorted(seen[p] - created[p] for p in created)
     total = max(seen.values()) - min(created.values())
-    p99 = lat[min(len(lat) - 1, round(0.99 * (len(lat) - 1)))]
-    return Result(n, statistics.median(lat), p99, total, n / total)
+    result.latency_p50_seconds = statistics.median(lat)
+    result.latency_p99_seconds = lat[min(len(lat) - 1, round(0.99 * (len(lat) - 1)))]
+    result.all_children_seconds = total
+    result.pools_per_second = len(created) / total
 
 
-async def _measure_operator(url: str, kubeconfig: Path, n: int, workdir: Path,
-                            emulator_pid: int) -> Result:
-    log = workdir / f"operator-{n}.log"
+async def _until(cond: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{what} did not happen within {timeout:.0f}s")
+        await asyncio.sleep(0.2)
+
+
+async def _measure_operator(url: str, kubeconfig: Path, api_pid: int, n: int, workdir: Path,
+                            profile: Path | None) -> Result:
+    result = Result(n)
     async with httpx.AsyncClient(base_url=url, timeout=60) as client:
         await _install_crd(client)
-        with _operator(kubeconfig, log) as pid:
-            # Idle: the operator has started and listed the (empty) namespace.
+        spy = profile.with_name(f"{profile.name}.{n}.create") if profile else None
+        with _operator(kubeconfig, workdir / f"operator-{n}.log", spy) as op:
+            # Idle: the operator has started and reconciled one pool.
             await client.post(f"/apis/{api.API_VERSION}/namespaces/{NS}/{api.PLURAL}",
                               json=_pool(99999))
-            for _ in range(600):
-                r = await client.get(f"/apis/policy/v1/namespaces/{NS}/poddisruptionbudgets")
-                if r.json().get("items"):
-                    break
-                await asyncio.sleep(0.05)
-            rss_idle = rss_mib(pid)
-            await _settled(client, 1)
-            reconciles_before = _reconciles(log)
-            cpu_before, emu_before = cpu_seconds(pid), cpu_seconds(emulator_pid)
+            await _until(lambda: op.succeeded() >= 1, 120, "the first reconcile")
+            result.rss_idle_mib = rss_mib(op.pid)
+            result.startup_cpu_seconds = cpu_seconds(op.pid)
             seen: dict[str, float] = {}
             started = asyncio.Event()
             watcher = asyncio.create_task(_watch_last_children(client, n + 1, seen, started))
             await started.wait()
+            cpu0, api0, done0 = cpu_seconds(op.pid), cpu_seconds(api_pid), op.succeeded()
             created = await _create_pools(client, n)
-            await asyncio.wait_for(watcher, timeout=1800)
-            await _settled(client, n + 1)  # every status written: the reconciles are done
+            await asyncio.wait_for(watcher, timeout=3600)
+            # The last status writes follow the last child: every pool's reconcile finished.
+            await _until(lambda: op.succeeded() - done0 >= n, 600, f"{n} reconciles")
+            result.create_operator_cpu_seconds = cpu_seconds(op.pid) - cpu0
+            result.create_api_cpu_seconds = cpu_seconds(api_pid) - api0
+            result.create_reconciles = op.succeeded() - done0
             seen.pop("pool-99999", None)
-            result = _summary(n, created, seen)
-            result.rss_idle, result.rss_loaded = rss_idle, rss_mib(pid)
-            result.operator_cpu = cpu_seconds(pid) - cpu_before
-            result.emulator_cpu = cpu_seconds(emulator_pid) - emu_before
-            result.reconciles = _reconciles(log) - reconciles_before
+            _latencies(result, created, seen)
+            result.rss_loaded_mib = rss_mib(op.pid)
             await _check_all_children(client, n)
-            return result
-
-
-def _reconciles(log: Path) -> int:
-    return log.read_text(errors="replace").count("reconciled with ")
-
-
-async def _settled(client: httpx.AsyncClient, n: int, timeout: float = 1800) -> None:
-    """Until `n` pools have the status of their generation."""
-    path = f"/apis/{api.API_VERSION}/namespaces/{NS}/{api.PLURAL}"
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        items = (await client.get(path)).json()["items"]
-        done = sum(1 for p in items if (p.get("status") or {}).get("observedGeneration")
-                   == p["metadata"].get("generation"))
-        if done >= n:
-            return
-        await asyncio.sleep(0.5)
-    raise RuntimeError(f"{n} pools did not settle in {timeout:.0f}s")
+        # A restart: a new operator resumes every pool (n + the idle one), changing nothing.
+        spy = profile.with_name(f"{profile.name}.{n}.resume") if profile else None
+        api0, t0 = cpu_seconds(api_pid), time.monotonic()
+        with _operator(kubeconfig, workdir / f"operator-{n}-resume.log", spy) as op:
+            await _until(lambda: op.succeeded() >= n + 1, 3600, f"{n + 1} resumed pools")
+            result.resume_seconds = time.monotonic() - t0
+            # The process's CPU less what starting up (and one reconcile) cost the first one.
+            result.resume_operator_cpu_seconds = max(
+                0.0, cpu_seconds(op.pid) - result.startup_cpu_seconds)
+            result.resume_api_cpu_seconds = cpu_seconds(api_pid) - api0
+            result.resume_reconciles = op.succeeded()
+            result.rss_resumed_mib = rss_mib(op.pid)
+    return result
 
 
 async def _check_all_children(client: httpx.AsyncClient, n: int) -> None:
@@ -238,9 +292,9 @@ async def _check_all_children(client: httpx.AsyncClient, n: int) -> None:
         raise RuntimeError(f"{len(short)} pools lack Deployments, e.g. {short[:3]}")
 
 
-async def _measure_baseline(url: str, kubeconfig: Path, n: int) -> Result:
-    """One client (the operator's own, kubeclient) applying the rendered children directly,
-    16 pools at a time."""
+async def _measure_baseline(url: str, kubeconfig: Path, n: int) -> float:
+    """Pools/s of one client (the operator's own, kubeclient) applying the rendered children
+    directly, 16 pools at a time."""
     kube = await KubeClient.connect(kubeconfig, timeout=60)
     async with httpx.AsyncClient(base_url=url, timeout=60) as client:
         await _install_crd(client)
@@ -266,64 +320,71 @@ async def _measure_baseline(url: str, kubeconfig: Path, n: int) -> Result:
             await asyncio.gather(*(one(i) for i in range(n)))
         finally:
             await kube.close()
-        return _summary(n, created, seen)
+        return n / (max(seen.values()) - min(created.values()))
 
 
-def run_bench(counts: list[int]) -> list[tuple[Result, Result]]:
+def run_bench(counts: list[int], profile: Path | None) -> list[Result]:
     out = []
     with tempfile.TemporaryDirectory(prefix="operator-bench-") as tmp:
         workdir = Path(tmp)
         for n in counts:
             with _emulator(workdir) as (url, kubeconfig, _):
                 base = asyncio.run(_measure_baseline(url, kubeconfig, n))
-            with _emulator(workdir) as (url, kubeconfig, emulator_pid):
-                op = asyncio.run(_measure_operator(url, kubeconfig, n, workdir, emulator_pid))
-            out.append((op, base))
-            print(_row(op, base), flush=True)
+            with _emulator(workdir) as (url, kubeconfig, api_pid):
+                op = asyncio.run(_measure_operator(url, kubeconfig, api_pid, n, workdir,
+                                                   profile))
+            op.direct_apply_pools_per_second = base
+            out.append(op)
+            print(_row(op), flush=True)
     return out
 
 
-HEADER = ("| pools | latency p50 (s) | latency p99 (s) | all children (s) | pools/s | "
-          "direct-apply pools/s | operator / direct | operator RSS idle → loaded (MiB) | "
-          "operator CPU per pool (ms) | reconciles per operator CPU-second | "
-          "emulator / operator CPU |\n"
+HEADER = ("| pools | latency p50 (s) | p99 (s) | all children (s) | pools/s | direct-apply "
+          "pools/s | operator CPU ms per reconcile: create, resume | reconciles per operator "
+          "CPU second | API CPU ms per pool: create, resume | resume all (s) | operator RSS "
+          "idle → loaded → resumed (MiB) |\n"
           "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 
 
-def _row(op: Result, base: Result) -> str:
-    return (f"| {op.pools} | {op.p50:.3f} | {op.p99:.3f} | {op.total:.2f} | "
-            f"{op.throughput:.1f} | {base.throughput:.1f} | "
-            f"{op.throughput / base.throughput:.2f} | {op.rss_idle:.0f} → {op.rss_loaded:.0f} | "
-            f"{op.cpu_ms_per_pool:.0f} | {op.reconciles_per_cpu_second:.1f} | "
-            f"{op.emulator_cpu / op.operator_cpu:.1f} |")
-
-
-def as_json(op: Result, base: Result) -> dict[str, float]:
-    return {
-        "pools": op.pools, "latency_p50_s": op.p50, "latency_p99_s": op.p99,
-        "all_children_s": op.total, "pools_per_s": op.throughput,
-        "direct_apply_pools_per_s": base.throughput,
-        "operator_rss_idle_mib": op.rss_idle, "operator_rss_loaded_mib": op.rss_loaded,
-        "operator_cpu_seconds": op.operator_cpu, "operator_cpu_ms_per_pool": op.cpu_ms_per_pool,
-        "reconciles": op.reconciles,
-        "reconciles_per_operator_cpu_second": op.reconciles_per_cpu_second,
-        "emulator_cpu_seconds": op.emulator_cpu,
-    }
+def _row(r: Result) -> str:
+    return (f"| {r.pools} | {r.latency_p50_seconds:.3f} | {r.latency_p99_seconds:.3f} | "
+            f"{r.all_children_seconds:.2f} | {r.pools_per_second:.1f} | "
+            f"{r.direct_apply_pools_per_second:.1f} | {r.create_cpu_ms_per_reconcile:.1f}, "
+            f"{r.resume_cpu_ms_per_reconcile:.1f} | "
+            f"{1000 / max(1e-9, r.create_cpu_ms_per_reconcile):.1f} | "
+            f"{1000 * r.create_api_cpu_seconds / r.pools:.1f}, "
+            f"{1000 * r.resume_api_cpu_seconds / r.pools:.1f} | {r.resume_seconds:.1f} | "
+            f"{r.rss_idle_mib:.0f} → {r.rss_loaded_mib:.0f} → {r.rss_resumed_mib:.0f} |")
 
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:
-    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog="\n".join(__doc__.splitlines()[2:]))
     parser.add_argument("--pools", type=int, nargs="+", default=[1, 100, 1000],
                         help="pool counts to measure (default 1 100 1000)")
-    parser.add_argument("--json", type=Path, metavar="FILE",
-                        help="also write the results as JSON (one object per pool count)")
+    parser.add_argument("--json", type=Path, metavar="FILE", help="write the results here")
+    parser.add_argument("--profile", type=Path, metavar="FILE",
+                        help="record the operator with py-spy (raw stacks) to "
+                        "FILE.<pools>.create and FILE.<pools>.resume")
     args = parser.parse_args(argv)
+    if any(n < 1 for n in args.pools):
+        parser.error("--pools: every count must be at least 1")
+    if args.profile is not None:
+        _py_spy()
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # children stop with the run
+    loads = {"start": load_average()}
     print(HEADER, flush=True)
-    results = run_bench(args.pools)
+    results = run_bench(args.pools, args.profile)
+    loads["end"] = load_average()
     if args.json:
-        args.json.write_text(json.dumps([as_json(op, base) for op, base in results], indent=2)
-                             + "\n")
+        args.json.write_text(json.dumps({
+            "cpus": os.cpu_count(), "load_average": loads,
+            "runs": [r.as_json() for r in results],
+        }, indent=2) + "\n")
+        print(f"wrote {args.json}")
+    print(f"load average (1, 5, 15 min): {loads}")
     return 0
 
 

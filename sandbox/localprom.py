@@ -110,6 +110,12 @@ class PrometheusProcess:
         tls = bool(self.web_config and self.web_config.get("tls_server_config"))
         return f"{'https' if tls else 'http'}://{self.host}:{self.port}"
 
+    @property
+    def pid(self) -> int:
+        """The running server's process id (benchmarks read its CPU time)."""
+        assert self._proc is not None, "not started"
+        return self._proc.pid
+
     def _paths(self) -> tuple[Path, Path, Path]:
         assert self.workdir is not None
         return self.workdir / "prometheus.yml", self.workdir / "targets", self.workdir / "tsdb"
