@@ -271,7 +271,7 @@ def plot(doc: Doc, path: str | Path, title: str) -> None:
     ax.axhline(100 * doc.get("goal", PASS_GOAL), color="black", linestyle=":", linewidth=0.8)
     if base:
         ax.axvline(1.0, color="black", linewidth=0.6)
-    ax.set_xscale("log")
+    ax.set_xscale("log", base=2)
     ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
     ax.xaxis.set_minor_formatter(FuncFormatter(lambda v, _: ""))
     ax.set_xlabel("GPU-hours vs the oracle's (log)" if base else "GPU-hours (log)")
