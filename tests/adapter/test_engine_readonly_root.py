@@ -15,6 +15,7 @@ import os
 import shlex
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,7 @@ import pytest
 from poolpilot.operator import builders
 from poolpilot.sandbox.localprom import free_port
 from poolpilot.sandbox.tinymodel import ensure_tiny_model
-from router_support import REPO, VLLM_PYTHON, vllm_available
+from router_support import REPO, VLLM_PYTHON, VLLM_VENV, vllm_available
 
 from poolpilot.validate import parse_spec
 
@@ -35,8 +36,18 @@ pytestmark = [
 ]
 
 # What a container image's root holds that the engine reads: system folders, and here the
-# repository and Python installs (poolpilot's and vLLM's venvs, the interpreter under /root).
-READ_ONLY = ["usr", "etc", "root", "work", "opt", "var/lib"]
+# repository and Python installs (poolpilot's and vLLM's venvs and their interpreters), bound
+# where they are, wherever this checkout lives (CI clones it outside /work).
+SYSTEM = ["/usr", "/etc", "/root", "/opt", "/var/lib"]
+
+
+def read_only_folders() -> list[str]:
+    places = {str(p.resolve()) for p in (REPO, VLLM_VENV, VLLM_PYTHON.resolve().parent.parent,
+                                          Path(sys.base_prefix), Path(sys.prefix))}
+    places |= set(SYSTEM)
+    kept = sorted(p for p in places if Path(p).is_dir())
+    # a folder inside another bound folder comes with it
+    return [p for p in kept if not any(p != q and p.startswith(q + "/") for q in kept)]
 
 
 def can_unshare() -> bool:
@@ -72,10 +83,8 @@ def namespace_script(root: Path, model: Path, container: dict[str, Any], env: di
     volumes = {v["name"]: v for v in container["volumes"]}
     lines = ["set -e", f"R={shlex.quote(str(root))}", "mount -t tmpfs tmpfs $R",
              "for d in bin lib lib64 sbin; do ln -s usr/$d $R/$d; done"]
-    for d in READ_ONLY:
-        if Path("/", d).is_dir():
-            lines += [f"mkdir -p $R/{d}", f"mount --rbind /{d} $R/{d}",
-                      f"mount -o remount,ro,bind $R/{d}"]
+    for d in map(shlex.quote, read_only_folders()):
+        lines += [f"mkdir -p $R{d}", f"mount --rbind {d} $R{d}", f"mount -o remount,ro,bind $R{d}"]
     lines += ["mkdir -p $R/proc $R/dev $R/sys", "mount -t proc proc $R/proc",
               "mount --rbind /dev $R/dev", "mount --rbind /sys $R/sys"]
     for m in container["volumeMounts"]:
