@@ -118,7 +118,12 @@ def test_router_role_is_what_discovery_calls(emu: tuple[KubeEmulator, Path]) -> 
     discovery = KubernetesDiscovery(NS, "gamma", lambda role, urls, _: seen.append((role, urls)),
                                     kubeconfig=str(kubeconfig), watch_timeout_s=5)
     task = loop.create_task(discovery.run())
-    thread = threading.Thread(target=loop.run_until_complete, args=(task,), daemon=True)
+
+    def serve() -> None:
+        with contextlib.suppress(asyncio.CancelledError):  # how the test stops it
+            loop.run_until_complete(task)
+
+    thread = threading.Thread(target=serve, daemon=True)
     thread.start()
     try:
         wait_for(lambda: discovery.synced.is_set(), what="the first list")
