@@ -173,6 +173,8 @@ class Policy:
     forecast_window: float = 300.0
     history_window: float = 1800.0
     slo_quantile: float = 0.9
+    rise_quantile: float | None = None  # of the rises seen within a cold start (None: the SLO's)
+    forecast: bool = True  # False: size for the demand of now (the bench's ablation)
     kv_failure_limit: float = 0.05
 
     @classmethod
@@ -550,19 +552,27 @@ def measure_need(role: str, obs: Observation, p: Policy, capacity: Mapping[str, 
             assert ttft is not None
             headroom = model.learn_headroom(
                 headroom, rate / (per_replica * o.ready_replicas), ttft, p.ttft_target,
-                # queued: the backlog alone takes a quarter of the target to prefill
-                p.dead_band, queued=backlog / (per_replica * o.ready_replicas)
-                > 0.25 * p.ttft_target)
+                # queued: the backlog alone took a share of the target to prefill at some
+                # sample within the rate window (the queue of a burst is gone by the next
+                # scrape more often than not; its TTFT stays in the window's quantile)
+                p.dead_band, queued=max_backlog(mem, now, p.max_metric_age)
+                / (per_replica * o.ready_replicas) > QUEUED_SHARE * p.ttft_target)
             mem = replace(mem, headroom=headroom)
     horizon = mem.cold_start if mem.cold_start is not None else p.cold_start
     usable = model.trend_samples(mem, p.max_metric_age)
     recent = tuple(x for x in usable if x.time > now - p.forecast_window)
-    slope = model.trend(recent, p.forecast_window)
-    rise = model.upside(usable, now, horizon, p.slo_quantile)
+    quantile = p.rise_quantile if p.rise_quantile is not None else p.slo_quantile
+    slope = model.trend(recent, p.forecast_window) if p.forecast else 0.0
+    rise = model.upside(usable, now, horizon, quantile) if p.forecast else 0.0
     need = model.need(per_replica, rate, backlog, slope, horizon, p.backlog_drain,
                       headroom, o.ready_replicas, o.starting, mem.orders, now, local, rise,
                       "prompt tokens" if role == PREFILL else "generated tokens")
     return need, mem
+
+
+def max_backlog(mem: model.Memory, now: float, window: float) -> float:
+    """The largest backlog sampled within the last `window` seconds."""
+    return max((x.backlog for x in mem.samples if x.time > now - window - 1e-9), default=0.0)
 
 
 def role_headroom(role: str, p: Policy, mem: model.Memory | None = None) -> float:
@@ -574,6 +584,11 @@ def role_headroom(role: str, p: Policy, mem: model.Memory | None = None) -> floa
     if role == DECODE:
         return p.decode_headroom
     return mem.headroom if mem is not None and mem.headroom is not None else p.headroom
+
+
+# A breach is the queue's (more headroom helps) when the backlog alone took this share of the
+# TTFT target to prefill; else it is the prompts' own length (it breaches an idle pool too).
+QUEUED_SHARE = 0.25
 
 
 # --- step: signals -----------------------------------------------------------------------------

@@ -24,7 +24,7 @@ from typing import Any
 
 from poolpilot.bench import report
 from poolpilot.bench.ceiling import slo_ceiling
-from poolpilot.bench.oracle import DEFAULT_WINDOW_S, plan_oracle
+from poolpilot.bench.oracle import DEFAULT_WINDOW_S, plan_oracle, warm_start
 from poolpilot.bench.policies.base import Bounds, Policy
 from poolpilot.bench.policies.oracle import Oracle
 from poolpilot.bench.policies.static_peak import StaticPool, peak_sizes
@@ -97,9 +97,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "InferencePool (camelCase JSON), e.g. "
                         "'{\"scaleDown\": {\"stabilizationWindowSeconds\": 300, "
                         "\"maxStep\": 4, \"cooldownSeconds\": 30}}'")
-    p.add_argument("--local-prefill", choices=("on", "off"), default="off",
+    p.add_argument("--local-prefill", choices=("on", "off"), default="on",
                    help="the router's local-prefill fallback: decode engines prefill requests "
-                        "themselves while the prefill role is behind (off)")
+                        "themselves while the prefill role is behind (on, as in the router)")
     p.add_argument("--seed", type=int, default=0, help="seed for --rate-scale copies (0)")
     p.add_argument("--jobs", type=int, default=1,
                    help="replays run in parallel processes (1)")
@@ -147,12 +147,10 @@ def _build(name: str, params: dict[str, float], trace: Sequence[TraceRequest],
     from poolpilot.bench.policies.hpa import TARGET_UTIL, HPAGpuUtil
     from poolpilot.bench.policies.keda import QUEUE_THRESHOLD, KedaQueue
     from poolpilot.bench.policies.poolpilot_policy import PoolpilotPolicy, profile_targets
-    from poolpilot.bench.policies.static_peak import StaticPeak, size_for, warmup_load
+    from poolpilot.bench.policies.static_peak import StaticPeak, warmup_load
 
     bounds = Bounds(cfg.min_replicas, cfg.max_replicas)
     cap = _capacity(cfg)
-    # Autoscaled pools start warm, the same for all: sized for the first five minutes' mean.
-    initial = size_for(warmup_load(trace), cap, bounds)
     if name == "static-peak":
         return StaticPeak(trace, cap, bounds)
     if name == "oracle":
@@ -161,9 +159,12 @@ def _build(name: str, params: dict[str, float], trace: Sequence[TraceRequest],
         return Oracle(plan, bounds, cfg.cold_start)
     if name == "static-min":
         return _static_min_inline(trace, cfg, opts)
+    # Autoscaled pools start warm, the same for all: right-sized for the trace's first window.
+    initial = _warm_start(trace, cfg, bounds, opts)
     if name == "poolpilot":
         return PoolpilotPolicy(bounds, initial, cfg.slo_ttft, cfg.slo_itl, cfg.quantile,
                                autoscaling=opts.autoscaling,
+                               forecast=params.get("forecast", 1.0) > 0,
                                profile=profile_targets(warmup_load(trace), cap))
     if name == "hpa":
         return HPAGpuUtil(bounds, initial, target_util=params.get("target", TARGET_UTIL))
@@ -175,6 +176,18 @@ def _build(name: str, params: dict[str, float], trace: Sequence[TraceRequest],
                          interval=params.get("interval", ADJUSTMENT_INTERVAL_S),
                          margin=params.get("margin", 0.0))
     raise ValueError(f"unknown policy {name!r}")
+
+
+_WARM: dict[tuple[int, str, Bounds], dict[str, int]] = {}
+
+
+def _warm_start(trace: Sequence[TraceRequest], cfg: BenchConfig, bounds: Bounds,
+                opts: Options) -> dict[str, int]:
+    key = (len(trace), repr(cfg), bounds)  # one trace per bench run: once per process
+    if key not in _WARM:
+        _WARM[key] = warm_start(trace, cfg, bounds, _capacity(cfg), opts.oracle_window,
+                                opts.oracle_target or opts.goal)
+    return dict(_WARM[key])
 
 
 # ---- jobs: what the worker processes run (module level, so that they pickle) ----
@@ -363,7 +376,10 @@ def run(args: argparse.Namespace) -> int:
                           # a role with no replica cannot serve: every policy keeps one
                           min_replicas=max(1, args.min_replicas),
                           max_replicas=args.max_replicas,
-                          local_prefill=args.local_prefill == "on")
+                          local_prefill=args.local_prefill == "on",
+                          # the SLO the autoscaler is given is the one the bench scores:
+                          # --goal of the requests within the targets
+                          quantile=args.goal)
         from poolpilot.engine_sim.des import PoolSim
 
         PoolSim(cfg.model, cfg.gpu, cfg.tensor_parallel, prefill_replicas=0, decode_replicas=0)

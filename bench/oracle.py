@@ -308,3 +308,23 @@ def plan_oracle(trace: Sequence[TraceRequest], cfg: BenchConfig, bounds: Bounds,
     planner = _Planner(trace, cfg, bounds, capacity, window, target,
                        window if tail is None else tail, unreachable)
     return planner.plan(progress)
+
+
+def warm_start(trace: Sequence[TraceRequest], cfg: BenchConfig, bounds: Bounds,
+               capacity: Capacity, window: float = DEFAULT_WINDOW_S,
+               target: float = DEFAULT_TARGET) -> dict[str, int]:
+    """The pool every autoscaled policy starts with: the fewest replicas that serve the
+    trace's first cold start within the SLO (the oracle's own search, window by window; the
+    oracle starts with the same). A trace is a cut from traffic that was already flowing, and
+    no policy can change its pool before one cold start has passed, so every policy starts
+    level and is judged on how it follows the trace from there. (Sizing for a mean load at
+    full utilization, as before, started every autoscaled pool behind the oracle, and the
+    first window alone can be a partial one.)"""
+    span = max(cfg.cold_start, window)
+    head = [r for r in trace if r.arrival_s < span + window]
+    if not head:
+        return {r: bounds.min_replicas for r in ROLES}
+    plan = plan_oracle(head, cfg, bounds, capacity, window, target, tail=window)
+    firsts = [w for w in plan.needs if w.start < span] or plan.needs[:1]
+    return {"prefill": max(bounds.min_replicas, *(w.prefill for w in firsts)),
+            "decode": max(bounds.min_replicas, *(w.decode for w in firsts))}

@@ -28,6 +28,9 @@ class Knob:
 
 
 KNOBS: dict[str, tuple[Knob, ...]] = {
+    # an ablation, not a sweep: poolpilot(forecast=0) sizes for the demand of now
+    "poolpilot": (Knob("forecast", "1: look one cold start ahead (trend and recent rises); "
+                                   "0: size for the demand of now", 0.0, 1.0, inclusive=True),),
     "hpa": (Knob("target", "target GPU utilization, percent (80)", 0.0, 100.0),),
     "keda-queue": (Knob("threshold", "waiting requests per replica (5)", 0.0),),
     "dynamo-sla": (
@@ -117,7 +120,7 @@ def best_points(runs: Sequence[tuple[str, float, float]], goal: float) -> dict[s
     (policy name, SLO attainment, GPU-hours)."""
     groups: dict[str, list[tuple[str, float, float]]] = {}
     for run in runs:
-        if family(run[0]) in KNOBS:
+        if family(run[0]) in SWEEPS:
             groups.setdefault(family(run[0]), []).append(run)
     out = {}
     for fam, members in groups.items():

@@ -10,6 +10,7 @@ autoscaler loop does. Cadence: the spec's `autoscaling.intervalSeconds`.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from poolpilot.autoscaler import queries as q
@@ -73,6 +74,7 @@ class PoolpilotPolicy:
         autoscaling: dict[str, Any] | None = None,
         rate_window: float = RATE_WINDOW_S,
         profile: dict[str, float] | None = None,
+        forecast: bool = True,
     ) -> None:
         # A user who profiled the engine writes its per-replica throughputs into the spec's
         # targets (the same profile Dynamo's planner gets); explicit settings win.
@@ -81,7 +83,7 @@ class PoolpilotPolicy:
         if targets:
             given["targets"] = targets
         spec = parse_spec(pool_spec(bounds, slo_ttft, slo_itl, quantile, given))
-        self.policy = ScalerPolicy.from_spec(spec)
+        self.policy = replace(ScalerPolicy.from_spec(spec), forecast=forecast)
         self.quantile = quantile
         self.interval = float(spec.autoscaling.interval_seconds)
         self.rate_window = rate_window

@@ -347,3 +347,38 @@ def test_memory_is_pure_and_bounded() -> None:
     mem = h.memory["prefill"]
     assert len(mem.samples) <= p.history_window / 15 + 1
     assert replace(mem) == mem
+
+
+def test_a_bursts_queue_seen_at_an_earlier_scrape_teaches_headroom() -> None:
+    # A burst's queue is drained by the next scrape more often than not, but its late first
+    # tokens stay in the window's TTFT quantile: the breach is the queue's, not the prompts'.
+    p = policy(prefill_tokens_per_replica=8000.0)
+    h = History()
+    for t in range(0, 120, 15):  # half-loaded, nothing queued, TTFT met
+        h = decide(pool(pre(2)), p, h, NOW + t).history
+    h = decide(pool(pre(2, waiting=10.0, running=2.0)), p, h, NOW + 120).history  # the burst
+    h = decide(pool(pre(2, ttft=2.5)), p, h, NOW + 135).history  # queue gone, TTFT breached
+    assert (h.memory["prefill"].headroom or 0) > 0.2
+    # the same breach with no queue sampled within the rate window is the prompts' own
+    h = History()
+    for t in range(0, 135, 15):
+        h = decide(pool(pre(2)), p, h, NOW + t).history
+    h = decide(pool(pre(2, ttft=2.5)), p, h, NOW + 135).history
+    assert h.memory["prefill"].headroom in (None, 0.2)
+
+
+def test_without_the_forecast_the_role_is_sized_for_the_demand_of_now() -> None:
+    # Demand rose from 4,000 to 12,000 prompt tokens/s over five minutes and keeps rising.
+    def run(p: Policy) -> int:
+        h, d = History(), None
+        for i, t in enumerate(range(0, 315, 15)):
+            rate = 4000.0 + 8000.0 * i / 20
+            d = decide(pool(pre(2, prompt_tokens_rate=rate, request_rate=rate / 1000)), p, h,
+                       NOW + t)
+            h = d.history
+        assert d is not None
+        return d.roles["prefill"].replicas
+
+    ahead, now = run(policy()), run(policy(forecast=False))
+    assert now == 2  # 12,000 / (8,000 x 0.8) = 1.9
+    assert ahead > now  # ordered for the rise one cold start ahead

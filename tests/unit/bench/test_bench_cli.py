@@ -149,3 +149,24 @@ def test_local_prefill_fallback_is_a_flag_recorded_with_its_count(trace: Path,
     assert on["slo_attainment"] > off["slo_attainment"]
     assert "| local prefill |" in tables["on"].splitlines()[0]
     assert tables["off"].splitlines()[2].rstrip().endswith("| - |")
+
+
+def test_poolpilot_is_given_the_slo_the_bench_scores(trace: Path, tmp_path: Path) -> None:
+    # The bench scores the share of requests within the targets against --goal; a user who
+    # wants that writes it as the InferencePool's SLO quantile. The router's local-prefill
+    # fallback is on unless asked off, as in the router.
+    for extra, quantile in (([], 0.95), (["--goal", "0.9"], 0.9)):
+        out = tmp_path / f"q{quantile}.json"
+        assert cli_main(["bench", "--trace", str(trace), "--cold-start", "30", "--json",
+                         str(out), "--policies", "poolpilot", *extra]) == 0
+        doc = json.loads(out.read_text())
+        assert doc["config"]["quantile"] == quantile
+        assert doc["config"]["local_prefill"] is True
+
+
+def test_poolpilot_forecast_ablation_is_a_variant(trace: Path, tmp_path: Path) -> None:
+    out = tmp_path / "f.json"
+    assert cli_main(["bench", "--trace", str(trace), "--cold-start", "30", "--json", str(out),
+                     "--policies", "poolpilot,poolpilot(forecast=0)"]) == 0
+    assert set(json.loads(out.read_text())["policies"]) == {"poolpilot", "poolpilot(forecast=0)"}
+    assert cli_main(["bench", "--trace", str(trace), "--policies", "poolpilot(forecast=2)"]) == 2

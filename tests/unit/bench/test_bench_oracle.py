@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import pytest
 from poolpilot.bench.ceiling import _alone, slo_ceiling
 from poolpilot.bench.main import Options, build_policy
-from poolpilot.bench.oracle import OraclePlan, WindowNeed, _shrink, plan_oracle
+from poolpilot.bench.oracle import OraclePlan, WindowNeed, _shrink, plan_oracle, warm_start
 from poolpilot.bench.policies.base import Bounds
 from poolpilot.bench.policies.oracle import Oracle
 from poolpilot.bench.policies.static_peak import StaticPool
@@ -193,3 +193,19 @@ def test_options_reach_the_oracle() -> None:
     trace = burst_trace()[:40]
     pol = build_policy("oracle", trace, CFG, Options(oracle_window=15.0))
     assert isinstance(pol, Oracle) and pol.plan.window == 15.0
+
+
+def test_autoscaled_pools_start_level_with_the_oracle() -> None:
+    # Heavy from the first second: a pool sized for the mean at full utilization would start
+    # behind, and the first cold start's requests would miss before any policy could act.
+    trace = [TraceRequest(i * 0.04, 3000, 30) for i in range(2250)]  # 25 req/s, 90 s
+    bounds = Bounds(1, 8)
+    warm = warm_start(trace, CFG, bounds, SimCapacity(CFG.model, CFG.gpu, CFG.slo_itl))
+    for name in ("poolpilot", "hpa", "keda-queue", "dynamo-sla"):
+        assert build_policy(name, trace, CFG).initial() == warm, name
+    head = [r for r in trace if r.arrival_s < CFG.cold_start]
+    met = replay(head, StaticPool(warm), CFG).summary.slo_attainment
+    assert met >= 0.95
+    assert warm["prefill"] > 1
+    fewer = replay(head, StaticPool({**warm, "prefill": warm["prefill"] - 1}), CFG)
+    assert fewer.summary.slo_attainment < 0.95  # the fewest that serve it
