@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 from poolpilot.bench.replay import RunResult
 from poolpilot.bench.static_min import PASS_GOAL
-from poolpilot.bench.sweeps import best_points, family
+from poolpilot.bench.sweeps import SWEEPS, best_points, family
 from rich.console import Console
 from rich.table import Table
 
@@ -135,9 +135,11 @@ def label(name: str, p: Mapping[str, Any], best: Mapping[str, str] | None = None
 
 
 def main_rows(doc: Doc) -> list[str]:
-    """Every policy at its defaults, plus each swept baseline's best point."""
+    """Every policy at its defaults, each swept baseline's best point, and the variants asked
+    for that are no baseline's sweep (ablations such as `poolpilot(forecast=0)`)."""
     best = _best(doc)
-    return [n for n in doc["policies"] if "(" not in n or n in best.values()]
+    return [n for n in doc["policies"]
+            if "(" not in n or n in best.values() or family(n) not in SWEEPS]
 
 
 def swept_rows(doc: Doc) -> list[str]:

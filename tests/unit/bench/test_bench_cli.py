@@ -165,8 +165,9 @@ def test_poolpilot_is_given_the_slo_the_bench_scores(trace: Path, tmp_path: Path
 
 
 def test_poolpilot_forecast_ablation_is_a_variant(trace: Path, tmp_path: Path) -> None:
-    out = tmp_path / "f.json"
+    out, md = tmp_path / "f.json", tmp_path / "f.md"
     assert cli_main(["bench", "--trace", str(trace), "--cold-start", "30", "--json", str(out),
-                     "--policies", "poolpilot,poolpilot(forecast=0)"]) == 0
+                     "--markdown", str(md), "--policies", "poolpilot,poolpilot(forecast=0)"]) == 0
     assert set(json.loads(out.read_text())["policies"]) == {"poolpilot", "poolpilot(forecast=0)"}
+    assert "| poolpilot(forecast=0) |" in md.read_text()  # an ablation is in the main table
     assert cli_main(["bench", "--trace", str(trace), "--policies", "poolpilot(forecast=2)"]) == 2
