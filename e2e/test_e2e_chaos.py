@@ -22,7 +22,7 @@ import pytest
 from e2e_support import pool_manifest, write_pool
 from poolpilot.sandbox import chaos as C
 from poolpilot.sandbox import chaos_run
-from poolpilot.sandbox.data import DEFAULT_TRACE
+from poolpilot.sandbox.data import BURST_TRACE
 from poolpilot.sandbox.loadgen import Replayer, RequestResult
 from poolpilot.sandbox.main import prepare_trace, write_outputs
 from poolpilot.sandbox.supervisor import AppliedPool, SandboxConfig
@@ -69,7 +69,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
     cfg = SandboxConfig(out_dir=out, speed=SPEED, scrape_interval_s=5.0, cold_start_s=20.0,
                         sim_gpu="a100")
     # The options `poolpilot sandbox --chaos 4 --rate-scale 0.3 --speed 8` parses into.
-    args = argparse.Namespace(trace=DEFAULT_TRACE, trace_format=None, rate_scale=RATE_SCALE,
+    args = argparse.Namespace(trace=BURST_TRACE, trace_format=None, rate_scale=RATE_SCALE,
                               start=0.0, duration=None, engine="sim", chaos=SEED,
                               chaos_faults=None)
     with SandboxThread(cfg) as sb:

@@ -19,7 +19,8 @@ import subprocess
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-DURATION_S = "20"  # simulated seconds of the default trace: ~370 requests
+DURATION_S = "60"  # simulated seconds of the default trace: its lead-in, the rise and the
+# burst's first seconds, about 270 requests
 
 
 def readme_sandbox_command() -> str:
@@ -58,8 +59,12 @@ def test_readme_sandbox_command_works_on_a_fresh_clone(tmp_path: Path) -> None:
     assert requests["sent"] >= 100 and requests["ok"] == requests["sent"], requests
     assert requests["failed"] == 0
     assert report["ttft_seconds"]["p90"] > 0 and report["replica_seconds"]["prefill"] > 0
+    # What a user reads: the attainment, the scale events and the local-prefill fallbacks.
+    assert 0 <= report["slo_attainment"] <= 1 and "SLO met: " in out
+    assert isinstance(report["scale_events"], list) and "scale events" in out
+    assert set(report["local_prefill"]["by_reason"]) >= {"prefill_behind"}
     assert {p.name for p in report_file.parent.glob("*.png")} == {
-        "ttft.png", "queue.png", "replicas.png", "request_rate.png"}
+        "ttft.png", "queue.png", "replicas.png", "request_rate.png", "local_prefill.png"}
     assert "creating" in out and f"{clone}/.venv" in out  # it made its own venv
     assert f"report: {report_file}" in out
     shutil.rmtree(clone, ignore_errors=True)  # the venv: a few hundred MB

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import yaml
 from e2e_support import pool_manifest, write_pool
-from poolpilot.sandbox.data import DEFAULT_TRACE
+from poolpilot.sandbox.data import BURST_TRACE
 from poolpilot.sandbox.loadgen import Replayer, RequestResult
 from poolpilot.sandbox.report import attach_reasons
 from poolpilot.sandbox.supervisor import AppliedPool, SandboxConfig
@@ -88,7 +88,7 @@ def burst(sb: SandboxThread, tmp_path_factory: pytest.TempPathFactory) -> Burst:
     pool = sb.call(sb.sandbox.apply(write_pool(tmp, pool_manifest("burst"))))
     sb.call(sb.sandbox.wait_ready(pool, timeout=120), timeout=150)
     sb.call(sb.sandbox.warm_up(pool))  # a pool in service, not one that just came up
-    trace = load_trace(DEFAULT_TRACE)  # the real burst: 931 requests in 85 s
+    trace = load_trace(BURST_TRACE)  # the real burst: 931 requests in 85 s
     replayer = Replayer(lambda: sb.sandbox.router_urls(pool), pool.spec.served_name(), SPEED)
     t0 = time.monotonic()
     try:

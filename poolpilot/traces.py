@@ -13,6 +13,7 @@ raises `TraceError("FILE:LINE: problem")` on malformed input so the user can fix
 
 from __future__ import annotations
 
+import bisect
 import csv
 import json
 import math
@@ -197,6 +198,26 @@ def window(trace: Sequence[TraceRequest], start_s: float, duration_s: float) -> 
         for r in trace
         if start_s <= r.arrival_s < start_s + duration_s
     ]
+
+
+def busiest_period(trace: Sequence[TraceRequest], minute_s: float = 60.0,
+                   idle_s: float = 60.0) -> tuple[int, int]:
+    """The busy period around the trace's busiest minute, as indices [first, last] into the
+    (sorted) trace: the `minute_s` span holding the most arrivals, widened back and forward
+    until a gap of at least `idle_s` without a request. Such a period starts from idle, rises,
+    peaks and falls back to idle, which is what a demo of an autoscaler needs to show."""
+    if not trace:
+        raise ValueError("busiest_period of an empty trace")
+    arrivals = [r.arrival_s for r in trace]
+    busiest = max(range(len(arrivals)),
+                  key=lambda i: bisect.bisect_left(arrivals, arrivals[i] + minute_s) - i)
+    first = busiest
+    while first > 0 and arrivals[first] - arrivals[first - 1] < idle_s:
+        first -= 1
+    last = busiest
+    while last + 1 < len(arrivals) and arrivals[last + 1] - arrivals[last] < idle_s:
+        last += 1
+    return first, last
 
 
 def scale_rate(trace: Sequence[TraceRequest], factor: float) -> list[TraceRequest]:

@@ -307,6 +307,27 @@ async def queue_series(sandbox: Sandbox, pool: AppliedPool, wall0: float, wall_e
     }
 
 
+async def local_prefill_series(sandbox: Sandbox, pool: AppliedPool, wall0: float,
+                               wall_end: float, speed: float) -> dict[str, list[tuple[float, float]]]:
+    """Requests the router served by local prefill on a decode engine (its fallback), per
+    reason, cumulative over the run (the router's counter, as Prometheus scraped it)."""
+    from poolpilot import metrics
+
+    step = sandbox.cfg.scrape_interval_s / speed
+    sel = f'namespace="{pool.namespace}",pool="{pool.name}"'
+    try:
+        result = await sandbox.query_range(
+            f"sum by (reason) ({metrics.ROUTER_LOCAL_PREFILL}{{{sel}}})", wall0, wall_end, step)
+    except Exception as exc:  # the report still gets written without these counts
+        console.print(f"[yellow]local prefill query failed: {exc}")
+        return {}
+    return {
+        s["metric"].get("reason", "?"): [((float(t) - wall0) * speed, float(v))
+                                        for t, v in s["values"]]
+        for s in result
+    }
+
+
 async def write_outputs(sandbox: Sandbox, pool: AppliedPool, results: list, t0: float,
                         t_end: float, wall0: float, wall_end: float,
                         args: argparse.Namespace) -> dict:
@@ -320,9 +341,11 @@ async def write_outputs(sandbox: Sandbox, pool: AppliedPool, results: list, t0: 
     changes = [c for c in ctl.timeline.scale_changes
                if c.namespace == pool.namespace and c.pool == pool.name and c.t >= t0]
     R.attach_reasons(changes, await sandbox.scale_event_messages(pool))
+    # Queried after the last scrape of the run, so the counts include every request.
+    local = await local_prefill_series(sandbox, pool, wall0, wall_end, cfg.speed)
     out = R.build_report(
         results=results, slo=slo, speed=cfg.speed, samples=samples, changes=changes, t0=t0,
-        t_end=t_end,
+        t_end=t_end, local_prefill=local,
         meta={"pool": f"{pool.namespace}/{pool.name}", "trace": str(args.trace),
               "engine": cfg.engine, "speed": cfg.speed, "rate_scale": args.rate_scale},
     )
@@ -330,7 +353,7 @@ async def write_outputs(sandbox: Sandbox, pool: AppliedPool, results: list, t0: 
     queue = await queue_series(sandbox, pool, wall0, wall_end, cfg.speed)
     R.write_plots(out_dir=cfg.out_dir, results=results, slo=slo, speed=cfg.speed,
                   samples=samples, t0=t0, t_end=t_end, queue=queue,
-                  scale_events_=out["scale_events"])
+                  scale_events_=out["scale_events"], local_prefill=local)
     return out
 
 

@@ -143,7 +143,9 @@ def binned(results: Sequence[RequestResult], speed: float, bin_s: float,
 
 def build_report(*, results: Sequence[RequestResult], slo: Slo, speed: float,
                  samples: Sequence[RoleSample], changes: Sequence[ScaleChange], t0: float,
-                 t_end: float, meta: Mapping[str, Any]) -> dict[str, Any]:
+                 t_end: float, meta: Mapping[str, Any],
+                 local_prefill: Mapping[str, Sequence[tuple[float, float]]] | None = None,
+                 ) -> dict[str, Any]:
     ok = [r for r in results if r.ok]
     ttfts = [t for r in ok if (t := r.ttft(speed)) is not None]
     # Per request, as its client sees it: (last token - first token) / (tokens - 1). Single
@@ -172,6 +174,7 @@ def build_report(*, results: Sequence[RequestResult], slo: Slo, speed: float,
         "slo_attainment": slo_attainment(results, slo, speed),
         "replica_seconds": replica_seconds(samples, t0, t_end, speed),
         "scale_events": events,
+        "local_prefill": local_prefill_counts(local_prefill or {}),
         "direction_changes": {
             role: direction_changes(events, role) for role in sorted({e["role"] for e in events})
         },
@@ -181,6 +184,19 @@ def build_report(*, results: Sequence[RequestResult], slo: Slo, speed: float,
             for s in samples
         ],
     }
+
+
+def local_prefill_counts(
+    series: Mapping[str, Sequence[tuple[float, float]]],
+) -> dict[str, Any] | None:
+    """Requests served by the router's local-prefill fallback, per reason and in all: each
+    cumulative counter's last value (None when Prometheus had no series, e.g. an aggregated
+    pool)."""
+    if not series:
+        return None
+    by_reason = {reason: round(points[-1][1]) if points else 0
+                 for reason, points in sorted(series.items())}
+    return {"total": sum(by_reason.values()), "by_reason": by_reason}
 
 
 def write_report(report: Mapping[str, Any], out_dir: Path) -> Path:
@@ -197,7 +213,9 @@ def write_report(report: Mapping[str, Any], out_dir: Path) -> Path:
 def write_plots(*, out_dir: Path, results: Sequence[RequestResult], slo: Slo, speed: float,
                 samples: Sequence[RoleSample], t0: float, t_end: float,
                 queue: Mapping[str, Sequence[tuple[float, float]]],
-                scale_events_: Sequence[Mapping[str, Any]]) -> list[Path]:
+                scale_events_: Sequence[Mapping[str, Any]],
+                local_prefill: Mapping[str, Sequence[tuple[float, float]]] | None = None,
+                ) -> list[Path]:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -237,6 +255,17 @@ def write_plots(*, out_dir: Path, results: Sequence[RequestResult], slo: Slo, sp
     if queue:
         ax.legend(fontsize=8)
     save(fig, "queue.png")
+
+    fig, ax = plt.subplots(figsize=(8, 3.0))
+    for reason, points in sorted((local_prefill or {}).items()):
+        ax.plot([p[0] for p in points], [p[1] for p in points], label=reason)
+    for e in scale_events_:
+        ax.axvline(e["t"], color="grey", alpha=0.3, linewidth=0.8)
+    ax.set(xlabel="trace time (s)", ylabel="requests (cumulative)",
+           title="Local prefill on decode engines (the router's fallback), by reason")
+    if local_prefill:
+        ax.legend(fontsize=8)
+    save(fig, "local_prefill.png")
 
     desired = role_series(samples, t0, speed, "desired")
     ready = role_series(samples, t0, speed, "ready")
@@ -287,6 +316,10 @@ def summary_tables(report: Mapping[str, Any]) -> list[Any]:
     att = report["slo_attainment"]
     t.add_row("requests", f"{req['sent']} sent", f"{req['ok']} ok", f"{req['failed']} failed",
               f"SLO met: {att * 100:.1f}%" if att is not None else "-")
+    local = report.get("local_prefill")
+    if local is not None:
+        reasons = ", ".join(f"{k} {v}" for k, v in local["by_reason"].items() if v)
+        t.add_row("local prefills (fallback)", str(local["total"]), reasons or "", "", "")
     for role, secs in report["replica_seconds"].items():
         t.add_row(f"{role} replica-seconds", f"{secs:.0f}", "", "", "")
     ev = Table(title="scale events (from the autoscaler)", show_header=True)

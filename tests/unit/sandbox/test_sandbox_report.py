@@ -11,14 +11,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from poolpilot.sandbox import report as R
-from poolpilot.sandbox.data import DEFAULT_POOL, DEFAULT_TRACE, VLLM_POOL
+from poolpilot.sandbox.data import BURST_TRACE, DEFAULT_POOL, DEFAULT_TRACE, VLLM_POOL
 from poolpilot.sandbox.loadgen import RequestResult, prompt_tokens
 from poolpilot.sandbox.timeline import RoleSample, ScaleChange
 
-from poolpilot.traces import load_trace
+from poolpilot.traces import busiest_period, load_trace, rate_per_bin
 from poolpilot.validate import validate_file
 
 REPO = Path(__file__).resolve().parents[3]
+SHARED_CODE = REPO.parent / "shared" / "traces" / "AzureLLMInferenceTrace_code.csv"
 SLO = R.Slo(ttft_s=1.0, ttft_quantile=0.9, itl_s=0.05, itl_quantile=0.9)
 
 
@@ -155,11 +156,36 @@ def test_shipped_pool_is_valid_and_matches_the_example() -> None:
     assert (REPO / "examples" / "sandbox-pool.yaml").read_text() == DEFAULT_POOL.read_text()
 
 
-def test_shipped_trace_is_a_burst_then_quiet() -> None:
-    trace = load_trace(DEFAULT_TRACE)
+def test_shipped_burst_trace_is_a_burst_then_quiet() -> None:
+    trace = load_trace(BURST_TRACE)
     first_20s = sum(1 for r in trace if r.arrival_s < 20)
     assert first_20s > 0.4 * len(trace)  # the burst
     assert trace[-1].arrival_s < 100
+
+
+def test_default_trace_rises_bursts_and_falls() -> None:
+    rate = rate_per_bin(load_trace(DEFAULT_TRACE), 10)
+    peak = rate.index(max(rate))
+    assert 0 < peak < len(rate) - 3
+    assert max(rate[:peak]) < max(rate) / 2  # a rise: the peak is not where it starts
+    assert max(rate[-3:]) < max(rate) / 2  # and a fall: the last 30 s are well below it
+
+
+@pytest.mark.skipif(not SHARED_CODE.exists(), reason="shared traces not present")
+def test_default_trace_is_the_busy_period_of_the_code_trace_verbatim() -> None:
+    full = load_trace(SHARED_CODE)
+    first, last = busiest_period(full)
+    rows = SHARED_CODE.read_text().splitlines()
+    assert DEFAULT_TRACE.read_text().splitlines() == [rows[0], *rows[1 + first:2 + last]]
+
+
+def test_local_prefill_counts_are_the_counters_last_values() -> None:
+    assert R.local_prefill_counts({}) is None
+    assert R.local_prefill_counts({"prefill_behind": [(0, 0), (5, 7), (10, 12)],
+                                   "kv_transfer_failed": [(0, 0), (10, 1)],
+                                   "prefill_failed": []}) == {
+        "total": 13, "by_reason": {"kv_transfer_failed": 1, "prefill_behind": 12,
+                                   "prefill_failed": 0}}
 
 
 def test_reasons_come_from_the_autoscalers_events_in_order() -> None:
