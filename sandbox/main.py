@@ -288,42 +288,23 @@ async def wait_for_stop(sandbox: Sandbox) -> None:
                 signal.signal(sig, previous[sig])
 
 
-async def queue_series(sandbox: Sandbox, pool: AppliedPool, wall0: float, wall_end: float,
-                       speed: float) -> dict[str, list[tuple[float, float]]]:
-    from poolpilot import metrics
-
+async def series_by(sandbox: Sandbox, pool: AppliedPool, wall0: float, wall_end: float,
+                    speed: float, metric: str, label: str,
+                    ) -> dict[str, list[tuple[float, float]]]:
+    """`sum by (label) (metric)` of the pool over the run from Prometheus, per label value, as
+    (trace seconds, value); empty (and a warning) when the query fails: the report is still
+    written without it."""
     step = sandbox.cfg.scrape_interval_s / speed
     sel = f'namespace="{pool.namespace}",pool="{pool.name}"'
     try:
         result = await sandbox.query_range(
-            f"sum by (role) ({metrics.VLLM_WAITING}{{{sel}}})", wall0, wall_end, step)
-    except Exception as exc:  # the report still gets written without this plot
-        console.print(f"[yellow]queue depth query failed: {exc}")
+            f"sum by ({label}) ({metric}{{{sel}}})", wall0, wall_end, step)
+    except Exception as exc:
+        console.print(f"[yellow]{metric} query failed: {exc}")
         return {}
     return {
-        s["metric"].get("role", "?"): [((float(t) - wall0) * speed, float(v))
-                                      for t, v in s["values"]]
-        for s in result
-    }
-
-
-async def local_prefill_series(sandbox: Sandbox, pool: AppliedPool, wall0: float,
-                               wall_end: float, speed: float) -> dict[str, list[tuple[float, float]]]:
-    """Requests the router served by local prefill on a decode engine (its fallback), per
-    reason, cumulative over the run (the router's counter, as Prometheus scraped it)."""
-    from poolpilot import metrics
-
-    step = sandbox.cfg.scrape_interval_s / speed
-    sel = f'namespace="{pool.namespace}",pool="{pool.name}"'
-    try:
-        result = await sandbox.query_range(
-            f"sum by (reason) ({metrics.ROUTER_LOCAL_PREFILL}{{{sel}}})", wall0, wall_end, step)
-    except Exception as exc:  # the report still gets written without these counts
-        console.print(f"[yellow]local prefill query failed: {exc}")
-        return {}
-    return {
-        s["metric"].get("reason", "?"): [((float(t) - wall0) * speed, float(v))
-                                        for t, v in s["values"]]
+        s["metric"].get(label, "?"): [((float(t) - wall0) * speed, float(v))
+                                     for t, v in s["values"]]
         for s in result
     }
 
@@ -331,6 +312,8 @@ async def local_prefill_series(sandbox: Sandbox, pool: AppliedPool, wall0: float
 async def write_outputs(sandbox: Sandbox, pool: AppliedPool, results: list, t0: float,
                         t_end: float, wall0: float, wall_end: float,
                         args: argparse.Namespace) -> dict:
+    from poolpilot import metrics
+
     cfg = sandbox.cfg
     assert sandbox.controller is not None
     ctl = sandbox.controller
@@ -341,8 +324,9 @@ async def write_outputs(sandbox: Sandbox, pool: AppliedPool, results: list, t0: 
     changes = [c for c in ctl.timeline.scale_changes
                if c.namespace == pool.namespace and c.pool == pool.name and c.t >= t0]
     R.attach_reasons(changes, await sandbox.scale_event_messages(pool))
-    # Queried after the last scrape of the run, so the counts include every request.
-    local = await local_prefill_series(sandbox, pool, wall0, wall_end, cfg.speed)
+    # The router's local-prefill fallbacks (cumulative counters, per reason).
+    local = await series_by(sandbox, pool, wall0, wall_end, cfg.speed,
+                            metrics.ROUTER_LOCAL_PREFILL, "reason")
     out = R.build_report(
         results=results, slo=slo, speed=cfg.speed, samples=samples, changes=changes, t0=t0,
         t_end=t_end, local_prefill=local,
@@ -350,7 +334,8 @@ async def write_outputs(sandbox: Sandbox, pool: AppliedPool, results: list, t0: 
               "engine": cfg.engine, "speed": cfg.speed, "rate_scale": args.rate_scale},
     )
     R.write_report(out, cfg.out_dir)
-    queue = await queue_series(sandbox, pool, wall0, wall_end, cfg.speed)
+    queue = await series_by(sandbox, pool, wall0, wall_end, cfg.speed, metrics.VLLM_WAITING,
+                            "role")
     R.write_plots(out_dir=cfg.out_dir, results=results, slo=slo, speed=cfg.speed,
                   samples=samples, t0=t0, t_end=t_end, queue=queue,
                   scale_events_=out["scale_events"], local_prefill=local)

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from poolpilot.traces import (
     TraceError,
     TraceRequest,
+    busiest_period,
     clamp_tokens,
     load_trace,
     rate_per_bin,
@@ -189,3 +190,27 @@ def test_window_clamp_and_bins() -> None:
     assert rate_per_bin(trace, 2.0) == [2, 1, 0, 1]
     with pytest.raises(ValueError, match="rate scale must be > 0"):
         scale_rate(trace, 0)
+
+
+def _arrivals(*times: float) -> list[TraceRequest]:
+    return [TraceRequest(t, 100, 10) for t in times]
+
+
+@pytest.mark.parametrize("arrivals,expected", [
+    # the busiest minute (70-130) widened to the gaps of 60 s or more around it
+    ((0, 70, 100, 102, 104, 106, 110, 130, 200), (1, 7)),
+    # a trace that is one busy period from end to end
+    ((0, 30, 31, 32, 60), (0, 4)),
+    # one request
+    ((5,), (0, 0)),
+    # the busier of two periods wins, the earlier on a tie
+    ((0, 1, 2, 100, 101, 102, 103), (3, 6)),
+    ((0, 1, 2, 100, 101, 102), (0, 2)),
+], ids=["widened-to-gaps", "all-busy", "single", "busier-period", "tie-earlier"])
+def test_busiest_period(arrivals: tuple[float, ...], expected: tuple[int, int]) -> None:
+    assert busiest_period(_arrivals(*arrivals)) == expected
+
+
+def test_busiest_period_of_nothing_is_an_error() -> None:
+    with pytest.raises(ValueError, match="empty trace"):
+        busiest_period([])

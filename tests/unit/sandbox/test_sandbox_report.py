@@ -112,8 +112,9 @@ def test_build_report_has_the_documented_fields(tmp_path: Path) -> None:
     results.append(result(10, None, [], ok=False, arrival=5))
     changes = [ScaleChange(105.0, "ns", "p", "prefill", 1, 3, "TTFTAboveTarget", "ttft 2s > 1s")]
     samples = [RoleSample(100.0, "ns", "p", "prefill", 1, 1, 1)]
+    local = {"prefill_behind": [(0.0, 0.0), (10.0, 4.0)], "kv_transfer_failed": [(0.0, 0.0)]}
     rep = R.build_report(results=results, slo=SLO, speed=2.0, samples=samples, changes=changes,
-                         t0=100.0, t_end=130.0, meta={"engine": "sim"})
+                         t0=100.0, t_end=130.0, meta={"engine": "sim"}, local_prefill=local)
     assert rep["requests"]["sent"] == 11
     assert rep["requests"]["ok"] == 10 and rep["requests"]["failed"] == 1
     assert rep["requests"]["errors"] == {"APIConnectionError: boom": 1}
@@ -125,14 +126,16 @@ def test_build_report_has_the_documented_fields(tmp_path: Path) -> None:
     assert rep["scale_events"] == [{"t": 10.0, "role": "prefill", "from": 1, "to": 3,
                                     "reason": "TTFTAboveTarget", "message": "ttft 2s > 1s"}]
     assert rep["replica_seconds"] == {"prefill": 60.0}
+    assert rep["local_prefill"] == {"total": 4, "by_reason": {"kv_transfer_failed": 0,
+                                                              "prefill_behind": 4}}
     path = R.write_report(rep, tmp_path)
     assert json.loads(path.read_text())["requests"]["sent"] == 11
     paths = R.write_plots(out_dir=tmp_path, results=results, slo=SLO, speed=2.0,
                           samples=samples, t0=100.0, t_end=130.0,
                           queue={"prefill": [(0.0, 0.0), (10.0, 5.0)]},
-                          scale_events_=rep["scale_events"])
-    assert sorted(p.name for p in paths) == ["queue.png", "replicas.png", "request_rate.png",
-                                             "ttft.png"]
+                          scale_events_=rep["scale_events"], local_prefill=local)
+    assert sorted(p.name for p in paths) == ["local_prefill.png", "queue.png", "replicas.png",
+                                             "request_rate.png", "ttft.png"]
     assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in paths)
     assert len(R.summary_tables(rep)) == 2
 
