@@ -1063,7 +1063,9 @@ def _signals_text(signals: Iterable[Signal]) -> str:
 def _decision(role: str, cur: int, s: Sized, steps: list[Step], prop: Proposal,
               limited: Reason | None, limited_msg: str = "") -> RoleDecision:
     chain = "; ".join(f"{st.reason}" + (f" ({st.detail})" if st.detail else "") for st in steps)
-    msg = f"{role} {cur} -> {s.replicas}: {chain}"
+    # The decision's reason first (Events, status and the sandbox's report read it there),
+    # then every step that had a say.
+    msg = f"{role} {cur} -> {s.replicas}: {s.reason} | {chain}"
     if limited_msg:
         msg += f"; ScalingLimited: {limited_msg}"
     return RoleDecision(

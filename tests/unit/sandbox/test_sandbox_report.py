@@ -205,3 +205,23 @@ def test_reasons_come_from_the_autoscalers_events_in_order() -> None:
     assert [c.reason for c in changes] == ["QueueAboveTarget", "SequencesAboveTarget", "Manual",
                                            "TTFTAboveTarget"]
     assert changes[0].message == "prefill 1 -> 3: QueueAboveTarget (Queue 9 vs 2 -> 3)"
+
+
+def test_the_reason_is_the_decisions_own_not_its_first_steps() -> None:
+    # The capacity model sizes while the signals abstain: the Event's message lists every
+    # step, and the report must show why the size changed (found: every reason read
+    # "SignalsAbstain").
+    from poolpilot.autoscaler.decide import History, Observation, Policy, RoleObservation, decide
+
+    pol = Policy(bounds={"prefill": (1, 16), "decode": (1, 16)},
+                 prefill_tokens_per_replica=8000.0, decode_tokens_per_replica=2000.0)
+    busy = Observation(roles={
+        "prefill": RoleObservation(replicas=2, waiting=40.0, running=2.0, ttft=0.3,
+                                   prompt_tokens_rate=30_000.0, request_rate=30.0),
+        "decode": RoleObservation(replicas=1, waiting=0.0, running=4.0, itl=0.02,
+                                  generation_tokens_rate=500.0, kv_usage=0.1)})
+    d = decide(busy, pol, History(), 10_000.0).roles["prefill"]
+    assert d.replicas > 2 and d.steps[0].reason != d.reason
+    changes = [ScaleChange(1.0, "ns", "p", "prefill", 2, d.replicas)]
+    R.attach_reasons(changes, [d.message])
+    assert changes[0].reason == d.reason
