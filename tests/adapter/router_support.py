@@ -127,7 +127,7 @@ def start_fake_engine(name: str, token_delay: float = 0.0, port: int = 0,
                       *args: str) -> Proc:
     popen = spawn([PYTHON, str(FAKE_ENGINE), "--name", name, "--port", str(port),
                    "--token-delay", str(token_delay), *args])
-    m, output = wait_for_line(popen, r"listening on (\d+)", 20)
+    m, output = wait_for_line(popen, r"listening on (\d+)", 60)
     return Proc(popen, int(m.group(1)), name, output)
 
 
@@ -135,13 +135,13 @@ def start_engine_sim(role: str, *args: str) -> Proc:
     """`poolpilot engine-sim` for a role (8B on an H200 unless args say otherwise)."""
     popen = spawn([POOLPILOT, "engine-sim", "--host", "127.0.0.1", "--port", "0",
                    "--role", role, "--served-name", "sim", *args])
-    m, output = wait_for_line(popen, r"listening on http://[\d.]+:(\d+)", 30)
+    m, output = wait_for_line(popen, r"listening on http://[\d.]+:(\d+)", 60)
     return Proc(popen, int(m.group(1)), f"engine-sim {role}", output)
 
 
 def start_router(*args: str) -> Proc:
     popen = spawn([POOLPILOT, "router", "--host", "127.0.0.1", "--port", "0", *args])
-    m, output = wait_for_line(popen, r"listening on http://[\d.]+:(\d+)", 30)
+    m, output = wait_for_line(popen, r"listening on http://[\d.]+:(\d+)", 60)
     return Proc(popen, int(m.group(1)), "router", output)
 
 

@@ -83,8 +83,6 @@ def namespace_script(root: Path, model: Path, container: dict[str, Any], env: di
     volumes = {v["name"]: v for v in container["volumes"]}
     lines = ["set -e", f"R={shlex.quote(str(root))}", "mount -t tmpfs tmpfs $R",
              "for d in bin lib lib64 sbin; do ln -s usr/$d $R/$d; done"]
-    for d in map(shlex.quote, read_only_folders()):
-        lines += [f"mkdir -p $R{d}", f"mount --rbind {d} $R{d}", f"mount -o remount,ro,bind $R{d}"]
     lines += ["mkdir -p $R/proc $R/dev $R/sys", "mount -t proc proc $R/proc",
               "mount --rbind /dev $R/dev", "mount --rbind /sys $R/sys"]
     for m in container["volumeMounts"]:
@@ -95,6 +93,10 @@ def namespace_script(root: Path, model: Path, container: dict[str, Any], env: di
                       f"mount -o remount,ro,bind {path}"]
         else:  # an emptyDir
             lines.append(f"mount -t tmpfs tmpfs {path}")
+    # After the volumes: a checkout under /tmp (CI clones there) must not be hidden by the
+    # pod's /tmp emptyDir.
+    for d in map(shlex.quote, read_only_folders()):
+        lines += [f"mkdir -p $R{d}", f"mount --rbind {d} $R{d}", f"mount -o remount,ro,bind $R{d}"]
     lines.append("mount -o remount,ro $R")  # the root filesystem itself
     env_args = " ".join(shlex.quote(f"{k}={v}") for k, v in env.items())
     command = " ".join(shlex.quote(c) for c in container["command"])
