@@ -136,8 +136,7 @@ def test_links_work_mid_run_ctrl_c_stops_all_then_a_kept_run_serves(tmp_path: Pa
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=60) == 130
     finally:
-        if proc.poll() is None:
-            proc.kill()
+        stop_sandbox(proc)
     assert wait_for(lambda: not processes_using(first), timeout=15,
                     what="every process of the interrupted run to be gone", interval=0.5) is True
     # A second run right after, to the end: it gets its own ports and writes the report.
@@ -180,11 +179,21 @@ def test_links_work_mid_run_ctrl_c_stops_all_then_a_kept_run_serves(tmp_path: Pa
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=60) == 0, second_log.read_text()[-3000:]
     finally:
-        if proc.poll() is None:
-            proc.kill()
+        stop_sandbox(proc)
     assert "stopping every process the sandbox started" in second_log.read_text()
     assert wait_for(lambda: not processes_using(second), timeout=15, interval=0.5,
                     what="every process of the kept run to be gone") is True
+
+
+def stop_sandbox(proc: subprocess.Popen[Any]) -> None:
+    """After a failed check too: Ctrl-C lets the sandbox stop what it started (a SIGKILL alone
+    leaves its pods, Prometheus and the control plane running)."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
 
 
 def completion_chunks(base_url: str, model: str) -> list[dict[str, Any]]:
