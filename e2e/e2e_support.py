@@ -7,13 +7,14 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from poolpilot.sandbox.data import DEFAULT_POOL
+
+BURST_POOL = Path(__file__).resolve().parent / "burst-pool.yaml"
 
 
 def pool_manifest(name: str, edit: Callable[[dict[str, Any]], None] | None = None,
                   namespace: str = "e2e") -> dict[str, Any]:
-    """The shipped sandbox pool under another name, optionally edited."""
-    manifest: dict[str, Any] = yaml.safe_load(DEFAULT_POOL.read_text())
+    """The scenarios' pool (burst-pool.yaml here) under another name, optionally edited."""
+    manifest: dict[str, Any] = yaml.safe_load(BURST_POOL.read_text())
     manifest["metadata"] = {"name": name, "namespace": namespace}
     if edit is not None:
         edit(manifest["spec"])

@@ -13,7 +13,6 @@ raises `TraceError("FILE:LINE: problem")` on malformed input so the user can fix
 
 from __future__ import annotations
 
-import bisect
 import csv
 import json
 import math
@@ -200,24 +199,25 @@ def window(trace: Sequence[TraceRequest], start_s: float, duration_s: float) -> 
     ]
 
 
-def busiest_period(trace: Sequence[TraceRequest], minute_s: float = 60.0,
-                   idle_s: float = 60.0) -> tuple[int, int]:
-    """The busy period around the trace's busiest minute, as indices [first, last] into the
-    (sorted) trace: the `minute_s` span holding the most arrivals, widened back and forward
-    until a gap of at least `idle_s` without a request. Such a period starts from idle, rises,
-    peaks and falls back to idle, which is what a demo of an autoscaler needs to show."""
+def busy_periods(trace: Sequence[TraceRequest], idle_s: float = 60.0) -> list[tuple[int, int]]:
+    """The trace's busy periods, as indices [first, last] into the (sorted) trace: runs of
+    requests split wherever `idle_s` or more pass without one."""
+    periods: list[tuple[int, int]] = []
+    first = 0
+    for i in range(1, len(trace) + 1):
+        if i == len(trace) or trace[i].arrival_s - trace[i - 1].arrival_s >= idle_s:
+            periods.append((first, i - 1))
+            first = i
+    return periods if trace else []
+
+
+def longest_busy_period(trace: Sequence[TraceRequest], idle_s: float = 60.0) -> tuple[int, int]:
+    """The busy period with the most requests (the earliest of equals), as indices [first,
+    last]: a stretch of load that starts from idle and falls back to it, with the rises,
+    bursts and lulls the trace has in between (a demo of an autoscaler needs all of them)."""
     if not trace:
-        raise ValueError("busiest_period of an empty trace")
-    arrivals = [r.arrival_s for r in trace]
-    busiest = max(range(len(arrivals)),
-                  key=lambda i: bisect.bisect_left(arrivals, arrivals[i] + minute_s) - i)
-    first = busiest
-    while first > 0 and arrivals[first] - arrivals[first - 1] < idle_s:
-        first -= 1
-    last = busiest
-    while last + 1 < len(arrivals) and arrivals[last + 1] - arrivals[last] < idle_s:
-        last += 1
-    return first, last
+        raise ValueError("longest_busy_period of an empty trace")
+    return max(busy_periods(trace, idle_s), key=lambda p: (p[1] - p[0], -p[0]))
 
 
 def scale_rate(trace: Sequence[TraceRequest], factor: float) -> list[TraceRequest]:

@@ -533,10 +533,10 @@ class Router:
 
     def _local_prefill_engine(self, prompt_tokens: int) -> Endpoint | None:
         """The decode engine to prefill this request itself, or None for the P/D path."""
-        policy = self.config.local_prefill
-        if policy is None:
+        if self.config.local_prefill is None:
             return None
         rate = self.prefill_rate.tokens_per_s
+        policy = lp.calibrated(self.config.local_prefill, rate)
         prefills = [e for e in self.balancer.role_endpoints("prefill") if not e.ejected()]
         decodes = [e for e in self.balancer.role_endpoints("decode") if not e.ejected()]
         # Queued prompt tokens: what this router has in flight there (x its workers, which

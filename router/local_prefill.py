@@ -37,6 +37,8 @@ Rule:
    `chunk` is the largest prefill chunk whose step stays within `itl_s` at that engine's batch
    (0: no headroom, the batch alone uses the budget). It goes local only if that beats the
    prefill wait, so local work cannot pile up past what the prefill role would do.
+4. The step costs are scaled to the pool's hardware (`calibrated`): by how much slower the
+   prefill engines measure than the preset's GPU. The router decides with the policy it returns.
 
 Output: `Decision(local, engine, active, reason, prefill_wait_s, local_ttft_s)`; `engine`
 indexes `decode` when `local`. Reasons: "prefill_behind" (local), "prefill_ok",
@@ -48,7 +50,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property, lru_cache
 from typing import Protocol
 
@@ -129,6 +131,38 @@ def _local_rate(cost: StepCost, decode_batch: int, itl_s: float, limit: int) -> 
 
 
 _cached_local_rate = lru_cache(maxsize=4096)(_local_rate)
+
+
+@dataclass(frozen=True)
+class ScaledStepCost:
+    """Step costs measured on other hardware, stretched by `factor` (> 1: this pool is slower)."""
+
+    base: StepCost
+    factor: float
+
+    def step_s(self, decode_batch: int, prefill_chunk: int) -> float:
+        return self.base.step_s(decode_batch, prefill_chunk) * self.factor
+
+
+def calibrated(policy: LocalPrefillPolicy, prefill_tokens_per_s: float) -> LocalPrefillPolicy:
+    """`policy` with its step costs scaled to this pool's hardware.
+
+    The presets were measured on one GPU (an H200); a pool on another (an A100 is ~3x slower)
+    would be told its decode engines prefill locally ~3x faster than they do, and the fallback
+    would pile work on them that P/D requests then queue behind. The prefill engines' measured
+    throughput (`RateEstimate`, learned from every P/D prefill) against the preset's says how
+    much slower this hardware is; mixed steps are taken to be slower by the same factor. Costs
+    without a reference throughput are used as they are."""
+    reference = getattr(policy.cost, "prefill_tokens_per_s", None)
+    if not reference or not prefill_tokens_per_s > 0 or not math.isfinite(prefill_tokens_per_s):
+        return policy
+    factor = round(min(max(reference / prefill_tokens_per_s, 0.1), 10.0), 2)
+    return policy if factor == 1.0 else _scaled_policy(policy, factor)
+
+
+@lru_cache(maxsize=256)  # one policy per rounded factor: local_rate's cache keys on the cost
+def _scaled_policy(policy: LocalPrefillPolicy, factor: float) -> LocalPrefillPolicy:
+    return replace(policy, cost=ScaledStepCost(policy.cost, factor))
 
 
 def prefill_wait(prompt_tokens: float, prefill: Sequence[PrefillLoad]) -> float:

@@ -57,7 +57,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "decode engine, autoscaling off)")
     p.add_argument("--trace", type=Path, default=DEFAULT_TRACE,
                    help="trace file: Azure CSV, Mooncake JSONL or arrival_s,input_tokens,"
-                   "output_tokens CSV (default: a burst from the Azure code trace)")
+                   "output_tokens CSV (default: the Azure code trace's longest busy period)")
     p.add_argument("--trace-format", choices=("azure", "mooncake", "csv"), default=None,
                    help="trace format (default: detected)")
     p.add_argument("--engine", choices=("sim", "vllm-cpu"), default="sim",
@@ -80,8 +80,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="simulated seconds a new simulator pod takes to load weights")
     p.add_argument("--scrape-interval", type=float, default=5.0,
                    help="Prometheus scrape interval in simulated seconds")
-    p.add_argument("--gpu", default="a100",
-                   help="GPU the simulator models: a100 (default), h100, h200, l40s")
+    p.add_argument("--gpu", default="h200",
+                   help="GPU the simulator models: h200 (default: its step times are "
+                   "calibrated against measured ones), h100, a100, l40s")
     p.add_argument("--api-port", type=int, default=0,
                    help="port of the Kubernetes API emulator (default: a free one)")
     p.add_argument("--prometheus-port", type=int, default=0,
@@ -334,6 +335,7 @@ async def write_outputs(sandbox: Sandbox, pool: AppliedPool, results: list, t0: 
               "engine": cfg.engine, "speed": cfg.speed, "rate_scale": args.rate_scale},
     )
     R.write_report(out, cfg.out_dir)
+    R.write_requests(results, slo, cfg.speed, cfg.out_dir)
     queue = await series_by(sandbox, pool, wall0, wall_end, cfg.speed, metrics.VLLM_WAITING,
                             "role")
     R.write_plots(out_dir=cfg.out_dir, results=results, slo=slo, speed=cfg.speed,

@@ -6,6 +6,7 @@ speed), so a run at --speed 4 reads like the same run at speed 1.
 
 from __future__ import annotations
 
+import csv
 import itertools
 import json
 import math
@@ -203,6 +204,28 @@ def write_report(report: Mapping[str, Any], out_dir: Path) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / "report.json"
     path.write_text(json.dumps(report, indent=2) + "\n")
+    return path
+
+
+REQUEST_COLUMNS = ("index", "arrival_s", "input_tokens", "output_tokens", "ttft_s",
+                   "mean_itl_s", "met_slo", "error")
+
+
+def write_requests(results: Sequence[RequestResult], slo: Slo, speed: float,
+                   out_dir: Path) -> Path:
+    """requests.csv: one row per request as its client saw it (simulated seconds), so a user
+    can see which requests missed the SLO and when, not only how many."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / "requests.csv"
+    with path.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(REQUEST_COLUMNS)
+        for r in sorted(results, key=lambda r: r.index):
+            ttft, itl = r.ttft(speed), r.mean_itl(speed)
+            w.writerow([r.index, f"{r.arrival_s:.3f}", r.input_tokens, r.output_tokens,
+                        "" if ttft is None else f"{ttft:.4f}",
+                        "" if itl is None else f"{itl:.5f}",
+                        int(meets_slo(r, slo, speed)), r.error or ""])
     return path
 
 

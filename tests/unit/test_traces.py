@@ -12,9 +12,10 @@ from hypothesis import strategies as st
 from poolpilot.traces import (
     TraceError,
     TraceRequest,
-    busiest_period,
+    busy_periods,
     clamp_tokens,
     load_trace,
+    longest_busy_period,
     rate_per_bin,
     scale_rate,
     window,
@@ -197,20 +198,23 @@ def _arrivals(*times: float) -> list[TraceRequest]:
 
 
 @pytest.mark.parametrize("arrivals,expected", [
-    # the busiest minute (70-130) widened to the gaps of 60 s or more around it
+    # gaps of 60 s or more split the trace; the period with the most requests wins
     ((0, 70, 100, 102, 104, 106, 110, 130, 200), (1, 7)),
+    # ... even when another period holds a denser minute
+    ((0, 1, 2, 3, 100, 150, 200, 250, 300), (4, 8)),
     # a trace that is one busy period from end to end
     ((0, 30, 31, 32, 60), (0, 4)),
     # one request
     ((5,), (0, 0)),
-    # the busier of two periods wins, the earlier on a tie
-    ((0, 1, 2, 100, 101, 102, 103), (3, 6)),
+    # the earlier of two equal periods
     ((0, 1, 2, 100, 101, 102), (0, 2)),
-], ids=["widened-to-gaps", "all-busy", "single", "busier-period", "tie-earlier"])
-def test_busiest_period(arrivals: tuple[float, ...], expected: tuple[int, int]) -> None:
-    assert busiest_period(_arrivals(*arrivals)) == expected
+], ids=["split-at-gaps", "most-requests-not-densest", "all-busy", "single", "tie-earlier"])
+def test_longest_busy_period(arrivals: tuple[float, ...], expected: tuple[int, int]) -> None:
+    assert longest_busy_period(_arrivals(*arrivals)) == expected
 
 
-def test_busiest_period_of_nothing_is_an_error() -> None:
+def test_busy_periods_cover_the_trace() -> None:
+    assert busy_periods(_arrivals(0, 1, 70, 71, 200)) == [(0, 1), (2, 3), (4, 4)]
+    assert busy_periods([]) == []
     with pytest.raises(ValueError, match="empty trace"):
-        busiest_period([])
+        longest_busy_period([])

@@ -197,3 +197,40 @@ def test_presets_by_model_name() -> None:
     assert lp.preset_for_model("meta-llama/Llama-3.1-70B-Instruct") == "llama-3.1-70b-tp2/h200"
     assert lp.preset_for_model("tiny-llama") is None
     assert lp.preset_for_model(None) is None
+
+
+@pytest.mark.parametrize(("measured", "factor"), [
+    (H8.prefill_tokens_per_s, None),  # the preset's own hardware: unchanged
+    (H8.prefill_tokens_per_s / 3, 3.0),  # 3x slower prefill engines: 3x slower mixed steps
+    (H8.prefill_tokens_per_s * 2, 0.5),
+    (0.0, None),  # nothing measured yet: the preset as it is
+    (math.inf, None),
+    (1.0, 10.0),  # clamped: one absurd measurement cannot switch the fallback off for good
+], ids=["same hardware", "slower", "faster", "zero", "infinite", "clamped"])
+def test_calibration_scales_the_step_costs(measured: float, factor: float | None) -> None:
+    policy = LocalPrefillPolicy(ttft_s=1.0, itl_s=0.05, cost=H8)
+    got = lp.calibrated(policy, measured)
+    if factor is None:
+        assert got is policy
+        return
+    assert got.cost.step_s(16, 512) == pytest.approx(H8.step_s(16, 512) * factor)
+    assert (got.ttft_s, got.itl_s) == (policy.ttft_s, policy.itl_s)
+    assert lp.calibrated(policy, measured) is got  # reused: local_rate's cache keys on it
+
+
+def test_calibrated_preset_is_close_to_other_hardware() -> None:
+    """The H200 preset on a pool of simulated A100s (as `poolpilot sandbox` runs by default):
+    uncalibrated it promises ~3x the local prefill rate a decode engine delivers, so the
+    router piles local work on it; scaled by the prefill engines' measured throughput it is
+    within 25%, and never above what the engine does (the fallback errs towards P/D)."""
+    from poolpilot.engine_sim.des import _MixedStepCost
+    from poolpilot.engine_sim.hardware import make_step_model
+
+    a100 = make_step_model("llama-3.1-8b", "a100")
+    truth = _MixedStepCost(a100, 2048)
+    measured = 2048 / a100.mixed_step_time(0, 0, 2048)  # what a prefill engine does
+    policy = lp.calibrated(LocalPrefillPolicy(ttft_s=1.0, itl_s=0.05, cost=H8), measured)
+    for batch in (1, 8, 32):
+        actual = lp.local_rate(truth, batch, 0.05)
+        assert lp.local_rate(H8, batch, 0.05) > 2.5 * actual
+        assert 0.75 * actual <= lp.local_rate(policy.cost, batch, 0.05) <= actual
