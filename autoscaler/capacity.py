@@ -26,9 +26,13 @@ Per role, in its own unit (prompt tokens for prefill, generated tokens for decod
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
+
+from poolpilot.autoscaler.frozen import replace
 
 # How much a new cold-start sample moves the learned value (EWMA weight).
 COLD_START_ALPHA = 0.5
@@ -69,6 +73,29 @@ class Memory:
     headroom: float | None = None
 
 
+def _ordered_times(samples: Sequence[Sample]) -> list[float] | None:
+    """The samples' times when they are in time order, else None.
+
+    They are, unless the clock stepped back between two decisions. In order, the windows
+    below are found by bisection instead of a scan of every sample: a role keeps a
+    history_window of samples (120 at 15 s), and those scans were most of a decision's CPU
+    once the history had filled (issue 17). Out of order, each function scans as its
+    definition says, so both paths give the same answer."""
+    times = [s.time for s in samples]
+    # (a NaN fails every comparison: the pairs catch one among two samples or more)
+    ordered = all(a <= b for a, b in itertools.pairwise(times)) and not (
+        len(times) == 1 and math.isnan(times[0]))
+    return times if ordered else None
+
+
+def after(samples: Sequence[Sample], t: float) -> tuple[Sample, ...]:
+    """The samples later than `t`, in their order."""
+    times = _ordered_times(samples)
+    if times is not None:
+        return tuple(samples[bisect.bisect_right(times, t):])
+    return tuple(s for s in samples if s.time > t)
+
+
 def track_starts(mem: Memory, replicas: int, ready: int, now: float) -> Memory:
     """Follow the role's pods: a rise in replicas asked is an order (placed at the previous
     decision, when this autoscaler scaled); a fall cancels the newest orders (starting pods go
@@ -92,7 +119,7 @@ def track_starts(mem: Memory, replicas: int, ready: int, now: float) -> Memory:
 def remember(mem: Memory, now: float, rate: float, backlog: float, window: float) -> Memory:
     """Add a demand sample; those older than `window` go."""
     first = mem.first_seen if mem.first_seen is not None else now
-    keep = tuple(s for s in mem.samples if s.time > now - window)
+    keep = after(mem.samples, now - window)
     return replace(mem, first_seen=first, samples=(*keep, Sample(now, rate, backlog)))
 
 
@@ -102,17 +129,24 @@ def upside(samples: Sequence[Sample], now: float, horizon: float, quantile: floa
     the `quantile` of those rises (0 without a full horizon of history). A pool that keeps
     this much above its demand rides out the rises it has seen while a replica ordered at
     their start is on its way."""
-    times = [s.time for s in samples]
+    times = _ordered_times(samples)
+    ordered = times is not None
+    times = times if times is not None else [s.time for s in samples]
+    rates = [s.rate for s in samples]
+    last = now - horizon + 1e-9
     rises = []
-    for i, s in enumerate(samples):
-        if s.time > now - horizon + 1e-9:
+    for i, t in enumerate(times):
+        if t > last:
             break
-        peak = s.rate
-        for j in range(i + 1, len(samples)):
-            if times[j] > s.time + horizon + 1e-9:
-                break
-            peak = max(peak, samples[j].rate)
-        rises.append(peak - s.rate)
+        # j: the first sample after i beyond one horizon from it
+        reach = t + horizon + 1e-9
+        if ordered:
+            j = bisect.bisect_right(times, reach, i + 1)
+        else:
+            j = i + 1
+            while j < len(times) and not times[j] > reach:
+                j += 1
+        rises.append(max(rates[i:j]) - rates[i])  # the peak from i on, minus the demand then
     if not rises:
         return 0.0
     rises.sort()
@@ -145,16 +179,26 @@ def trend_samples(mem: Memory, rate_window: float) -> tuple[Sample, ...]:
     """The samples a trend may be fitted on: not those whose rate window reached back before
     the role's series began (they underestimate, and would read as a rising trend)."""
     start = (mem.first_seen or 0.0) + rate_window - 1e-9
+    times = _ordered_times(mem.samples)
+    if times is not None:
+        return tuple(mem.samples[bisect.bisect_left(times, start):])
     return tuple(s for s in mem.samples if s.time >= start)
 
 
 def backlog_growth(samples: Sequence[Sample], now: float, backlog: float) -> float:
     """Tokens/s the backlog grew by over the last GROWTH_WINDOW (0 when it shrank): arrivals
     that the engines did not process, which their token counters cannot show."""
-    old = [s for s in samples if s.time >= now - GROWTH_WINDOW - 1e-9 and s.time < now]
-    if not old:
+    # The first sample within the window (bounds computed once: a role keeps up to
+    # history_window of samples, 120 at 15 s, and this ran for each of them per decision).
+    lo = now - GROWTH_WINDOW - 1e-9
+    times = _ordered_times(samples)
+    if times is not None:
+        i = bisect.bisect_left(times, lo)
+        first = samples[i] if i < len(times) and times[i] < now else None
+    else:
+        first = next((s for s in samples if lo <= s.time < now), None)
+    if first is None:
         return 0.0
-    first = old[0]
     return max(0.0, (backlog - first.backlog) / max(now - first.time, 1e-9))
 
 

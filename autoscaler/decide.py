@@ -45,10 +45,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple
 
 from poolpilot.autoscaler import capacity as model
+from poolpilot.autoscaler.frozen import replace
 
 from poolpilot.reasons import Reason
 from poolpilot.reasons import SignalName as S
@@ -560,7 +561,7 @@ def measure_need(role: str, obs: Observation, p: Policy, capacity: Mapping[str, 
             mem = replace(mem, headroom=headroom)
     horizon = mem.cold_start if mem.cold_start is not None else p.cold_start
     usable = model.trend_samples(mem, p.max_metric_age)
-    recent = tuple(x for x in usable if x.time > now - p.forecast_window)
+    recent = model.after(usable, now - p.forecast_window)
     quantile = p.rise_quantile if p.rise_quantile is not None else p.slo_quantile
     slope = model.trend(recent, p.forecast_window) if p.forecast else 0.0
     rise = model.upside(usable, now, horizon, quantile) if p.forecast else 0.0
@@ -572,7 +573,7 @@ def measure_need(role: str, obs: Observation, p: Policy, capacity: Mapping[str, 
 
 def max_backlog(mem: model.Memory, now: float, window: float) -> float:
     """The largest backlog sampled within the last `window` seconds."""
-    return max((x.backlog for x in mem.samples if x.time > now - window - 1e-9), default=0.0)
+    return max((x.backlog for x in model.after(mem.samples, now - window - 1e-9)), default=0.0)
 
 
 def role_headroom(role: str, p: Policy, mem: model.Memory | None = None) -> float:
