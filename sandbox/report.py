@@ -69,10 +69,17 @@ def step_integral(points: Sequence[tuple[float, float]], t_end: float) -> float:
 
 def role_series(samples: Iterable[RoleSample], t0: float, speed: float,
                 field: str) -> dict[str, list[tuple[float, float]]]:
-    """Per role, (simulated t, value) change points of `field` (desired, ready or pods)."""
+    """Per role, (simulated t, value) change points of `field` (desired, ready or pods).
+    Samples from before the replay (the pool coming up) collapse into the last of them: the
+    state at t=0, not a jump from 0 at t=0."""
     out: dict[str, list[tuple[float, float]]] = {}
     for s in samples:
-        out.setdefault(s.role, []).append((max(0.0, (s.t - t0) * speed), float(getattr(s, field))))
+        points = out.setdefault(s.role, [])
+        point = (max(0.0, (s.t - t0) * speed), float(getattr(s, field)))
+        if points and point[0] == 0.0 and points[-1][0] == 0.0:
+            points[-1] = point
+        else:
+            points.append(point)
     return out
 
 

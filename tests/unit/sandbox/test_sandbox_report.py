@@ -95,6 +95,12 @@ def test_step_integral_and_replica_seconds() -> None:
     assert R.replica_seconds(samples, 100.0, 120.0, 2.0) == {"decode": 40.0, "prefill": 80.0}
 
 
+def test_the_pool_coming_up_before_the_replay_plots_as_its_state_at_the_start() -> None:
+    samples = [RoleSample(t, "ns", "p", "prefill", 1, ready, 1)
+               for t, ready in ((80.0, 0), (90.0, 1), (100.0, 1), (110.0, 1))]
+    assert R.role_series(samples, 100.0, 2.0, "ready") == {"prefill": [(0.0, 1.0), (20.0, 1.0)]}
+
+
 @given(st.lists(st.tuples(st.floats(0, 100), st.integers(0, 8)), min_size=1, max_size=20),
        st.floats(0, 200))
 def test_step_integral_is_bounded_by_max_value(points: list[tuple[float, int]],
