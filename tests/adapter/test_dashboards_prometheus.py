@@ -333,11 +333,13 @@ def _start_autoscaler(tmp: Path, procs: list[Proc], prometheus_url: str) -> str:
     pool["metadata"] = {"name": POOL, "namespace": NS}
     pool["spec"]["prefill"]["replicas"] = 2
     pool["spec"]["decode"]["replicas"] = 3
-    pool["spec"]["autoscaling"]["scaleDown"].update(stabilizationWindowSeconds=0,
-                                                     cooldownSeconds=0)
-    # A known prefill capacity: the capacity model sizes prefill, and its demand signals
-    # (PromptTokensDemand/Ahead) fill the token-throughput panel.
-    pool["spec"]["autoscaling"]["targets"]["prefillTokensPerSecondPerReplica"] = 5000
+    # Scale-downs at once; decode sized by its sequences (no decode profile), so the light
+    # load over-provisions it. A known prefill capacity: the capacity model sizes prefill,
+    # and its demand signals (PromptTokensDemand/Ahead) fill the token-throughput panel.
+    pool["spec"]["autoscaling"].update(
+        scaleDown={"stabilizationWindowSeconds": 0, "maxStep": 1, "cooldownSeconds": 0},
+        targets={"prefillQueuePerReplica": 2, "decodeSequencesPerReplica": 2,
+                 "prefillTokensPerSecondPerReplica": 5000})
     (tmp / "pool.yaml").write_text(yaml.safe_dump(pool))
     _kubectl(kubeconfig, "apply", "-f", str(ROOT / "crds" / "inferencepool.yaml"))
     _kubectl(kubeconfig, "apply", "-f", str(tmp / "pool.yaml"))
