@@ -45,69 +45,91 @@ class AutoscalerMetrics:
         self.leader = Gauge(m.AUTOSCALER_LEADER,
                             "1 on the replica that holds the leader lease (the one acting).",
                             registry=r)
-        self._signals: dict[tuple[str, str, str], set[str]] = {}
-        self._limited: dict[tuple[str, str, str], str] = {}
-        # Label children by (metric, labels), per pool (forgetting one is cheap), with the
-        # gauge's last value: prometheus_client's labels() and set() lock and check their
-        # arguments on every call, a quarter of a cycle's CPU at 1,000 pools.
-        self._children: dict[tuple[str, ...], dict[tuple[int, tuple[str, ...]], Any]] = {}
-
-    def _child(self, metric: Any, *labels: str) -> Any:
-        mine = self._children.setdefault(labels[:2], {})
-        child = mine.get((id(metric), labels))
-        if child is None:
-            child = mine[(id(metric), labels)] = metric.labels(*labels)
-        return child
-
-    def _set(self, metric: Any, value: float, *labels: str) -> None:
-        """Gauge.set through the cached child, skipped when the value is the one it has."""
-        mine = self._children.setdefault(labels[:2], {})
-        key = (id(metric), labels)
-        known = mine.get(key)
-        if known is None:
-            known = mine[key] = [metric.labels(*labels), None]
-        if known[1] != value:
-            known[0].set(value)
-            known[1] = value
-
-    def _remove(self, metric: Any, *labels: str) -> None:
-        self._children.get(labels[:2], {}).pop((id(metric), labels), None)
-        metric.remove(*labels)
+        # Per role: its label children with the values they hold. prometheus_client's
+        # labels() and set() lock and check their arguments on every call (a quarter of a
+        # cycle's CPU at 1,000 pools), so each child is looked up once and set on a change.
+        self._roles: dict[tuple[str, str, str], _RoleSeries] = {}
 
     def record(self, ns: str, pool: str, d: RoleDecision, metrics_ok: bool) -> None:
         key = (ns, pool, d.role)
-        self._set(self.desired, d.replicas, *key)
-        self._child(self.decisions, *key, d.direction, d.reason).inc()
-        self._set(self.metrics_available, 1 if d.metrics_ok and metrics_ok else 0, *key)
-        names: set[str] = {s.name for s in d.signals}
-        for gone in self._signals.get(key, set()) - names:
-            self._remove(self.signal, *key, gone)
-            self._remove(self.signal_target, *key, gone)
-        for s in d.signals:
-            self._set(self.signal, s.value, *key, s.name)
-            self._set(self.signal_target, s.target, *key, s.name)
-        self._signals[key] = names
-        old = self._limited.pop(key, None)
-        if old is not None and old != d.limited:
-            self._remove(self.limited, *key, old)
-        if d.limited:
-            self._set(self.limited, 1, *key, d.limited)
-            self._limited[key] = d.limited
+        series = self._roles.get(key)
+        if series is None:
+            series = self._roles[key] = _RoleSeries(self, key)
+        series.record(d, metrics_ok)
 
     def forget_all(self) -> None:
         """Drop every pool's series (leadership lost: the new leader reports them now)."""
-        for ns, pool in {k[:2] for k in self._signals}:
+        for ns, pool in {k[:2] for k in self._roles}:
             self.forget(ns, pool)
 
     def forget(self, ns: str, pool: str) -> None:
         """Drop a deleted pool's series (the decision counters stay, as counters do)."""
-        for key in [k for k in self._signals if k[:2] == (ns, pool)]:
-            for name in self._signals.pop(key):
-                self._remove(self.signal, *key, name)
-                self._remove(self.signal_target, *key, name)
-            self._remove(self.desired, *key)
-            self._remove(self.metrics_available, *key)
-            if key in self._limited:
-                self._remove(self.limited, *key, self._limited.pop(key))
-        # The decision counters stay (as counters do); only the cached handles go.
-        self._children.pop((ns, pool), None)
+        for key in [k for k in self._roles if k[:2] == (ns, pool)]:
+            self._roles.pop(key).remove()
+
+
+class _Set:
+    """A gauge child and the value it holds: set() only when the value changes."""
+
+    __slots__ = ("child", "value")
+
+    def __init__(self, child: Any) -> None:
+        self.child, self.value = child, None
+
+    def set(self, value: float) -> None:
+        if value != self.value:
+            self.child.set(value)
+            self.value = value
+
+
+class _RoleSeries:
+    """One role's series: desired replicas, metrics available, a value and target per signal
+    the last decision had, the ScalingLimited reason if any, and the decision counters."""
+
+    def __init__(self, m: AutoscalerMetrics, key: tuple[str, str, str]) -> None:
+        self.m, self.key = m, key
+        self.desired = _Set(m.desired.labels(*key))
+        self.available = _Set(m.metrics_available.labels(*key))
+        self.decisions: dict[tuple[str, str], Any] = {}  # (direction, reason) -> counter
+        self.signals: dict[str, tuple[_Set, _Set]] = {}  # signal -> (value, target)
+        self.limited: str | None = None
+
+    def record(self, d: RoleDecision, metrics_ok: bool) -> None:
+        m, key = self.m, self.key
+        self.desired.set(d.replicas)
+        direction = d.direction
+        counter = self.decisions.get((direction, d.reason))
+        if counter is None:
+            counter = self.decisions[(direction, d.reason)] = m.decisions.labels(
+                *key, direction, d.reason)
+        counter.inc()
+        self.available.set(1 if d.metrics_ok and metrics_ok else 0)
+        names = {s.name for s in d.signals}
+        for gone in [n for n in self.signals if n not in names]:  # no longer reported
+            del self.signals[gone]
+            m.signal.remove(*key, gone)
+            m.signal_target.remove(*key, gone)
+        for s in d.signals:
+            pair = self.signals.get(s.name)
+            if pair is None:
+                pair = self.signals[s.name] = (_Set(m.signal.labels(*key, s.name)),
+                                               _Set(m.signal_target.labels(*key, s.name)))
+            pair[0].set(s.value)
+            pair[1].set(s.target)
+        if self.limited is not None and self.limited != d.limited:
+            m.limited.remove(*key, self.limited)
+            self.limited = None
+        if d.limited and self.limited is None:
+            m.limited.labels(*key, d.limited).set(1)
+            self.limited = d.limited
+
+    def remove(self) -> None:
+        """Drop the role's gauges (the decision counters stay, as counters do)."""
+        m, key = self.m, self.key
+        for name in self.signals:
+            m.signal.remove(*key, name)
+            m.signal_target.remove(*key, name)
+        m.desired.remove(*key)
+        m.metrics_available.remove(*key)
+        if self.limited is not None:
+            m.limited.remove(*key, self.limited)
