@@ -74,7 +74,8 @@ class _Set:
     __slots__ = ("child", "value")
 
     def __init__(self, child: Any) -> None:
-        self.child, self.value = child, None
+        self.child = child
+        self.value: float | None = None
 
     def set(self, value: float) -> None:
         if value != self.value:
