@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import shutil
 import tempfile
 from collections.abc import AsyncIterator, Iterator
@@ -24,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import orjson
 from aiohttp.helpers import get_env_proxy_for_url
 from kubernetes_asyncio.client import ApiClient, Configuration
 from kubernetes_asyncio.client.exceptions import ApiException
@@ -147,7 +147,8 @@ class KubeClient:
             resp.release()
         if not 200 <= status <= 299:
             raise from_body(status, data, method=method, path=path)
-        return json.loads(data) if data else None
+        # orjson: a LIST of thousands of objects, and a watch's stream, decode 2-3x faster
+        return orjson.loads(data) if data else None
 
     # -- discovery -----------------------------------------------------------------------------
 
@@ -341,7 +342,7 @@ class KubeClient:
                     line = await resp.content.readline()
                 if not line:
                     return
-                event = json.loads(line)
+                event = orjson.loads(line)
                 etype, obj = event.get("type"), event.get("object") or {}
                 if etype is None and event.get("kind") == "Status":  # an error, not an event
                     etype, obj = "ERROR", event
