@@ -396,7 +396,8 @@ def decide(observation: Observation, policy: Policy, history: History, now: floa
             last_scale[role] = now
 
     keep = max(policy.scale_up.window, policy.scale_down.window)
-    pruned = tuple(r for r in recs if r.time > now - keep - _EPS) if keep > 0 else ()
+    oldest = now - keep - _EPS
+    pruned = tuple(r for r in recs if r.time > oldest) if keep > 0 else ()
     new_history = replace(
         history, recommendations=pruned, last_scale=last_scale, capacity=capacity,
         ready_seen={**history.ready_seen, **seen}, memory=memory,
@@ -428,7 +429,9 @@ class Proposal:
 def _bad(v: float | None) -> bool:
     """No usable value: missing, NaN, infinite, or negative (every signal is a count, a rate,
     a fraction or a duration; a negative one is a broken exporter, not a load)."""
-    return v is None or math.isnan(v) or math.isinf(v) or v < 0
+    # (one chained comparison, which NaN, infinities and negatives fail: no function calls
+    # for a check made ~30 times per pool and cycle)
+    return v is None or not 0 <= v < math.inf
 
 
 def _ceil(x: float) -> int:
