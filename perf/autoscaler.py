@@ -506,7 +506,7 @@ def row(r: Run) -> str:
 
 
 def _s(v: float | None) -> str:
-    return "—" if v is None else f"{v:.1f} s"
+    return "—" if v is None else f"{v:.3f} s"
 
 
 def report(runs: list[Run], setup: Setup, loads: dict[str, list[float]]) -> dict[str, Any]:
