@@ -153,6 +153,32 @@ def test_own_metrics_follow_decisions() -> None:
     assert get(m.AUTOSCALER_DESIRED, labels) is None
 
 
+def test_own_metrics_follow_a_changing_limit_and_leadership() -> None:
+    met = AutoscalerMetrics()
+    get = met.registry.get_sample_value
+    labels = {"namespace": "ns", "pool": "p", "role": "prefill"}
+
+    def limited(reason: str | None) -> RoleDecision:
+        return RoleDecision("prefill", 8, 8, "ClampedToMax", "m", limited=reason)
+
+    met.record("ns", "p", limited("MaxReplicasReached"), True)
+    met.record("ns", "p", limited("Unschedulable"), True)  # the reason series is replaced
+    assert get(m.AUTOSCALER_LIMITED, {**labels, "reason": "MaxReplicasReached"}) is None
+    assert get(m.AUTOSCALER_LIMITED, {**labels, "reason": "Unschedulable"}) == 1
+    met.record("ns", "p", limited("Unschedulable"), True)
+    assert get(m.AUTOSCALER_DECISIONS, {**labels, "direction": "none",
+                                        "reason": "ClampedToMax"}) == 3
+    met.record("ns", "q", limited(None), True)
+    met.forget_all()  # leadership lost: every pool's gauges go, the counters stay
+    assert get(m.AUTOSCALER_LIMITED, {**labels, "reason": "Unschedulable"}) is None
+    assert get(m.AUTOSCALER_DESIRED, labels) is None
+    assert get(m.AUTOSCALER_DESIRED, {**labels, "pool": "q"}) is None
+    assert get(m.AUTOSCALER_DECISIONS, {**labels, "direction": "none",
+                                        "reason": "ClampedToMax"}) == 3
+    met.record("ns", "p", limited(None), True)  # leader again: reported afresh
+    assert get(m.AUTOSCALER_DESIRED, labels) == 8
+
+
 def test_queries_are_grouped_and_tolerate_renames() -> None:
     qs = QuerySet(window_seconds=30).build(ttft_quantiles=(0.9, 0.99), itl_quantiles=(0.9,))
     assert len(qs) == 16  # 11 signals + 2 TTFT quantiles x (engines, router) + 1 ITL
