@@ -71,6 +71,7 @@ class Setup:
     window_s: float = 60.0
     rules_interval_s: float = 10.0
     repeat: int = 10
+    history_cycles: int = 0  # untimed cycles first, to fill the decisions' history
     baseline_max: int = 1000  # the raw modes only up to this many pools
 
 
@@ -347,6 +348,16 @@ async def measure_mode(n: int, mode: str, kubeconfig: Path, prom: PrometheusProc
             await _settle(kube)
             if res.scaled == 0:
                 break
+        # A long-running autoscaler remembers up to its history window of demand samples per
+        # role (30 min: 120 cycles at 15 s); its per-pool work grows with them. These cycles,
+        # untimed, fill that memory (scales they make are counted as steady ones).
+        for _ in range(setup.history_cycles):
+            now[0] += INTERVAL
+            res = await scaler.cycle()
+            run.steady_scales += res.scaled
+            _note_scaled(res, scaled)
+        if setup.history_cycles:
+            await _settle(kube)
         cpu, reqs = [], []
         prof = _profiler(profile)
         for _ in range(setup.repeat):
@@ -543,6 +554,10 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     p.add_argument("--pools", type=int, nargs="+", default=[1, 100, 1000],
                    help="pool counts to measure (default 1 100 1000)")
     p.add_argument("--repeat", type=int, default=10, help="steady cycles timed per mode")
+    p.add_argument("--history", type=int, default=0, metavar="CYCLES",
+                   help="untimed cycles before the timed ones, each one interval (15 s) on, "
+                   "so the decisions' history fills as in a long-running autoscaler (120: its "
+                   "30 min window; default 0)")
     p.add_argument("--modes", default=",".join(MODES),
                    help=f"comma-separated subset of {', '.join(MODES)} (default: all)")
     p.add_argument("--baseline-max", type=int, default=1000,
@@ -566,11 +581,14 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         p.error("--pools: every count must be at least 1")
     if min(args.scrape, args.window, args.rules_interval) <= 0 or args.repeat < 1:
         p.error("--scrape, --window and --rules-interval must be > 0, --repeat at least 1")
+    if args.history < 0:
+        p.error("--history: a number of cycles, 0 or more")
     gcpolicy.tune()  # as `poolpilot autoscaler` does
     # A SIGTERM runs the clean-up (Prometheus and the child processes stop with the run).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     setup = Setup(scrape_s=args.scrape, window_s=args.window,
                   rules_interval_s=args.rules_interval, repeat=args.repeat,
+                  history_cycles=args.history,
                   baseline_max=args.baseline_max)
     loads = {"start": load_average()}
     print(HEADER, flush=True)
