@@ -23,12 +23,13 @@ def test_perf_autoscaler_writes_its_json(tmp_path: Path) -> None:
     done = subprocess.run(
         [*POOLPILOT, "perf", "autoscaler", "--pools", "2", "--repeat", "2", "--scrape", "0.5",
          "--window", "2", "--rules-interval", "0.5", "--modes", "list+raw,watch+rules",
-         "--json", str(out)],
+         "--history", "3", "--json", str(out)],
         capture_output=True, text=True, timeout=300,
     )
     assert done.returncode == 0, done.stdout + done.stderr
     data = json.loads(out.read_text())
     assert set(data) >= AUTOSCALER_FIELDS | {"runs", "ratios", "load_average"}
+    assert data["setup"]["history_cycles"] == 3
     runs = {r["mode"]: r for r in data["runs"]}
     assert set(runs) == {"list+raw", "watch+rules"}
     # The recorded signals come in one query; the raw ones in one query per signal.
