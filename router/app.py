@@ -536,7 +536,9 @@ class Router:
         if self.config.local_prefill is None:
             return None
         rate = self.prefill_rate.tokens_per_s
-        policy = lp.calibrated(self.config.local_prefill, rate)
+        policy = self.config.local_prefill
+        if self.prefill_rate.measured:  # not a seed: the engines' own speed
+            policy = lp.calibrated(policy, rate)
         prefills = [e for e in self.balancer.role_endpoints("prefill") if not e.ejected()]
         decodes = [e for e in self.balancer.role_endpoints("decode") if not e.ejected()]
         # Queued prompt tokens: what this router has in flight there (x its workers, which

@@ -38,7 +38,8 @@ Rule:
    (0: no headroom, the batch alone uses the budget). It goes local only if that beats the
    prefill wait, so local work cannot pile up past what the prefill role would do.
 4. The step costs are scaled to the pool's hardware (`calibrated`): by how much slower the
-   prefill engines measure than the preset's GPU. The router decides with the policy it returns.
+   prefill engines measure than the preset's GPU, once the router has measured them
+   (`RateEstimate.measured`). The router decides with the policy it returns.
 
 Output: `Decision(local, engine, active, reason, prefill_wait_s, local_ttft_s)`; `engine`
 indexes `decode` when `local`. Reasons: "prefill_behind" (local), "prefill_ok",
@@ -287,8 +288,19 @@ class RateEstimate:
     tokens_per_s: float
     alpha: float = 0.2
     min_tokens: float = 512.0
+    samples: int = 0  # accepted so far
+
+    @property
+    def measured(self) -> bool:
+        """Enough samples that the estimate says what the engines do, not what it was seeded
+        with (e.g. a profile's number, or one set on purpose)."""
+        return self.samples >= MEASURED_SAMPLES
 
     def observe(self, tokens: float, seconds: float) -> None:
         if tokens < self.min_tokens or seconds <= 0 or not math.isfinite(seconds):
             return
+        self.samples += 1
         self.tokens_per_s += self.alpha * (tokens / seconds - self.tokens_per_s)
+
+
+MEASURED_SAMPLES = 3

@@ -234,3 +234,16 @@ def test_calibrated_preset_is_close_to_other_hardware() -> None:
         actual = lp.local_rate(truth, batch, 0.05)
         assert lp.local_rate(H8, batch, 0.05) > 2.5 * actual
         assert 0.75 * actual <= lp.local_rate(policy.cost, batch, 0.05) <= actual
+
+
+def test_calibration_waits_for_measured_prefills() -> None:
+    """The router calibrates on what its prefill engines did, not on the number it was seeded
+    with (a profile's, or one set on purpose to force the fallback)."""
+    est = lp.RateEstimate(10.0)
+    assert not est.measured
+    est.observe(200, 0.05)  # a short prompt measures overhead: not a sample
+    for _ in range(lp.MEASURED_SAMPLES - 1):
+        est.observe(8000, 0.5)
+    assert not est.measured
+    est.observe(8000, 0.5)
+    assert est.measured and est.samples == lp.MEASURED_SAMPLES
