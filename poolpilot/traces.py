@@ -208,7 +208,7 @@ def busy_periods(trace: Sequence[TraceRequest], idle_s: float = 60.0) -> list[tu
         if i == len(trace) or trace[i].arrival_s - trace[i - 1].arrival_s >= idle_s:
             periods.append((first, i - 1))
             first = i
-    return periods if trace else []
+    return periods
 
 
 def longest_busy_period(trace: Sequence[TraceRequest], idle_s: float = 60.0) -> tuple[int, int]:
