@@ -2,7 +2,8 @@
 
     poolpilot perf router [--streams 1,64,256] [--modes aggregated,disaggregated]
         [--speed 1] [--model llama-3.1-8b --gpu h200] [--duration 10] [--warmup 3]
-        [--prompt-tokens 512] [--output-tokens 64] [--router-arg=--workers=2 ...] [--json FILE]
+        [--prompt-tokens 512] [--output-tokens 64] [--router-arg=--workers=2 ...]
+        [--workers 1,2] [--router-cpus 1] [--json FILE]
 
 Engines: `poolpilot engine-sim` at `--speed 1` (an 8B model on an H200: a prefill takes tens of
 milliseconds, a decode step 5-20 ms depending on the batch), so tokens arrive as they would from
@@ -19,8 +20,10 @@ seconds (its process group, from /proc) during the measured window. The JSON (`-
 holds, per mode and N, `added_ttft_p99_ms`, `added_itl_p99_ms` (routed - direct at p99),
 `throughput_ratio` (routed / direct streamed tokens per second), `router_cpu_seconds`, the
 p50s, the old latency/request fields (`added_p50_ms`, `added_p99_ms`, `rps_ratio`, ...), and
-the machine's load average before and after. Everything shares the machine's cores: run it
-with `nice`, on a quiet machine if you can, and compare ratios measured in one run.
+the machine's load average before and after. Without `--router-cpus` everything shares the
+machine's cores, so the router competes with the clients and engines it is measured against;
+with it, the router gets cores of its own, as its pod would with a CPU request of its own on
+a node. Run it on a quiet machine if you can, and compare ratios measured in one run.
 """
 
 from __future__ import annotations
@@ -89,9 +92,13 @@ async def _serve_upstream(port: int) -> None:
 # -- processes -------------------------------------------------------------------------------
 
 
-def _start(cmd: list[str], pattern: str) -> tuple[subprocess.Popen[str], int]:
+def _start(cmd: list[str], pattern: str, cpus: set[int] | None = None,
+           ) -> tuple[subprocess.Popen[str], int]:
+    """Start `cmd` in a session of its own (`cpus`: pinned to those CPUs, and so are the
+    processes it forks) and wait for the line that names its port."""
+    pin = None if cpus is None else (lambda: os.sched_setaffinity(0, cpus))
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=pin)
     assert proc.stdout is not None
     deadline = time.monotonic() + 60
     seen: list[str] = []
@@ -381,6 +388,30 @@ def _csv(text: str) -> list[str]:
     return [p for p in re.split(r"[,\s]+", text) if p]
 
 
+def cpu_list(text: str) -> set[int]:
+    """`1`, `2-5`, `0,3`: the CPU numbers of a list as taskset and cgroups write them."""
+    cpus: set[int] = set()
+    for part in _csv(text):
+        low, _, high = part.partition("-")
+        if not low.isdigit() or (high and not high.isdigit()):
+            raise ValueError(f"{part!r} is not a CPU number or range (e.g. 1 or 2-5)")
+        cpus.update(range(int(low), int(high or low) + 1))
+    return cpus
+
+
+def split_cpus(router: str | None, available: set[int]) -> tuple[set[int] | None, set[int] | None]:
+    """(the router's CPUs, everyone else's) for --router-cpus; (None, None) without it."""
+    if router is None:
+        return None, None
+    mine = cpu_list(router)
+    if not mine or not mine <= available:
+        raise ValueError(f"--router-cpus {router}: must name CPUs among {sorted(available)}")
+    rest = available - mine
+    if not rest:
+        raise ValueError(f"--router-cpus {router}: leaves no CPU for the engines and clients")
+    return mine, rest
+
+
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     p.add_argument("--streams", "--concurrency", default="1,64,256",
@@ -407,6 +438,10 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     p.add_argument("--upstream", choices=("engine-sim", "minimal"), default="engine-sim",
                    help="engine-sim, or a bare aiohttp server (instantaneous; implies no "
                    "pacing)")
+    p.add_argument("--router-cpus", metavar="LIST",
+                   help="pin the router (and its workers) to these CPUs, e.g. 1 or 2-5, and the "
+                   "engines and clients to the others: the router on cores of its own, as on a "
+                   "node where its pod has its own CPU request (default: no pinning)")
     p.add_argument("--json", metavar="FILE", help="write the results as JSON to FILE")
     p.add_argument("--serve-upstream", type=int, metavar="PORT", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -418,6 +453,12 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     modes = _csv(args.modes)
     if bad := set(modes) - {"aggregated", "disaggregated"}:
         p.error(f"--modes: unknown {sorted(bad)}; use aggregated, disaggregated")
+    try:
+        router_cpus, other_cpus = split_cpus(args.router_cpus, os.sched_getaffinity(0))
+    except ValueError as exc:
+        p.error(str(exc))
+    if other_cpus is not None:  # the clients run in this process, the engines are its children
+        os.sched_setaffinity(0, other_cpus)
     poolpilot = str(Path(sys.executable).parent / "poolpilot")
     procs: list[subprocess.Popen[str]] = []
 
@@ -451,10 +492,12 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
                 proc, port = _start([poolpilot, "router", "--host", "127.0.0.1", "--port", "0",
                                      "--log-level", "WARNING", "--local-prefill", "off",
                                      "--workers", str(w), *extra, *args.router_arg],
-                                    r"listening on http://[\d.]+:(\d+)")
+                                    r"listening on http://[\d.]+:(\d+)", router_cpus)
                 procs.append(proc)
                 routers[(mode, w)] = (f"http://127.0.0.1:{port}", proc.pid)
-        print(f"router overhead: {os.cpu_count()} cores, load {load_before[0]:.1f}, "
+        pinned = ("" if router_cpus is None else f" (router on CPUs {sorted(router_cpus)}, "
+                  f"engines and clients on {sorted(other_cpus or ())})")
+        print(f"router overhead: {os.cpu_count()} cores{pinned}, load {load_before[0]:.1f}, "
               f"engine-sim {args.model}/{args.gpu} speed {args.speed:g} ({args.upstream}), "
               f"{args.prompt_tokens}-token prompts, {args.output_tokens} tokens streamed, "
               f"{args.duration:g} s per run\n\n{HEADER}", flush=True)
@@ -471,7 +514,8 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
                 for w in workers:
                     url, pgid = routers[(mode, w)]
                     routed = asyncio.run(_load(Target(url), c, *run, pgid, pgids, first))
-                    results.append(compare(mode, c, direct, routed) | {"workers": w})
+                    results.append(compare(mode, c, direct, routed) | {
+                        "workers": w, "router_cpus": sorted(os.sched_getaffinity(pgid))})
                     print(row(results[-1]), flush=True)
     finally:
         for proc in procs:

@@ -5,11 +5,13 @@ asserted)."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 
 import httpx
 import pytest
+from poolpilot.perf.router import cpu_list, split_cpus
 from router_support import FAST, POOLPILOT, metric_value, running, start_fake_engine, start_router
 
 pytestmark = pytest.mark.adapter
@@ -18,11 +20,16 @@ FIELDS = {"added_ttft_p99_ms", "added_itl_p99_ms", "throughput_ratio", "router_c
           "added_p50_ms", "added_p99_ms", "rps_ratio", "errors", "direct", "routed"}
 
 
+CPUS = sorted(os.sched_getaffinity(0))
+
+
 def test_perf_router_writes_its_json(tmp_path: Path) -> None:
     out = tmp_path / "router.json"
+    # With two CPUs or more, the router runs pinned to the last one, as the docs measure it.
+    pin = ["--router-cpus", str(CPUS[-1])] if len(CPUS) > 1 else []
     done = subprocess.run(
         [POOLPILOT, "perf", "router", "--streams", "2", "--speed", "inf", "--duration", "1",
-         "--warmup", "0.5", "--output-tokens", "8", "--json", str(out)],
+         "--warmup", "0.5", "--output-tokens", "8", *pin, "--json", str(out)],
         capture_output=True, text=True, timeout=300,
     )
     assert done.returncode == 0, done.stdout + done.stderr
@@ -33,7 +40,29 @@ def test_perf_router_writes_its_json(tmp_path: Path) -> None:
         assert set(run) >= FIELDS
         assert run["errors"] == 0 and run["routed"]["requests"] > 0
         assert run["router_cpu_seconds"] > 0
+        assert run["router_cpus"] == (CPUS[-1:] if pin else CPUS)
     assert len(data["machine"]["load_before"]) == 3
+
+
+def test_router_cpus_are_read_as_taskset_writes_them() -> None:
+    assert cpu_list("1") == {1}
+    assert cpu_list("2-5") == {2, 3, 4, 5}
+    assert cpu_list("0,3-4") == {0, 3, 4}
+    assert split_cpus(None, {0, 1}) == (None, None)
+    assert split_cpus("1", {0, 1, 2}) == ({1}, {0, 2})
+    with pytest.raises(ValueError, match="'x' is not a CPU number or range"):
+        cpu_list("x")
+    with pytest.raises(ValueError, match="leaves no CPU for the engines and clients"):
+        split_cpus("0-1", {0, 1})
+    with pytest.raises(ValueError, match=r"must name CPUs among \[0, 1\]"):
+        split_cpus("7", {0, 1})
+
+
+def test_a_router_cpu_list_that_leaves_nothing_is_refused() -> None:
+    done = subprocess.run([POOLPILOT, "perf", "router", "--router-cpus", ",".join(map(str, CPUS))],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert "--router-cpus" in done.stderr and "leaves no CPU" in done.stderr
 
 
 def test_workers_share_the_port_and_their_metrics() -> None:
