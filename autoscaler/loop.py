@@ -22,6 +22,7 @@ from poolpilot.autoscaler import frozen
 from poolpilot.autoscaler.kube import Kube, Obj, parse_time, rfc3339
 from poolpilot.autoscaler.metrics import AutoscalerMetrics
 from poolpilot.autoscaler.observe import MetricsSource, Snapshot, observation
+from poolpilot.autoscaler.shard import Shard
 from pydantic import ValidationError
 
 from poolpilot import api, names
@@ -38,6 +39,7 @@ class Options:
     speed: float = 1.0  # sandbox time compression: every duration is divided by it
     status_refresh: float = 60.0  # rewrite an unchanged status (fresh message) this often
     concurrency: int = 16  # pools acted on at the same time (API writes in flight)
+    shard: Shard = field(default_factory=Shard)  # the pools this process decides (all: 0 of 1)
 
 
 @dataclass
@@ -119,6 +121,9 @@ class Autoscaler:
         t0 = time.perf_counter()
         res = CycleResult()
         pools = await self.kube.list_pools()
+        shard = self.opt.shard
+        if shard.split:  # the other shards' pools are theirs alone, invalid ones included
+            pools = [o for o in pools if shard.owns(*_name(o))]
         specs: list[tuple[Obj, Parsed]] = []
         for obj in pools:
             meta = obj.get("metadata") or {}
@@ -145,7 +150,9 @@ class Autoscaler:
         workloads = await self.kube.workloads()
         ttft_qs = {p.spec.slo.ttft.quantile for _, p in specs}
         itl_qs = {p.spec.slo.itl.quantile for _, p in specs}
-        snap = await asyncio.to_thread(self.source.fetch, ttft_qs, itl_qs)
+        # A shard asks Prometheus for its own pools' series only.
+        mine = frozenset(name for _, name in seen) if shard.split else None
+        snap = await asyncio.to_thread(self.source.fetch, ttft_qs, itl_qs, mine)
         res.queries = snap.queries
         now = self.clock()
         # Pools are independent: their writes overlap, a few at a time.

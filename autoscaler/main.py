@@ -12,6 +12,7 @@ import sys
 
 from poolpilot.autoscaler import queries
 from poolpilot.autoscaler.promaccess import AccessError, PrometheusAccess, parse_header
+from poolpilot.autoscaler.shard import Shard
 
 from poolpilot import gcpolicy
 
@@ -65,6 +66,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "cooldowns and the rate window are divided by it, token rates and the "
                    "router's wall-clock TTFT multiplied (engines report simulated seconds) "
                    "(default 1)")
+    sh = p.add_argument_group("sharding (several autoscalers, each deciding its share of the "
+                              "pools)")
+    sh.add_argument("--total-shards", type=int, default=1, metavar="N",
+                    help="how many autoscalers split the pools, by a hash of namespace/name "
+                    "(default 1: this one decides every pool)")
+    sh.add_argument("--shard", type=int, default=0, metavar="I",
+                    help="which of them this is, 0 .. N-1; with --leader-elect each shard "
+                    "campaigns for its own Lease (NAME-I-of-N) (default 0)")
     ha = p.add_argument_group("high availability (several replicas, one acting)")
     ha.add_argument("--leader-elect", action="store_true",
                     help="campaign for a Lease and act only while holding it; run two "
@@ -73,7 +82,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                     metavar="NS", help="namespace of the Lease (default: $POD_NAMESPACE, else "
                     "default)")
     ha.add_argument("--leader-election-name", default="poolpilot-autoscaler", metavar="NAME",
-                    help="name of the Lease (default poolpilot-autoscaler)")
+                    help="name of the Lease (default poolpilot-autoscaler; a shard of several "
+                    "appends -I-of-N)")
     ha.add_argument("--leader-election-identity", default=None, metavar="ID",
                     help="this replica's name in the Lease (default: $POD_NAME, else "
                     "host-pid)")
@@ -112,6 +122,13 @@ def run(args: argparse.Namespace) -> int:
         access(args).check()
     except AccessError as exc:
         print(f"poolpilot autoscaler: {exc}", file=sys.stderr)
+        return 2
+    try:
+        Shard(args.shard, args.total_shards)
+    except ValueError:
+        print(f"poolpilot autoscaler: --shard {args.shard} --total-shards {args.total_shards}: "
+              "--total-shards must be at least 1 and --shard between 0 and --total-shards - 1",
+              file=sys.stderr)
         return 2
     if args.leader_elect and not (args.retry_period >= 1
                                   and args.renew_deadline > 1.2 * args.retry_period
@@ -157,7 +174,12 @@ async def _main(args: argparse.Namespace) -> int:
         queries.QuerySet(window_seconds=args.rate_window / args.speed, namespaces=namespaces),
         access=access(args),
     )
-    options = Options(interval=args.interval, dry_run=args.dry_run, speed=args.speed)
+    shard = Shard(args.shard, args.total_shards)
+    if shard.split:
+        print(f"autoscaler {shard}: deciding the pools whose namespace/name hash to it",
+              flush=True)
+    options = Options(interval=args.interval, dry_run=args.dry_run, speed=args.speed,
+                      shard=shard)
     scaler = Autoscaler(kube, source, options, metrics)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -186,7 +208,7 @@ async def _main(args: argparse.Namespace) -> int:
                 metrics.forget_all()  # the new leader reports the pools now
 
         await leader.lead(
-            kube.kube, name=args.leader_election_name,
+            kube.kube, name=shard.lease_name(args.leader_election_name),
             namespace=args.leader_election_namespace or "default",
             identity=me, work=work, stop=stop,
             lease_s=args.lease_duration, renew_s=args.renew_deadline,

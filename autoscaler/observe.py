@@ -11,9 +11,9 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import orjson
@@ -49,7 +49,9 @@ class Snapshot:
 
 
 class MetricsSource(Protocol):
-    def fetch(self, ttft_quantiles: Iterable[float], itl_quantiles: Iterable[float]) -> Snapshot:
+    def fetch(self, ttft_quantiles: Iterable[float], itl_quantiles: Iterable[float],
+              pools: Collection[str] | None = None) -> Snapshot:
+        """Every signal at one instant; `pools`: only pools of these names (a shard's)."""
         ...
 
 
@@ -140,9 +142,12 @@ class PrometheusSource:
         return result
 
     def fetch(self, ttft_quantiles: Iterable[float] = (0.9,),
-              itl_quantiles: Iterable[float] = (0.9,)) -> Snapshot:
+              itl_quantiles: Iterable[float] = (0.9,),
+              pools: Collection[str] | None = None) -> Snapshot:
         self._check_rules()
-        plan = recording.plan(self.query_set, ttft_quantiles, itl_quantiles, self.rules.usable)
+        qs = self.query_set if pools is None else replace(self.query_set,
+                                                          pools=tuple(sorted(pools)))
+        plan = recording.plan(qs, ttft_quantiles, itl_quantiles, self.rules.usable)
         # One evaluation time for every query, so all signals describe the same instant.
         snap = Snapshot(time=time.time(), queries=plan.count)
         jobs = list(plan.raw.items())

@@ -71,11 +71,19 @@ class QuerySet:
 
     window_seconds: float = 60.0
     namespaces: tuple[str, ...] = ()  # empty: every namespace
+    # Set (by a shard): only pools of these names, in whichever namespace. None: every pool.
+    # A regex of literal alternatives, which Prometheus matches as a set lookup.
+    pools: tuple[str, ...] | None = None
 
     def selector(self) -> str:
         matchers = ['pool!=""']
         if self.namespaces:
             matchers.append('namespace=~"' + "|".join(sorted(self.namespaces)) + '"')
+        if self.pools is not None:
+            # Names are DNS labels or subdomains: "." is the one character RE2 reads as more
+            # than itself (escaped once for the regex, once for the PromQL string).
+            names = "|".join(p.replace(".", "\\\\.") for p in sorted(self.pools))
+            matchers.append(f'pool=~"{names}"' if names else 'pool=""')
         return "{" + ", ".join(matchers) + "}"
 
     def window(self) -> str:

@@ -21,6 +21,10 @@ with 2 replicas per role (reset between modes). "Steady cycles": later cycles wi
 moved one interval on, each deciding every pool and writing what changed (usually nothing).
 Times are wall clock on a machine that others may share: `--json` records the load average
 and the autoscaler process's CPU seconds per cycle too.
+
+`--total-shards N`: the autoscaler measured is shard 0 of N (`poolpilot autoscaler --shard 0
+--total-shards N`): it decides, writes and queries Prometheus for its ~1/N of the pools, while
+Prometheus and the cluster hold all of them; the other shards would run in pods of their own.
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ from poolpilot.autoscaler.cache import WatchedKube
 from poolpilot.autoscaler.kube import KubeClient, KubeError
 from poolpilot.autoscaler.loop import Autoscaler, CycleResult, Options
 from poolpilot.autoscaler.observe import PrometheusSource
+from poolpilot.autoscaler.shard import Shard
 from poolpilot.perf.procstat import cpu_seconds, load_average
 from poolpilot.sandbox.localprom import MetricsPage, PrometheusProcess, Target, duration
 
@@ -73,6 +78,7 @@ class Setup:
     repeat: int = 10
     history_cycles: int = 0  # untimed cycles first, to fill the decisions' history
     baseline_max: int = 1000  # the raw modes only up to this many pools
+    shards: int = 1  # the autoscaler measured is shard 0 of this many (--total-shards)
 
 
 def pool_name(i: int) -> tuple[str, str]:
@@ -266,6 +272,7 @@ async def reset(kube: KubeClient, n: int, scaled: set[tuple[str, str]]) -> None:
 class Run:
     pools: int
     mode: str
+    shard_pools: int = 0  # the pools shard 0 owns and decides (all of them when not sharded)
     queries_per_cycle: int = 0
     recorded_signals: int = 0
     first_cycle_seconds: float = 0.0  # a restarted autoscaler: pools already have status
@@ -311,7 +318,8 @@ async def first_cycle(mode: str, kubeconfig: Path, prom: PrometheusProcess, setu
     kube = await adapter.connect(str(kubeconfig))
     source = PrometheusSource(prom.url, q.QuerySet(window_seconds=setup.window_s),
                               use_rules=mode == "watch+rules")
-    scaler = Autoscaler(kube, source, Options(interval=INTERVAL), clock=lambda: now[0])
+    options = Options(interval=INTERVAL, shard=Shard(0, setup.shards))
+    scaler = Autoscaler(kube, source, options, clock=lambda: now[0])
     t0, sent, wrote = time.perf_counter(), kube.requests, kube.kube.writes
     res = await scaler.cycle()
     return (kube, scaler, res, time.perf_counter() - t0, kube.requests - sent,
@@ -321,7 +329,8 @@ async def first_cycle(mode: str, kubeconfig: Path, prom: PrometheusProcess, setu
 async def measure_mode(n: int, mode: str, kubeconfig: Path, prom: PrometheusProcess,
                        api_pid: int, setup: Setup, profile: Path | None
                        ) -> tuple[Run, set[tuple[str, str]]]:
-    run = Run(n, mode)
+    shard = Shard(0, setup.shards)
+    run = Run(n, mode, shard_pools=sum(shard.owns(*pool_name(i)) for i in range(n)))
     scaled: set[tuple[str, str]] = set()
     now = [time.time()]
     api0, cpu0 = cpu_seconds(api_pid), time.process_time()
@@ -336,9 +345,9 @@ async def measure_mode(n: int, mode: str, kubeconfig: Path, prom: PrometheusProc
     run.first_cycle_fresh_api_cpu_seconds = cpu_seconds(api_pid) - api0
     run.first_cycle_fresh_seconds, run.first_cycle_fresh_writes = secs, writes
     try:
-        if first.decided != n or first.errors:
-            raise RuntimeError(f"{mode}, {n} pools: first cycle decided {first.decided}, "
-                               f"errors {first.errors[:3]}")
+        if first.decided != run.shard_pools or first.errors:
+            raise RuntimeError(f"{mode}, {n} pools: first cycle decided {first.decided} of "
+                               f"{run.shard_pools}, errors {first.errors[:3]}")
         _note_scaled(first, scaled)
         await _settle(kube)
         for _ in range(4):  # until the pools that needed more replicas have them
@@ -382,9 +391,11 @@ async def measure_mode(n: int, mode: str, kubeconfig: Path, prom: PrometheusProc
         run.cycle_cpu_seconds_p50 = statistics.median(cpu)
         run.cycle_api_requests_p50 = statistics.median(reqs)
         fetches = []
+        mine = frozenset(pool_name(i)[1] for i in range(n)
+                         if shard.owns(*pool_name(i))) if shard.split else None
         for _ in range(3):
             t0 = time.perf_counter()
-            snap = await asyncio.to_thread(scaler.source.fetch, (0.9,), (0.9,))
+            snap = await asyncio.to_thread(scaler.source.fetch, (0.9,), (0.9,), mine)
             fetches.append(time.perf_counter() - t0)
         run.prometheus_seconds_p50 = statistics.median(fetches)
         run.recorded_signals = snap.recorded
@@ -507,7 +518,8 @@ HEADER = ("| pools | mode | queries/cycle | first cycle (writes) | steady cycle 
 
 
 def row(r: Run) -> str:
-    return (f"| {r.pools} | {r.mode} | {r.queries_per_cycle} | fresh "
+    mode = r.mode if r.shard_pools == r.pools else f"{r.mode}, shard 0: {r.shard_pools} pools"
+    return (f"| {r.pools} | {mode} | {r.queries_per_cycle} | fresh "
             f"{r.first_cycle_fresh_seconds:.2f} s ({r.first_cycle_fresh_writes}), restart "
             f"{r.first_cycle_seconds:.2f} s ({r.first_cycle_writes}) | "
             f"{r.cycle_seconds_p50:.3f} s | "
@@ -562,6 +574,10 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
                    help=f"comma-separated subset of {', '.join(MODES)} (default: all)")
     p.add_argument("--baseline-max", type=int, default=1000,
                    help="run the raw-query modes only up to this many pools (default 1000)")
+    p.add_argument("--total-shards", type=int, default=1, metavar="N",
+                   help="measure shard 0 of N autoscalers splitting the pools (each decides "
+                   "and queries ~1/N of them; the others would run in pods of their own) "
+                   "(default 1)")
     p.add_argument("--scrape", type=float, default=15.0, help="scrape interval, s (default 15)")
     p.add_argument("--window", type=float, default=60.0,
                    help="the autoscaler's --rate-window, s (default 60)")
@@ -583,12 +599,14 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         p.error("--scrape, --window and --rules-interval must be > 0, --repeat at least 1")
     if args.history < 0:
         p.error("--history: a number of cycles, 0 or more")
+    if args.total_shards < 1:
+        p.error("--total-shards: at least 1")
     gcpolicy.tune()  # as `poolpilot autoscaler` does
     # A SIGTERM runs the clean-up (Prometheus and the child processes stop with the run).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     setup = Setup(scrape_s=args.scrape, window_s=args.window,
                   rules_interval_s=args.rules_interval, repeat=args.repeat,
-                  history_cycles=args.history,
+                  history_cycles=args.history, shards=args.total_shards,
                   baseline_max=args.baseline_max)
     loads = {"start": load_average()}
     print(HEADER, flush=True)

@@ -9,6 +9,8 @@ no traffic and 3 replicas per role; `dark` has no metrics at all.
 from __future__ import annotations
 
 import asyncio
+import json
+import re
 import subprocess
 import sys
 import time
@@ -26,6 +28,7 @@ from poolpilot.autoscaler.kube import KubeClient, KubeError
 from poolpilot.autoscaler.loop import Autoscaler, CycleResult, Options
 from poolpilot.autoscaler.metrics import AutoscalerMetrics
 from poolpilot.autoscaler.observe import PrometheusSource
+from poolpilot.autoscaler.shard import Shard
 from poolpilot.emulator.server import KubeEmulator
 from poolpilot.emulator.testing import cluster_from_env
 from poolpilot.sandbox.localprom import PrometheusProcess, Target
@@ -392,3 +395,28 @@ def test_dry_run_writes_nothing(env: Env) -> None:
     assert "desiredReplicas" not in st["prefill"]
     if env.emu is not None:
         assert env.emu.count_writes() == before
+
+
+def test_shards_split_the_pools_and_each_decides_its_own(env: Env) -> None:
+    """Three autoscalers with --total-shards 3 over the same namespace: each pool is decided
+    by exactly the shard its namespace/name hashes to, and by no other."""
+    pools = {p.name for p in PLAN if p.ns == "as-apply"}
+    decided: dict[int, set[str]] = {}
+    for i in range(3):
+        out = cli(env, "--namespace", "as-apply", "--dry-run", "--shard", str(i),
+                  "--total-shards", "3")
+        assert out.returncode == 0, out.stderr
+        lines = [json.loads(line.split(" poolpilot.autoscaler ", 1)[1])
+                 for line in out.stderr.splitlines() if '"event": "decision"' in line]
+        decided[i] = {d["pool"] for d in lines}
+        assert decided[i] == {p for p in pools if Shard(i, 3).owns("as-apply", p)}
+        count = re.search(r"pools=(\d+) decided=(\d+)", out.stdout)
+        assert count is not None and int(count[1]) == len(decided[i]), out.stdout
+    assert set().union(*decided.values()) == pools
+    assert sum(len(d) for d in decided.values()) == len(pools)
+
+
+def test_an_impossible_shard_is_refused_with_the_flags_named(env: Env) -> None:
+    out = cli(env, "--shard", "3", "--total-shards", "3")
+    assert out.returncode == 2
+    assert "--shard 3 --total-shards 3" in out.stderr and "between 0 and" in out.stderr

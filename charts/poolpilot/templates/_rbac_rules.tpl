@@ -97,14 +97,14 @@ a verb no call used. Server-side apply is a PATCH, and `create` when it makes th
   verbs: [create]
 {{- end -}}
 
-{{/* The autoscaler's leader election: (dict "lease" name). The library reads, creates and
-replaces one Lease; create cannot be limited to a name. */}}
+{{/* The autoscaler's leader election: (dict "leases" names), one Lease per shard. The
+library reads, creates and replaces its Lease; create cannot be limited to a name. */}}
 {{- define "poolpilot.autoscalerLeaderRules" -}}
 - apiGroups: [coordination.k8s.io]
   resources: [leases]
   verbs: [create]
 - apiGroups: [coordination.k8s.io]
   resources: [leases]
-  resourceNames: [{{ .lease | quote }}]
+  resourceNames: [{{ range $i, $l := .leases }}{{ if $i }}, {{ end }}{{ $l | quote }}{{ end }}]
   verbs: [get, update]
 {{- end -}}

@@ -109,3 +109,13 @@ def test_namespace_scope_applies_to_the_recorded_query() -> None:
     scoped = q.QuerySet(window_seconds=60, namespaces=("team-b", "team-a"))
     p = rec.plan(scoped, (0.9,), (0.9,), ALL)
     assert p.combined is not None and 'namespace=~"team-a|team-b"' in p.combined
+
+
+def test_a_shards_pools_scope_every_query_it_sends() -> None:
+    shard = q.QuerySet(window_seconds=60, pools=("p2", "p1", "web.v2"))
+    p = rec.plan(shard, (0.85,), (0.9,), ALL)  # combined, plus a quantile from buckets
+    assert p.combined is not None and r'pool=~"p1|p2|web\\.v2"' in p.combined
+    assert all(r'pool=~"p1|p2|web\\.v2"' in promql for promql in p.raw.values())
+    raw = rec.plan(shard, (0.9,), (0.9,), frozenset())  # no rules loaded: every query raw
+    assert all(r'pool=~"p1|p2|web\\.v2"' in promql for promql in raw.raw.values())
+    assert q.QuerySet(pools=()).selector() == '{pool!="", pool=""}'  # no pool: no series

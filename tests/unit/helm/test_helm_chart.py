@@ -27,6 +27,7 @@ from chartlib import (
     tool,
 )
 from monitoring_schemas import SCHEMAS
+from poolpilot.autoscaler.shard import Shard
 from poolpilot.dashboards import generate, rules
 
 from poolpilot import crd_validation
@@ -56,6 +57,7 @@ CASES = [
                            "imagePullSecrets": [{"name": "regcred"}],
                            "prometheus": {"url": "http://prom.monitoring:9090"}}),
     Case("autoscaler-only", {"operator": {"enabled": False}}),
+    Case("sharded", {"autoscaler": {"shards": 3}}),
 ]
 
 
@@ -168,6 +170,36 @@ def test_autoscaler_gets_the_prometheus_url_and_metrics_port(
     assert svc["spec"]["ports"][0]["port"] == 9090
 
 
+def test_shards_render_one_autoscaler_each_with_its_own_lease(
+        rendered: dict[str, list[dict[str, Any]]]) -> None:
+    objs = rendered["sharded"]
+    base = "pp-poolpilot-autoscaler"
+    deps = {d["metadata"]["name"]: d for d in by_kind(objs, "Deployment")
+            if d["metadata"]["name"].startswith(base)}
+    assert sorted(deps) == [f"{base}-{i}" for i in range(3)]
+    selectors = []
+    for i in range(3):
+        dep = deps[f"{base}-{i}"]
+        args = dep["spec"]["template"]["spec"]["containers"][0]["args"]
+        assert args[args.index("--shard") + 1] == str(i)
+        assert args[args.index("--total-shards") + 1] == "3"
+        assert args[args.index("--leader-election-name") + 1] == base
+        selector = dep["spec"]["selector"]["matchLabels"]
+        assert selector.items() <= dep["spec"]["template"]["metadata"]["labels"].items()
+        selectors.append(selector)
+        pdb = one(objs, "PodDisruptionBudget", f"-autoscaler-{i}")
+        assert pdb["spec"]["selector"]["matchLabels"] == selector
+    # No Deployment adopts another shard's pods.
+    assert len({tuple(sorted(s.items())) for s in selectors}) == 3
+    # RBAC names exactly the Leases the shards campaign for.
+    role = one(objs, "Role", "-autoscaler-leader")
+    named = [r for r in role["rules"] if r.get("resourceNames")]
+    assert named[0]["resourceNames"] == [Shard(i, 3).lease_name(base) for i in range(3)]
+    # One Service still scrapes them all.
+    svc = one(objs, "Service", "-autoscaler")
+    assert svc["spec"]["selector"].items() <= selectors[0].items()
+
+
 def test_namespaced_install_uses_roles_per_namespace(
         rendered: dict[str, list[dict[str, Any]]]) -> None:
     objs = rendered["namespaced"]
@@ -273,6 +305,7 @@ BAD_VALUES = [
     BadValues("window-not-a-duration", {"prometheusRule": {"rateWindow": "two minutes"}},
               "prometheusRule.rateWindow"),
     BadValues("no-autoscaler-replica", {"autoscaler": {"replicas": 0}}, "autoscaler.replicas"),
+    BadValues("no-autoscaler-shard", {"autoscaler": {"shards": 0}}, "autoscaler.shards"),
     BadValues("interval-not-a-number", {"autoscaler": {"interval": "ten"}},
               "autoscaler.interval"),
     BadValues("two-cas", {"prometheus": {"tls": {"caSecret": "a", "caConfigMap": "b"}}},
