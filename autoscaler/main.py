@@ -154,7 +154,7 @@ async def _main(args: argparse.Namespace) -> int:
 
     gcpolicy.tune()  # the watch-fed view keeps every pool alive (see poolpilot.gcpolicy)
     namespaces = tuple(args.namespace)
-    metrics = AutoscalerMetrics()
+    metrics = AutoscalerMetrics(shard=args.shard)
     server = None
     if args.metrics_port is not None:
         server, _ = start_http_server(args.metrics_port, addr=args.metrics_host,

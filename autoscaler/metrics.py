@@ -20,7 +20,7 @@ def _base(counter_name: str) -> str:
 class AutoscalerMetrics:
     """One registry per autoscaler (tests make several side by side)."""
 
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    def __init__(self, registry: CollectorRegistry | None = None, shard: int = 0) -> None:
         r = self.registry = registry or CollectorRegistry()
         self.desired = Gauge(m.AUTOSCALER_DESIRED, "Replicas the autoscaler decided on.",
                              ROLE, registry=r)
@@ -42,9 +42,11 @@ class AutoscalerMetrics:
             ROLE, registry=r)
         self.cycle = Histogram(m.AUTOSCALER_CYCLE, "Seconds per autoscaler cycle.",
                                buckets=CYCLE_BUCKETS, registry=r)
+        # Labelled with the shard (--shard; "0" when one autoscaler decides every pool), so an
+        # alert can tell a shard without a leader from the others.
         self.leader = Gauge(m.AUTOSCALER_LEADER,
-                            "1 on the replica that holds the leader lease (the one acting).",
-                            registry=r)
+                            "1 on the replica that holds its shard's leader lease (the one "
+                            "acting).", ["shard"], registry=r).labels(shard=str(shard))
         # Per role: its label children with the values they hold. prometheus_client's
         # labels() and set() lock and check their arguments on every call (a quarter of a
         # cycle's CPU at 1,000 pools), so each child is looked up once and set on a change.

@@ -275,7 +275,7 @@ def alerts(p: RuleParams) -> list[Alert]:
 
 def autoscaler_alerts(p: RuleParams) -> list[Alert]:
     """Alerts on the autoscaler's own series (AUTOSCALER_GROUP)."""
-    leaders = f"sum({m.AUTOSCALER_LEADER})"
+    leaders = f"sum by (shard) ({m.AUTOSCALER_LEADER})"  # per shard (autoscaler.shards)
     return [
         Alert(
             name="PoolpilotAutoscalerDown",
@@ -295,11 +295,12 @@ def autoscaler_alerts(p: RuleParams) -> list[Alert]:
             expr=f"{leaders} == 0",
             for_=p.metrics_missing_for,
             severity="warning",
-            summary="no poolpilot autoscaler replica holds the leader lease",
+            summary="no poolpilot autoscaler replica of shard {{ $labels.shard }} holds "
+                    "its leader lease",
             description=(
-                "Every autoscaler replica runs but none acts: none could take the Lease "
-                "(its RBAC, or the API server), so no pool is being resized. The replicas' "
-                "logs say why."
+                "Every autoscaler replica of shard {{ $labels.shard }} runs but none acts: "
+                "none could take the shard's Lease (its RBAC, or the API server), so the "
+                "pools of that shard are not being resized. The replicas' logs say why."
             ),
             inputs=(leaders,),
         ),

@@ -27,6 +27,7 @@ import yaml
 from autoscaler_exporters import FakeExporter, engine
 from poolpilot.autoscaler import queries as q
 from poolpilot.autoscaler.observe import PrometheusSource
+from poolpilot.autoscaler.shard import Shard
 from poolpilot.emulator.server import KubeEmulator
 from poolpilot.emulator.testing import cluster_from_env
 from poolpilot.kubeclient import KubeClient
@@ -129,7 +130,7 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
 class Replica:
     """One `poolpilot autoscaler --leader-elect` process."""
 
-    def __init__(self, env: Env, identity: str, log: Path) -> None:
+    def __init__(self, env: Env, identity: str, log: Path, *extra: str) -> None:
         self.identity = identity
         self.log_path = log
         self._log = log.open("w")
@@ -139,7 +140,7 @@ class Replica:
              "--rate-window", f"{WINDOW:g}", "--metrics-port", "0",
              "--metrics-host", "127.0.0.1", "--leader-elect", "--leader-election-namespace",
              NS, "--leader-election-identity", identity, "--lease-duration", f"{LEASE:g}",
-             "--renew-deadline", f"{RENEW:g}", "--retry-period", f"{RETRY:g}"],
+             "--renew-deadline", f"{RENEW:g}", "--retry-period", f"{RETRY:g}", *extra],
             stdout=subprocess.PIPE, stderr=self._log, text=True,
         )
         assert self.proc.stdout is not None
@@ -151,7 +152,7 @@ class Replica:
     def sample(self, name: str) -> float:
         text = httpx.get(self.metrics_url, timeout=5).text
         for row in text.splitlines():
-            if row.startswith(name + " "):
+            if row.startswith((name + " ", name + "{")):
                 return float(row.split()[1])
         return 0.0
 
@@ -166,8 +167,8 @@ class Replica:
         self._log.close()
 
 
-def lease(env: Env) -> dict[str, Any]:
-    obj = kube(env, lambda k: k.get("coordination.k8s.io/v1", "Lease", NS, LEASE_NAME))
+def lease(env: Env, name: str = LEASE_NAME) -> dict[str, Any]:
+    obj = kube(env, lambda k: k.get("coordination.k8s.io/v1", "Lease", NS, name))
     return dict((obj or {}).get("spec") or {})
 
 
@@ -256,3 +257,32 @@ def test_a_missing_kubeconfig_is_named(tmp_path: Path) -> None:
     assert out.returncode == 2
     assert f"--kubeconfig {tmp_path / 'none'}: no such file" in out.stderr
 
+
+
+def test_each_shard_elects_its_own_leader_and_only_the_owner_acts(
+        env: Env, tmp_path: Path) -> None:
+    """Two shards of one: each takes a Lease of its own (NAME-I-of-2) at once, labels its
+    leader gauge with its shard, and only the shard that owns the pool writes to it."""
+    owner = next(i for i in range(2) if Shard(i, 2).owns(NS, POOL))
+    shards = {i: Replica(env, f"as-shard-{i}", tmp_path / f"shard-{i}.log",
+                         "--shard", str(i), "--total-shards", "2") for i in range(2)}
+    try:
+        for i, r in shards.items():
+            wait_for(lambda r=r, i=i: lease(env, f"{LEASE_NAME}-{i}-of-2").get(
+                "holderIdentity") == r.identity, what=f"shard {i}'s leader")
+            wait_for(lambda r=r: r.sample(f"{m.AUTOSCALER_CYCLE}_count") >= 3,
+                     what=f"three cycles of shard {i}")
+            page = httpx.get(r.metrics_url, timeout=5).text
+            assert f'{m.AUTOSCALER_LEADER}{{shard="{i}"}} 1.0' in page
+        assert lease(env).get("holderIdentity") in (None, "")  # the unsharded Lease: unused
+        # The owner decides the pool (its desired replicas exported), the other shard never.
+        pages = {i: httpx.get(r.metrics_url, timeout=5).text for i, r in shards.items()}
+        desired = f'{m.AUTOSCALER_DESIRED}{{namespace="{NS}",pool="{POOL}",role="prefill"}}'
+        assert desired in pages[owner] and desired not in pages[1 - owner]
+        if env.emu is not None:  # nothing but its Lease
+            agent = f"poolpilot-autoscaler/as-shard-{1 - owner}"
+            assert [r.path for r in list(env.emu.requests) if r.is_write
+                    and r.user_agent == agent and "/leases" not in r.path] == []
+    finally:
+        for r in shards.values():
+            r.stop()

@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from poolpilot.autoscaler.shard import Shard
+from poolpilot.perf.autoscaler import pool_name
 
 pytestmark = [pytest.mark.adapter, pytest.mark.cluster]
 
@@ -40,6 +42,24 @@ def test_perf_autoscaler_writes_its_json(tmp_path: Path) -> None:
     # A steady cycle on the watch-fed view reads nothing from the API.
     assert runs["watch+rules"]["cycle_api_requests_p50"] == 0
     assert runs["list+raw"]["cycle_api_requests_p50"] >= 3
+
+
+def test_perf_autoscaler_measures_one_shard(tmp_path: Path) -> None:
+    out = tmp_path / "shard.json"
+    done = subprocess.run(
+        [*POOLPILOT, "perf", "autoscaler", "--pools", "12", "--repeat", "2", "--scrape", "0.5",
+         "--window", "2", "--rules-interval", "0.5", "--modes", "watch+rules",
+         "--total-shards", "3", "--json", str(out)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    data = json.loads(out.read_text())
+    assert data["setup"]["shards"] == 3
+    (run,) = data["runs"]
+    # Shard 0 decided exactly its own pools (the harness fails a cycle that decides others).
+    mine = sum(Shard(0, 3).owns(*pool_name(i)) for i in range(12))
+    assert 0 < run["shard_pools"] == mine < 12
+    assert f"shard 0: {mine} pools" in done.stdout
 
 
 def test_perf_operator_writes_its_json(tmp_path: Path) -> None:

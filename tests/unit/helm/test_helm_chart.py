@@ -441,3 +441,49 @@ def test_peering_crds_match_the_operators() -> None:
 
     chart = [d for d in yaml.safe_load_all((CHART / "crds" / "kopf-peering.yaml").read_text())]
     assert chart == peering.peering_crds()
+
+
+def test_no_leader_alert_names_the_shard_without_one(
+        tmp_path: Path, rendered: dict[str, list[dict[str, Any]]]) -> None:
+    """promtool's rule unit test: of two shards, the one whose replicas all report 0 fires."""
+    rules_file = tmp_path / "rules.yaml"
+    rules_file.write_text(yaml.safe_dump(_rule_spec(rendered["monitoring-on"])))
+    test = {
+        "rule_files": [str(rules_file)],
+        "evaluation_interval": "1m",
+        "tests": [{
+            "interval": "1m",
+            "input_series": [
+                {"series": 'poolpilot_autoscaler_leader{shard="0", pod="a-0"}',
+                 "values": "1x10"},
+                {"series": 'poolpilot_autoscaler_leader{shard="0", pod="b-0"}',
+                 "values": "0x10"},
+                {"series": 'poolpilot_autoscaler_leader{shard="1", pod="a-1"}',
+                 "values": "0x10"},
+                {"series": 'poolpilot_autoscaler_leader{shard="1", pod="b-1"}',
+                 "values": "0x10"},
+                {"series": "poolpilot_autoscaler_cycle_seconds_count", "values": "1+1x10"},
+            ],
+            "alert_rule_test": [{
+                "eval_time": "10m", "alertname": "PoolpilotAutoscalerNoLeader",
+                "exp_alerts": [{
+                    "exp_labels": {"shard": "1", "severity": "warning"},
+                    "exp_annotations": {
+                        "summary": "no poolpilot autoscaler replica of shard 1 holds its "
+                                   "leader lease",
+                        "description": "Every autoscaler replica of shard 1 runs but none "
+                        "acts: none could take the shard's Lease (its RBAC, or the API "
+                        "server), so the pools of that shard are not being resized. The "
+                        "replicas' logs say why.",
+                        "runbook_url": "https://github.com/poolpilot/poolpilot/blob/main/docs/"
+                                       "alerts.md#poolpilotautoscalernoleader",
+                    },
+                }],
+            }],
+        }],
+    }
+    path = tmp_path / "test.yaml"
+    path.write_text(yaml.safe_dump(test))
+    proc = subprocess.run([tool("promtool"), "test", "rules", str(path)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
