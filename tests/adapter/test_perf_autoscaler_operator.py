@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from poolpilot.autoscaler.shard import Shard
@@ -20,16 +21,21 @@ AUTOSCALER_FIELDS = {"cycle_seconds_p50", "cycle_seconds_p99", "first_cycle_seco
                      "queries_per_cycle"}
 
 
-def test_perf_autoscaler_writes_its_json(tmp_path: Path) -> None:
+def perf_autoscaler(tmp_path: Path, *args: str) -> tuple[dict[str, Any], str]:
+    """A small, fast `poolpilot perf autoscaler` run: (its JSON, its output)."""
     out = tmp_path / "autoscaler.json"
     done = subprocess.run(
-        [*POOLPILOT, "perf", "autoscaler", "--pools", "2", "--repeat", "2", "--scrape", "0.5",
-         "--window", "2", "--rules-interval", "0.5", "--modes", "list+raw,watch+rules",
-         "--history", "3", "--json", str(out)],
+        [*POOLPILOT, "perf", "autoscaler", "--repeat", "2", "--scrape", "0.5", "--window", "2",
+         "--rules-interval", "0.5", *args, "--json", str(out)],
         capture_output=True, text=True, timeout=300,
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    data = json.loads(out.read_text())
+    return json.loads(out.read_text()), done.stdout
+
+
+def test_perf_autoscaler_writes_its_json(tmp_path: Path) -> None:
+    data, _ = perf_autoscaler(tmp_path, "--pools", "2", "--modes", "list+raw,watch+rules",
+                              "--history", "3")
     assert set(data) >= AUTOSCALER_FIELDS | {"runs", "ratios", "load_average"}
     assert data["setup"]["history_cycles"] == 3
     runs = {r["mode"]: r for r in data["runs"]}
@@ -45,21 +51,14 @@ def test_perf_autoscaler_writes_its_json(tmp_path: Path) -> None:
 
 
 def test_perf_autoscaler_measures_one_shard(tmp_path: Path) -> None:
-    out = tmp_path / "shard.json"
-    done = subprocess.run(
-        [*POOLPILOT, "perf", "autoscaler", "--pools", "12", "--repeat", "2", "--scrape", "0.5",
-         "--window", "2", "--rules-interval", "0.5", "--modes", "watch+rules",
-         "--total-shards", "3", "--json", str(out)],
-        capture_output=True, text=True, timeout=300,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    data = json.loads(out.read_text())
+    data, output = perf_autoscaler(tmp_path, "--pools", "12", "--modes", "watch+rules",
+                                   "--total-shards", "3")
     assert data["setup"]["shards"] == 3
     (run,) = data["runs"]
     # Shard 0 decided exactly its own pools (the harness fails a cycle that decides others).
     mine = sum(Shard(0, 3).owns(*pool_name(i)) for i in range(12))
     assert 0 < run["shard_pools"] == mine < 12
-    assert f"shard 0: {mine} pools" in done.stdout
+    assert f"shard 0: {mine} pools" in output
 
 
 def test_perf_operator_writes_its_json(tmp_path: Path) -> None:
