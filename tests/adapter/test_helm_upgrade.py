@@ -126,3 +126,31 @@ def test_a_templated_crd_is_upgraded_with_the_chart(cli: Cli, tmp_path: Path) ->
         "--set crds.keep=false")
     cli("helm uninstall poolpilot -n poolpilot-system")
     assert cli(f"kubectl get crd {CRD} --ignore-not-found -o name").stdout.strip() == ""
+
+
+def _deployments(cli: Cli) -> list[str]:
+    out = cli("kubectl get deployments -n poolpilot-system -o name").stdout
+    return sorted(line.removeprefix("deployment.apps/") for line in out.split())
+
+
+def test_sharding_the_autoscaler_is_a_helm_upgrade_and_back(cli: Cli) -> None:
+    """autoscaler.shards 1 -> 3 -> 1 with `helm upgrade --reuse-values`: the one autoscaler
+    Deployment is replaced by one per shard, the leader Role names their Leases, and back."""
+    cli("helm install poolpilot charts/poolpilot -n poolpilot-system --create-namespace")
+    before = _deployments(cli)
+    assert "poolpilot-autoscaler" in before
+    cli("helm upgrade poolpilot charts/poolpilot -n poolpilot-system --reuse-values "
+        "--set autoscaler.shards=3")
+    sharded = _deployments(cli)
+    assert [d for d in sharded if "autoscaler" in d] == [
+        f"poolpilot-autoscaler-{i}" for i in range(3)]
+    role = yaml.safe_load(cli("kubectl get role poolpilot-autoscaler-leader -n "
+                              "poolpilot-system -o yaml").stdout)
+    named = next(r for r in role["rules"] if r.get("resourceNames"))
+    assert named["resourceNames"] == [f"poolpilot-autoscaler-{i}-of-3" for i in range(3)]
+    pdbs = cli("kubectl get poddisruptionbudgets -n poolpilot-system -o name").stdout.split()
+    assert sorted(p.rsplit("/", 1)[1] for p in pdbs if "autoscaler" in p) == [
+        f"poolpilot-autoscaler-{i}" for i in range(3)]
+    cli("helm upgrade poolpilot charts/poolpilot -n poolpilot-system --reuse-values "
+        "--set autoscaler.shards=1")
+    assert _deployments(cli) == before
