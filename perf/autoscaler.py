@@ -25,6 +25,7 @@ and the autoscaler process's CPU seconds per cycle too.
 `--total-shards N`: the autoscaler measured is shard 0 of N (`poolpilot autoscaler --shard 0
 --total-shards N`): it decides, writes and queries Prometheus for its ~1/N of the pools, while
 Prometheus and the cluster hold all of them; the other shards would run in pods of their own.
+`--every-shard` measures each of the N in turn the same way (the cluster reset between them).
 """
 
 from __future__ import annotations
@@ -79,6 +80,7 @@ class Setup:
     history_cycles: int = 0  # untimed cycles first, to fill the decisions' history
     baseline_max: int = 1000  # the raw modes only up to this many pools
     shards: int = 1  # the autoscaler measured is shard 0 of this many (--total-shards)
+    every_shard: bool = False  # each shard in turn, not shard 0 alone
 
 
 def pool_name(i: int) -> tuple[str, str]:
@@ -272,7 +274,8 @@ async def reset(kube: KubeClient, n: int, scaled: set[tuple[str, str]]) -> None:
 class Run:
     pools: int
     mode: str
-    shard_pools: int = 0  # the pools shard 0 owns and decides (all of them when not sharded)
+    shard: int = 0  # which shard of Setup.shards was measured
+    shard_pools: int = 0  # the pools that shard owns and decides (all when not sharded)
     queries_per_cycle: int = 0
     recorded_signals: int = 0
     first_cycle_seconds: float = 0.0  # a restarted autoscaler: pools already have status
@@ -311,14 +314,14 @@ async def _settle(kube: KubeClient) -> None:
 
 
 async def first_cycle(mode: str, kubeconfig: Path, prom: PrometheusProcess, setup: Setup,
-                      now: list[float]) -> tuple[KubeClient, Autoscaler, CycleResult, float,
-                                                 int, int]:
+                      now: list[float], shard: Shard) -> tuple[KubeClient, Autoscaler,
+                                                               CycleResult, float, int, int]:
     """A started autoscaler's first cycle: (adapter, loop, result, seconds, requests, writes)."""
     adapter = WatchedKube if mode != "list+raw" else KubeClient
     kube = await adapter.connect(str(kubeconfig))
     source = PrometheusSource(prom.url, q.QuerySet(window_seconds=setup.window_s),
                               use_rules=mode == "watch+rules")
-    options = Options(interval=INTERVAL, shard=Shard(0, setup.shards))
+    options = Options(interval=INTERVAL, shard=shard)
     scaler = Autoscaler(kube, source, options, clock=lambda: now[0])
     t0, sent, wrote = time.perf_counter(), kube.requests, kube.kube.writes
     res = await scaler.cycle()
@@ -327,17 +330,21 @@ async def first_cycle(mode: str, kubeconfig: Path, prom: PrometheusProcess, setu
 
 
 async def measure_mode(n: int, mode: str, kubeconfig: Path, prom: PrometheusProcess,
-                       api_pid: int, setup: Setup, profile: Path | None
+                       api_pid: int, setup: Setup, profile: Path | None, index: int = 0
                        ) -> tuple[Run, set[tuple[str, str]]]:
-    shard = Shard(0, setup.shards)
-    run = Run(n, mode, shard_pools=sum(shard.owns(*pool_name(i)) for i in range(n)))
+    shard = Shard(index, setup.shards)
+    run = Run(n, mode, shard=index,
+              shard_pools=sum(shard.owns(*pool_name(i)) for i in range(n)))
+    if profile is not None and shard.split:
+        profile = profile.with_name(f"{profile.name}.shard{index}")
     scaled: set[tuple[str, str]] = set()
     now = [time.time()]
     api0, cpu0 = cpu_seconds(api_pid), time.process_time()
     prof = _profiler(profile)
     if prof is not None:
         prof.enable()
-    kube, scaler, first, secs, _, writes = await first_cycle(mode, kubeconfig, prom, setup, now)
+    kube, scaler, first, secs, _, writes = await first_cycle(mode, kubeconfig, prom, setup, now,
+                                                             shard)
     if prof is not None and profile is not None:
         prof.disable()
         prof.dump_stats(str(profile.with_name(f"{profile.name}.{n}.{mode}.first")))
@@ -406,7 +413,8 @@ async def measure_mode(n: int, mode: str, kubeconfig: Path, prom: PrometheusProc
         await kube.close()
     # A restart: a new autoscaler process against the same pools, their statuses written.
     now[0] += INTERVAL
-    kube, _, again, secs, sent, writes = await first_cycle(mode, kubeconfig, prom, setup, now)
+    kube, _, again, secs, sent, writes = await first_cycle(mode, kubeconfig, prom, setup, now,
+                                                           shard)
     try:
         if again.errors:
             raise RuntimeError(f"{mode}, {n} pools: restart errors {again.errors[:3]}")
@@ -497,12 +505,14 @@ async def measure(n: int, setup: Setup, modes: list[str], profile: Path | None
                     runs: list[Run] = []
                     scaled: set[tuple[str, str]] = set()
                     for mode in modes:
-                        if runs:  # the previous mode's statuses and scales undone
-                            await reset(kube, n, scaled)
-                        run, scaled = await measure_mode(n, mode, kubeconfig, prom,
-                                                         emulator.pid, setup, profile)
-                        runs.append(run)
-                        print("  " + row(run), flush=True)
+                        for index in range(setup.shards if setup.every_shard else 1):
+                            if runs:  # the previous run's statuses and scales undone
+                                await reset(kube, n, scaled)
+                            run, scaled = await measure_mode(n, mode, kubeconfig, prom,
+                                                             emulator.pid, setup, profile,
+                                                             index)
+                            runs.append(run)
+                            print("  " + row(run), flush=True)
                     return runs
                 finally:
                     await kube.close()
@@ -518,7 +528,8 @@ HEADER = ("| pools | mode | queries/cycle | first cycle (writes) | steady cycle 
 
 
 def row(r: Run) -> str:
-    mode = r.mode if r.shard_pools == r.pools else f"{r.mode}, shard 0: {r.shard_pools} pools"
+    mode = (r.mode if r.shard_pools == r.pools
+            else f"{r.mode}, shard {r.shard}: {r.shard_pools} pools")
     return (f"| {r.pools} | {mode} | {r.queries_per_cycle} | fresh "
             f"{r.first_cycle_fresh_seconds:.2f} s ({r.first_cycle_fresh_writes}), restart "
             f"{r.first_cycle_seconds:.2f} s ({r.first_cycle_writes}) | "
@@ -578,6 +589,9 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
                    help="measure shard 0 of N autoscalers splitting the pools (each decides "
                    "and queries ~1/N of them; the others would run in pods of their own) "
                    "(default 1)")
+    p.add_argument("--every-shard", action="store_true",
+                   help="with --total-shards: measure every shard in turn, each against the "
+                   "full cluster and Prometheus, not shard 0 alone")
     p.add_argument("--scrape", type=float, default=15.0, help="scrape interval, s (default 15)")
     p.add_argument("--window", type=float, default=60.0,
                    help="the autoscaler's --rate-window, s (default 60)")
@@ -601,12 +615,15 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         p.error("--history: a number of cycles, 0 or more")
     if args.total_shards < 1:
         p.error("--total-shards: at least 1")
+    if args.every_shard and args.total_shards < 2:
+        p.error("--every-shard: needs --total-shards 2 or more")
     gcpolicy.tune()  # as `poolpilot autoscaler` does
     # A SIGTERM runs the clean-up (Prometheus and the child processes stop with the run).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     setup = Setup(scrape_s=args.scrape, window_s=args.window,
                   rules_interval_s=args.rules_interval, repeat=args.repeat,
                   history_cycles=args.history, shards=args.total_shards,
+                  every_shard=args.every_shard,
                   baseline_max=args.baseline_max)
     loads = {"start": load_average()}
     print(HEADER, flush=True)

@@ -52,13 +52,16 @@ def test_perf_autoscaler_writes_its_json(tmp_path: Path) -> None:
 
 def test_perf_autoscaler_measures_one_shard(tmp_path: Path) -> None:
     data, output = perf_autoscaler(tmp_path, "--pools", "12", "--modes", "watch+rules",
-                                   "--total-shards", "3")
+                                   "--total-shards", "3", "--every-shard")
     assert data["setup"]["shards"] == 3
-    (run,) = data["runs"]
-    # Shard 0 decided exactly its own pools (the harness fails a cycle that decides others).
-    mine = sum(Shard(0, 3).owns(*pool_name(i)) for i in range(12))
-    assert 0 < run["shard_pools"] == mine < 12
-    assert f"shard 0: {mine} pools" in output
+    # Each shard decided exactly its own pools (the harness fails a cycle that decides others),
+    # and together they decided every pool once.
+    assert [r["shard"] for r in data["runs"]] == [0, 1, 2]
+    for run in data["runs"]:
+        mine = sum(Shard(run["shard"], 3).owns(*pool_name(i)) for i in range(12))
+        assert 0 < run["shard_pools"] == mine < 12
+        assert f"shard {run['shard']}: {mine} pools" in output
+    assert sum(r["shard_pools"] for r in data["runs"]) == 12
 
 
 def test_perf_operator_writes_its_json(tmp_path: Path) -> None:
