@@ -4,7 +4,9 @@ Formats (see ../shared/traces/README.md):
 - ``azure``: the Azure LLM inference trace 2023 CSV, ``TIMESTAMP,ContextTokens,GeneratedTokens``
   with wall-clock timestamps such as ``2023-11-16 18:17:03.9799600``.
 - ``mooncake``: Mooncake (FAST 2025) JSONL, one ``{"timestamp": <ms since start>,
-  "input_length": N, "output_length": M, ...}`` object a line.
+  "input_length": N, "output_length": M, "hash_ids": [...]}`` object a line. ``hash_ids``
+  (optional) names the prompt's blocks of MOONCAKE_BLOCK_TOKENS tokens: equal leading ids
+  mean a shared prefix (see TraceRequest).
 - ``csv``: a plain CSV ``arrival_s,input_tokens,output_tokens`` (header optional).
 
 Every loader returns requests sorted by arrival, arrivals relative to the first request, and
@@ -14,14 +16,20 @@ raises `TraceError("FILE:LINE: problem")` on malformed input so the user can fix
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
 import math
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
 FORMATS = ("azure", "mooncake", "csv")
+
+# Prompt tokens one Mooncake hash id stands for. Mooncake's FAST'25 traces hash each prompt in
+# blocks of 512 tokens (their README: "the block size is 512"; a 6,955-token prompt carries 14
+# ids, the last for a partial block of 299 tokens), so this is not a choice but the format's.
+MOONCAKE_BLOCK_TOKENS = 512
 
 
 class TraceError(ValueError):
@@ -30,9 +38,15 @@ class TraceError(ValueError):
 
 @dataclass(frozen=True, order=True)
 class TraceRequest:
+    """One request. `hash_ids`: its prompt's blocks of MOONCAKE_BLOCK_TOKENS tokens (the last
+    possibly partial), each id standing for its block and the whole prefix before it, so two
+    requests share their first k blocks exactly when their first k ids are equal. Empty when
+    the format carries no prefix information (Azure, plain CSV): no reuse."""
+
     arrival_s: float
     input_tokens: int
     output_tokens: int
+    hash_ids: tuple[int, ...] = ()
 
 
 def load_trace(path: str | Path, format: str | None = None) -> list[TraceRequest]:
@@ -66,14 +80,19 @@ def detect_format(path: Path, text: str) -> str:
     )
 
 
-def normalize(rows: Iterable[tuple[int, float, int, int]], where: str) -> list[TraceRequest]:
-    """(line, arrival, input, output) rows -> sorted requests with arrivals from zero."""
+Row = tuple[int, float, int, int] | tuple[int, float, int, int, tuple[int, ...]]
+
+
+def normalize(rows: Iterable[Row], where: str) -> list[TraceRequest]:
+    """(line, arrival, input, output[, hash_ids]) rows -> sorted requests with arrivals from
+    zero."""
     items = list(rows)
     if not items:
         raise TraceError(f"{where}: the trace has no requests")
     items.sort(key=lambda r: (r[1], r[0]))
     t0 = items[0][1]
-    return [TraceRequest(round(t - t0, 6), i, o) for _, t, i, o in items]
+    return [TraceRequest(round(r[1] - t0, 6), r[2], r[3], r[4] if len(r) > 4 else ())
+            for r in items]
 
 
 def _tokens(where: str, lineno: int, name: str, raw: str, minimum: int) -> int:
@@ -119,7 +138,7 @@ def _csv_rows(text: str) -> Iterator[tuple[int, list[str]]]:
             yield reader.line_num, row
 
 
-def _parse_azure(where: str, text: str) -> list[tuple[int, float, int, int]]:
+def _parse_azure(where: str, text: str) -> list[Row]:
     rows = _csv_rows(text)
     _, header = next(rows, (1, []))
     names = [h.strip() for h in header]
@@ -128,7 +147,7 @@ def _parse_azure(where: str, text: str) -> list[tuple[int, float, int, int]]:
     if missing:
         raise TraceError(f"{where}:1: Azure trace header lacks {', '.join(missing)}; got {names}")
     ts, ctx, gen = (names.index(n) for n in need)
-    out = []
+    out: list[Row] = []
     for lineno, row in rows:
         if len(row) != len(names):
             raise TraceError(f"{where}:{lineno}: expected {len(names)} columns, got {len(row)}")
@@ -141,8 +160,8 @@ def _parse_azure(where: str, text: str) -> list[tuple[int, float, int, int]]:
     return out
 
 
-def _parse_plain_csv(where: str, text: str) -> list[tuple[int, float, int, int]]:
-    out = []
+def _parse_plain_csv(where: str, text: str) -> list[Row]:
+    out: list[Row] = []
     for lineno, row in _csv_rows(text):
         if lineno == 1 and row[0].strip().lower() == "arrival_s":
             continue
@@ -160,8 +179,17 @@ def _parse_plain_csv(where: str, text: str) -> list[tuple[int, float, int, int]]
     return out
 
 
-def _parse_mooncake(where: str, text: str) -> list[tuple[int, float, int, int]]:
-    out = []
+def _hash_ids(where: str, lineno: int, raw: object) -> tuple[int, ...]:
+    if not isinstance(raw, list) or not all(
+            isinstance(h, int) and not isinstance(h, bool) for h in raw):
+        shown = repr(raw)
+        raise TraceError(f"{where}:{lineno}: hash_ids must be a list of integers, got "
+                         f"{shown[:60]}{'...' if len(shown) > 60 else ''}")
+    return tuple(raw)
+
+
+def _parse_mooncake(where: str, text: str) -> list[Row]:
+    out: list[Row] = []
     for lineno, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
@@ -179,6 +207,7 @@ def _parse_mooncake(where: str, text: str) -> list[tuple[int, float, int, int]]:
             _seconds(where, lineno, "timestamp", obj["timestamp"]) / 1000.0,
             _tokens(where, lineno, "input_length", str(obj["input_length"]), 1),
             _tokens(where, lineno, "output_length", str(obj["output_length"]), 1),
+            _hash_ids(where, lineno, obj.get("hash_ids", [])),
         ))
     return out
 
@@ -193,7 +222,7 @@ _PARSERS = {"azure": _parse_azure, "mooncake": _parse_mooncake, "csv": _parse_pl
 def window(trace: Sequence[TraceRequest], start_s: float, duration_s: float) -> list[TraceRequest]:
     """The requests arriving in [start_s, start_s + duration_s), re-based to start at 0."""
     return [
-        TraceRequest(round(r.arrival_s - start_s, 6), r.input_tokens, r.output_tokens)
+        replace(r, arrival_s=round(r.arrival_s - start_s, 6))
         for r in trace
         if start_s <= r.arrival_s < start_s + duration_s
     ]
@@ -224,19 +253,77 @@ def scale_rate(trace: Sequence[TraceRequest], factor: float) -> list[TraceReques
     """The same requests arriving `factor` times as fast (factor 2 = twice the request rate)."""
     if factor <= 0:
         raise ValueError(f"rate scale must be > 0, got {factor}")
-    return [TraceRequest(round(r.arrival_s / factor, 6), r.input_tokens, r.output_tokens)
-            for r in trace]
+    return [replace(r, arrival_s=round(r.arrival_s / factor, 6)) for r in trace]
 
 
 def clamp_tokens(
     trace: Sequence[TraceRequest], max_input: int, max_output: int
 ) -> list[TraceRequest]:
-    """Cap token counts so every request fits the engine's context (max-model-len)."""
-    return [
-        TraceRequest(r.arrival_s, max(1, min(r.input_tokens, max_input)),
-                     max(1, min(r.output_tokens, max_output)))
-        for r in trace
-    ]
+    """Cap token counts so every request fits the engine's context (max-model-len); a cut
+    prompt keeps the ids of its blocks (truncate_hash_ids)."""
+    out = []
+    for r in trace:
+        n = max(1, min(r.input_tokens, max_input))
+        out.append(replace(r, input_tokens=n, output_tokens=max(1, min(r.output_tokens,
+                                                                        max_output)),
+                           hash_ids=truncate_hash_ids(r.hash_ids, r.input_tokens, n)))
+    return out
+
+
+def truncate_hash_ids(hash_ids: tuple[int, ...], input_tokens: int, keep: int,
+                      block_tokens: int = MOONCAKE_BLOCK_TOKENS) -> tuple[int, ...]:
+    """The ids of a prompt cut from `input_tokens` to its first `keep` tokens: the blocks
+    wholly kept keep their ids; a block cut short is other content, so it gets an id derived
+    from its old id and its new length (two prompts cut alike in a shared block still share
+    it, and nothing else can match it)."""
+    if keep >= input_tokens or not hash_ids:
+        return hash_ids
+    full, part = divmod(keep, block_tokens)
+    kept = hash_ids[:full]
+    if part and len(hash_ids) > full:
+        digest = hashlib.blake2b(f"{hash_ids[full]}:{part}".encode(), digest_size=8).digest()
+        kept += (int.from_bytes(digest, "big") >> 1,)  # 63 bits: far above a trace's own ids
+    return kept
+
+
+def block_tokens_of(input_tokens: int, block: int,
+                    block_tokens: int = MOONCAKE_BLOCK_TOKENS) -> int:
+    """Prompt tokens in block `block` of a prompt of `input_tokens` (the last may be partial)."""
+    return max(0, min(block_tokens, input_tokens - block * block_tokens))
+
+
+def prefix_hit_tokens(trace: Iterable[TraceRequest],
+                      block_tokens: int = MOONCAKE_BLOCK_TOKENS) -> list[int]:
+    """Per request, the prompt tokens an infinite prefix cache reachable from anywhere would
+    serve: its leading blocks whose ids some earlier request already had (an id stands for its
+    whole prefix, so a cache holds a leading run), at most input_tokens - 1 (vLLM always
+    computes a prompt's last token, to sample from it). Requests in arrival order."""
+    seen: set[int] = set()
+    out = []
+    for r in trace:
+        hit = 0
+        ids = r.hash_ids
+        for b, h in enumerate(ids):
+            if h not in seen:
+                break
+            hit += block_tokens_of(r.input_tokens, b, block_tokens)
+        seen.update(ids)
+        out.append(min(hit, r.input_tokens - 1))
+    return out
+
+
+def ideal_prefix_hit_tokens(trace: Iterable[TraceRequest],
+                            block_tokens: int = MOONCAKE_BLOCK_TOKENS) -> int:
+    """All prompt tokens an infinite cache reachable from anywhere would serve (the sum of
+    prefix_hit_tokens)."""
+    return sum(prefix_hit_tokens(trace, block_tokens))
+
+
+def ideal_prefix_hit_rate(trace: Sequence[TraceRequest],
+                          block_tokens: int = MOONCAKE_BLOCK_TOKENS) -> float:
+    """ideal_prefix_hit_tokens over all prompt tokens (0.0 for a trace without hash ids)."""
+    total = sum(r.input_tokens for r in trace)
+    return ideal_prefix_hit_tokens(trace, block_tokens) / total if total else 0.0
 
 
 def rate_per_bin(trace: Sequence[TraceRequest], bin_s: float) -> list[int]:
@@ -256,3 +343,14 @@ def write_csv(trace: Iterable[TraceRequest], path: str | Path) -> None:
         w.writerow(["arrival_s", "input_tokens", "output_tokens"])
         for r in trace:
             w.writerow([f"{r.arrival_s:.6f}", r.input_tokens, r.output_tokens])
+
+
+def write_mooncake(trace: Iterable[TraceRequest], path: str | Path) -> None:
+    """Write Mooncake JSONL (timestamp in ms, input_length, output_length, hash_ids), readable
+    back with load_trace; the ms timestamps keep microseconds (3 decimals)."""
+    with open(path, "w", encoding="utf-8") as f:
+        for r in trace:
+            f.write(json.dumps({"timestamp": round(r.arrival_s * 1000.0, 3),
+                                "input_length": r.input_tokens,
+                                "output_length": r.output_tokens,
+                                "hash_ids": list(r.hash_ids)}, separators=(",", ":")) + "\n")

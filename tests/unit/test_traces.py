@@ -14,12 +14,17 @@ from poolpilot.traces import (
     TraceRequest,
     busy_periods,
     clamp_tokens,
+    ideal_prefix_hit_rate,
+    ideal_prefix_hit_tokens,
     load_trace,
     longest_busy_period,
+    prefix_hit_tokens,
     rate_per_bin,
     scale_rate,
+    truncate_hash_ids,
     window,
     write_csv,
+    write_mooncake,
 )
 
 SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "traces"
@@ -57,7 +62,13 @@ GOOD = [
         '{"timestamp": 1000, "input_length": 600, "output_length": 20, "hash_ids": [1, 2]}\n'
         "\n"
         '{"timestamp": 0, "input_length": 100, "output_length": 5, "hash_ids": [1]}\n',
-        [TraceRequest(0.0, 100, 5), TraceRequest(1.0, 600, 20)],
+        [TraceRequest(0.0, 100, 5, (1,)), TraceRequest(1.0, 600, 20, (1, 2))],
+    ),
+    Good(
+        "mooncake-without-hash-ids",
+        "t.jsonl",
+        '{"timestamp": 0, "input_length": 100, "output_length": 5}\n',
+        [TraceRequest(0.0, 100, 5)],
     ),
     Good(
         "plain-csv-with-header",
@@ -110,6 +121,16 @@ BAD = [
         '{"timestamp": 0, "input_length": 1}\n', ":1: missing 'output_length'"),
     Bad("mooncake-negative-time", "t.jsonl",
         '{"timestamp": -5, "input_length": 1, "output_length": 1}\n', ":1: timestamp must be"),
+    Bad("mooncake-hash-ids-not-a-list", "t.jsonl",
+        '{"timestamp": 0, "input_length": 1, "output_length": 1, "hash_ids": 7}\n',
+        ":1: hash_ids must be a list of integers, got 7"),
+    Bad("mooncake-hash-ids-with-a-string", "t.jsonl",
+        '{"timestamp": 0, "input_length": 1, "output_length": 1, "hash_ids": []}\n'
+        '{"timestamp": 1, "input_length": 1, "output_length": 1, "hash_ids": [1, "2"]}\n',
+        ":2: hash_ids must be a list of integers, got [1, '2']"),
+    Bad("mooncake-hash-ids-with-a-bool", "t.jsonl",
+        '{"timestamp": 0, "input_length": 1, "output_length": 1, "hash_ids": [true]}\n',
+        ":1: hash_ids must be a list of integers"),
     Bad("csv-nan-arrival", "t.csv", "arrival_s,input_tokens,output_tokens\nnan,1,1\n",
         ":2: arrival_s must be a finite number"),
     Bad("csv-four-columns", "t.csv", "0,1,1,1\n", ":1: expected 3 columns"),
@@ -218,3 +239,98 @@ def test_busy_periods_cover_the_trace() -> None:
     assert busy_periods([]) == []
     with pytest.raises(ValueError, match="empty trace"):
         longest_busy_period([])
+
+
+# ---- prefixes: hash ids survive every copy; the ideal hit rate -------------------------------
+
+with_ids = st.lists(
+    st.builds(
+        TraceRequest,
+        st.floats(0, 1e5, allow_nan=False).map(lambda x: round(x, 3)),
+        st.integers(1, 5_000),
+        st.integers(1, 2_000),
+        st.lists(st.integers(0, 2**62), max_size=10).map(tuple),
+    ),
+    min_size=1,
+    max_size=30,
+)
+
+
+@given(with_ids)
+def test_mooncake_round_trip_keeps_hash_ids(tmp_path_factory: pytest.TempPathFactory,
+                                            reqs: list[TraceRequest]) -> None:
+    path = tmp_path_factory.mktemp("rt") / "t.jsonl"
+    write_mooncake(reqs, path)
+    back = load_trace(path)
+    t0 = min(r.arrival_s for r in reqs)
+    assert sorted((round(r.arrival_s - t0, 3), r.input_tokens, r.output_tokens, r.hash_ids)
+                  for r in reqs) == \
+        sorted((round(r.arrival_s, 3), r.input_tokens, r.output_tokens, r.hash_ids) for r in back)
+
+
+def test_shaping_keeps_hash_ids() -> None:
+    trace = [TraceRequest(float(t), 1000, 10, (t, t + 1)) for t in range(4)]
+    assert [r.hash_ids for r in window(trace, 1.0, 2.0)] == [(1, 2), (2, 3)]
+    assert [r.hash_ids for r in scale_rate(trace, 2.0)] == [r.hash_ids for r in trace]
+    assert [r.hash_ids for r in clamp_tokens(trace, 5000, 5)] == [r.hash_ids for r in trace]
+
+
+@dataclass(frozen=True)
+class Cut:
+    name: str
+    ids: tuple[int, ...]
+    input_tokens: int
+    keep: int
+    expected_full: tuple[int, ...]  # the ids kept as they were
+    derived: bool  # one more id, derived, for a block cut short
+
+
+CUTS = [
+    Cut("no-cut", (1, 2, 3), 1200, 1200, (1, 2, 3), False),
+    Cut("at-a-block-boundary", (1, 2, 3), 1200, 1024, (1, 2), False),
+    Cut("inside-a-block", (1, 2, 3), 1200, 700, (1,), True),
+    Cut("inside-the-first-block", (1, 2, 3), 1200, 100, (), True),
+    Cut("no-ids", (), 1200, 700, (), False),
+]
+
+
+@pytest.mark.parametrize("case", CUTS, ids=[c.name for c in CUTS])
+def test_truncate_hash_ids(case: Cut) -> None:
+    out = truncate_hash_ids(case.ids, case.input_tokens, case.keep)
+    assert out[: len(case.expected_full)] == case.expected_full
+    assert len(out) == len(case.expected_full) + case.derived
+    if case.derived:
+        # the same block cut at the same length matches; cut elsewhere it does not
+        assert truncate_hash_ids(case.ids, case.input_tokens + 5, case.keep) == out
+        assert truncate_hash_ids(case.ids, case.input_tokens, case.keep + 1)[-1] != out[-1]
+        assert out[-1] not in case.ids
+
+
+@dataclass(frozen=True)
+class Ideal:
+    name: str
+    trace: list[TraceRequest]
+    hits: list[int]  # per request
+
+
+IDEAL = [
+    Ideal("no-ids-no-reuse", [TraceRequest(0, 1000, 1), TraceRequest(1, 1000, 1)], [0, 0]),
+    Ideal("a-second-turn-hits-the-first-turns-blocks",
+          [TraceRequest(0, 1100, 1, (1, 2, 3)), TraceRequest(1, 1600, 1, (1, 2, 4, 5))],
+          [0, 1024]),
+    Ideal("a-repeat-hits-all-but-the-last-token",
+          [TraceRequest(0, 700, 1, (1, 2)), TraceRequest(1, 700, 1, (1, 2))], [0, 699]),
+    Ideal("only-a-leading-run-hits",
+          [TraceRequest(0, 1536, 1, (1, 2, 3)), TraceRequest(1, 1536, 1, (9, 2, 3))], [0, 0]),
+    Ideal("a-shared-system-prompt",
+          [TraceRequest(0, 600, 1, (7, 8)), TraceRequest(1, 900, 1, (7, 9)),
+           TraceRequest(2, 900, 1, (7, 10))], [0, 512, 512]),
+]
+
+
+@pytest.mark.parametrize("case", IDEAL, ids=[c.name for c in IDEAL])
+def test_ideal_prefix_hits(case: Ideal) -> None:
+    assert prefix_hit_tokens(case.trace) == case.hits
+    assert ideal_prefix_hit_tokens(case.trace) == sum(case.hits)
+    total = sum(r.input_tokens for r in case.trace)
+    assert ideal_prefix_hit_rate(case.trace) == pytest.approx(sum(case.hits) / total)
