@@ -79,7 +79,7 @@ def _ordered_times(samples: Sequence[Sample]) -> list[float] | None:
     They are, unless the clock stepped back between two decisions. In order, the windows
     below are found by bisection instead of a scan of every sample: a role keeps a
     history_window of samples (120 at 15 s), and those scans were most of a decision's CPU
-    once the history had filled (issue 17). Out of order, each function scans as its
+    once the history had filled. Out of order, each function scans as its
     definition says, so both paths give the same answer."""
     times = [s.time for s in samples]
     # (a NaN fails every comparison: the pairs catch one among two samples or more)

@@ -1,7 +1,7 @@
 """`replace` for the decision core's frozen dataclasses, without `dataclasses.replace`'s cost.
 
 `dataclasses.replace` builds a keyword dict of every field and runs `__init__` again: at
-1,000 pools the core made ~11 such copies per pool and cycle, 15% of a cycle's CPU (issue 17).
+1,000 pools the core made ~11 such copies per pool and cycle, 15% of a cycle's CPU.
 The core's records have no `__post_init__`, no `InitVar` and no `init=False` field, so a copy
 of the instance's `__dict__` with the changes laid over it is the same object `replace`
 would build. Unknown names are refused as `replace` refuses them.

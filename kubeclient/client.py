@@ -62,7 +62,7 @@ class _TimedApiClient(ApiClient):
 def _environment_once(api_client: ApiClient) -> None:
     """kubernetes_asyncio opens its aiohttp session with trust_env=True, so aiohttp looks up
     ~/.netrc and the proxy variables in a worker thread on every request: a fifth of the
-    operator's CPU per reconcile (py-spy, issue 17). The proxy for the API server is resolved
+    operator's CPU per reconcile (py-spy). The proxy for the API server is resolved
     here once, with the same variables (HTTPS_PROXY/HTTP_PROXY, NO_PROXY), and the lookups
     per request are turned off. Credentials come from the kubeconfig, never from .netrc."""
     rest = api_client.rest_client

@@ -26,8 +26,6 @@ from poolpilot.operator.kubeapi import ApiError, KubeApi
 from poolpilot import api, names
 from poolpilot.validate import InvalidPool, parse_spec
 
-LIVE = "kopf.dev/operator-live"
-
 
 @dataclass(frozen=True)
 class OperatorConfig:

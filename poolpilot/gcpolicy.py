@@ -4,7 +4,7 @@ Both keep state for every pool alive for good: the autoscaler's watch-fed view, 
 per-object state in the operator. With CPython's default thresholds (700, 10, 10) the
 collector rescans all of it every few tens of thousands of allocations, so the cost of each
 decision or reconcile grows with the number of pools: 40% of an autoscaler cycle's CPU at
-1,000 pools (issue 17). Young objects are collected 70 times less often here; reference
+1,000 pools. Young objects are collected 70 times less often here; reference
 counting still frees everything without cycles at once.
 """
 

@@ -3,7 +3,7 @@
 The prefill request is the client's with `max_tokens: 1`, `stream: false` and the
 generation-only options left out (pd.prefill_body), so the prefill engine accepts requests
 the decode engine then rejects. Each such request used to leave its prompt's KV blocks pinned
-on the prefill engine until the KV lease ran out (issue 15: 40 requests with 30k-token prompts
+on the prefill engine until the KV lease ran out (seen with 40 requests with 30k-token prompts
 took a prefill engine's KV usage from 0 to 0.58). The router rejects them up front, with the
 message vLLM would give, in OpenAI's error shape.
 

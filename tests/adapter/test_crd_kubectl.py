@@ -1,8 +1,7 @@
 """The generated CRD as kubectl users see it, on the Kubernetes API emulator (its validation is
 crd_validation: OpenAPI schema, list types and CEL with messageExpression): the API server's
 message carries the real values, `kubectl get` has an Engine column for Aggregated pools and
-`-o wide` columns, and pool names that would make invalid child names are refused (issues 15
-and 16)."""
+`-o wide` columns, and pool names that would make invalid child names are refused."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The KV-pinning scenario of issue 15, on engine-sim (which models the prefill engine's KV
+"""The KV-pinning scenario (long prompts pinning prefill KV), on engine-sim (which models the prefill engine's KV
 hold and its lease like vLLM 0.32's NixlConnector).
 
 The prefill engine has a small KV cache (8B on an H200 at 15% memory: 33,600 tokens), so

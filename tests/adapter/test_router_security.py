@@ -1,4 +1,4 @@
-"""The router process hardened (issue 15): API keys with OpenAI-format 401s, requests the
+"""The router process hardened: API keys with OpenAI-format 401s, requests the
 decode engine would reject stopped before the prefill step, every router error in OpenAI's
 shape, a per-client concurrency limit, and [DONE] counted as success whatever the client
 does next.

@@ -99,7 +99,7 @@ BAD = [
     Bad("other-projects-group",
         {**pool(), "apiVersion": "inference.networking.k8s.io/v1"}, "apiVersion", in_crd=False),
     Bad("uppercase-name", {**pool(), "metadata": {"name": "Llama"}}, "metadata.name"),
-    # Issue 15: what `validate` accepted and the cluster, the CRD or the launcher refused.
+    # Once accepted by `validate` while the cluster, the CRD or the launcher refused.
     Bad("replicas-beyond-int32",
         pool(prefill={"replicas": 3_000_000_000, "maxReplicas": 3_000_000_000}),
         "spec.prefill.replicas"),
@@ -215,7 +215,7 @@ def test_defaults_a_user_expects() -> None:
     assert spec.served_name() == "meta-llama/Llama-3.1-8B-Instruct"
 
 
-# --- accepted by both, the same way (each refused, coerced or crashing before issue 15) --------
+# --- accepted by both, the same way (each refused, coerced or crashing in earlier versions) --------
 
 
 @dataclass(frozen=True)
@@ -341,7 +341,7 @@ def _rules(schema: Any) -> list[dict[str, Any]]:
     ids=["replicas-2^63", "replicas-minus-2^64", "engine-args-2^64", "metadata-2^70"],
 )
 def test_crd_validation_takes_huge_integers(doc: dict[str, Any]) -> None:
-    crd_validation.validate(CRD, doc)  # ValueError('overflow') before issue 15
+    crd_validation.validate(CRD, doc)  # raised ValueError('overflow') in earlier versions
 
 
 def test_crd_validation_takes_deep_free_form_values() -> None:

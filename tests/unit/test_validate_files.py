@@ -1,5 +1,5 @@
 """Bad files never crash `poolpilot validate` or `poolpilot render`: each gives
-`FILE: what is wrong` and exit 1 (issue 15). Files that are fine but unusual still work."""
+`FILE: what is wrong` and exit 1. Files that are fine but unusual still work."""
 
 from __future__ import annotations
 
