@@ -3,7 +3,7 @@
 kubectl validates manifests before sending them: it asks the OpenAPI v3 document of the
 object's group-version whether PATCH accepts the `fieldValidation` query parameter and, if so,
 leaves validation to the server (which this emulator does, for CRDs through
-poolpilot.crd_validation). The documents declare exactly that, and no strategic-merge-patch
+poolpilot.emulator.crd_validation). The documents declare exactly that, and no strategic-merge-patch
 content type, so kubectl computes its client-side apply patches from its compiled-in types
 (built-in kinds) or as JSON merge patches (custom resources), as with a real server.
 """

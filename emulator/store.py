@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from poolpilot.emulator import errors, managed
+from poolpilot.emulator import crd_validation, errors, managed
 from poolpilot.emulator import patch as patching
 from poolpilot.emulator.errors import ApiError
 from poolpilot.emulator.patch import clone
@@ -33,8 +33,6 @@ from poolpilot.emulator.selectors import (
     labels_match,
     selector_string,
 )
-
-from poolpilot import crd_validation
 
 DEFAULT_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
 _SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")

@@ -23,8 +23,9 @@ from typing import Any
 
 import yaml
 from hypothesis import strategies as st
+from poolpilot.emulator import crd_validation
 
-from poolpilot import api, cli, crd, crd_validation
+from poolpilot import api, cli, crd
 from poolpilot.validate import InvalidFile, InvalidPool, load_documents, parse_pool
 
 CRD = crd.build_crd()

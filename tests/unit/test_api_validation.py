@@ -10,10 +10,11 @@ from typing import Any
 
 import pytest
 import yaml
+from poolpilot.emulator import crd_validation
 from poolpilot.operator import builders
 from poolpilot.runtime import launcher
 
-from poolpilot import api, crd, crd_validation, re2
+from poolpilot import api, crd, re2
 from poolpilot.validate import InvalidPool, parse_pool, parse_spec
 
 EXAMPLES = sorted(Path(__file__).parents[2].joinpath("examples").glob("*.yaml"))
@@ -215,7 +216,7 @@ def test_defaults_a_user_expects() -> None:
     assert spec.served_name() == "meta-llama/Llama-3.1-8B-Instruct"
 
 
-# --- accepted by both, the same way (each refused, coerced or crashing in earlier versions) --------
+# --- accepted by both, the same way (each refused, coerced or crashing in earlier versions) ---
 
 
 @dataclass(frozen=True)

@@ -29,8 +29,7 @@ from chartlib import (
 from monitoring_schemas import SCHEMAS
 from poolpilot.autoscaler.shard import Shard
 from poolpilot.dashboards import generate, rules
-
-from poolpilot import crd_validation
+from poolpilot.emulator import crd_validation
 
 MONITORING = {"serviceMonitor": {"enabled": True}, "podMonitor": {"enabled": True},
               "labels": {"release": "kube-prometheus-stack"}}
