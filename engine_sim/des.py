@@ -41,11 +41,17 @@ from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
 from poolpilot.router import local_prefill as lp
+from poolpilot.router import prefix_index as pi
+from poolpilot.router.prefix_source import PromptKeys
 
 from .engine import EngineConfig, EngineCore, canonical_role, itl_p90
 from .hardware import StepModel, make_step_model
 from .scheduler import Seq
 from .stats import MetricsSnapshot, sum_snapshots
+
+# Prompt tokens one of SimRequest.hash_ids stands for: a Mooncake trace's hash block
+# (poolpilot.traces.MOONCAKE_BLOCK_TOKENS), 32 of the engines' 16-token KV blocks.
+HASH_BLOCK_TOKENS = 512
 
 
 @dataclass(frozen=True)
@@ -54,6 +60,10 @@ class SimRequest:
     arrival: float  # seconds
     prompt_tokens: int
     output_tokens: int
+    # The prompt's blocks of HASH_BLOCK_TOKENS tokens (the last possibly partial), each id
+    # standing for its block and the prefix before it: what every engine's prefix cache looks
+    # up and keeps. (): nothing shared with any other request.
+    hash_ids: tuple[int, ...] = ()
 
 
 @dataclass
@@ -74,6 +84,8 @@ class RequestRecord:
     kv_transfer_time: float | None = None
     preemptions: int = 0
     local_prefill: bool = False  # prefilled on its decode engine (the router's fallback)
+    # prompt tokens the engine that prefilled it found in its prefix cache (not computed)
+    prefix_hit_tokens: int = 0
 
     @property
     def ttft(self) -> float | None:
@@ -151,9 +163,11 @@ class _Job:
     local: bool = False
     sent_at: float = 0.0  # to the prefill engine ...
     queued_at_send: int = 0  # ... which then had this many prompt tokens to do, its own too
+    prefix_hit: int = 0  # prompt tokens the prefill engine's cache served
 
 
 _ARRIVAL, _READY, _STEP, _LOAD, _HANDOFF = range(5)
+ROUTING = ("least-loaded", "prefix-aware")
 
 
 class PoolSim:
@@ -174,10 +188,24 @@ class PoolSim:
         decode_config: EngineConfig | None = None,
         router_overhead: float = 0.0,
         local_prefill: LocalPrefill | None = None,
+        routing: str = "least-loaded",
+        prefix_balance: float = pi.DEFAULT_BALANCE,
     ) -> None:
         mode_l = mode.lower()
         if mode_l not in ("disaggregated", "aggregated"):
             raise ValueError(f"mode must be 'disaggregated' or 'aggregated', got {mode!r}")
+        if routing not in ROUTING:
+            raise ValueError(f"routing must be one of {', '.join(ROUTING)}, got {routing!r}")
+        # The simulated router's choice of prefill, aggregated and local-prefill engines:
+        # least-loaded, or the router's prefix-aware rule over its own record of what it sent
+        # where (router/prefix_index.py), keyed by the requests' hash_ids. Its LRU holds as
+        # many prompt tokens as the router's default and forgets after its default TTL.
+        self.routing = routing
+        self.prefix_balance = prefix_balance
+        self._prefix = pi.ApproximateIndex(
+            max(1, pi.DEFAULT_MAX_ENTRIES * pi.BLOCK_TOKENS // HASH_BLOCK_TOKENS),
+            pi.DEFAULT_TTL_S)
+        self.prefix_choices: dict[str, int] = {}  # the router's counter, by reason
         self.mode = mode_l
         self.step_model: StepModel = make_step_model(model, gpu, tensor_parallel)
         base = config or EngineConfig()
@@ -360,6 +388,31 @@ class PoolSim:
                     best, best_load = r, load
         return best
 
+    def _choose(self, role: str, req: SimRequest) -> Replica | None:
+        """The router's pick for `req`: by prefix for prefill and aggregated engines when
+        routing is prefix-aware (recording where it went), else least loaded."""
+        if self.routing != "prefix-aware" or role == "decode":
+            return self._pick(role)
+        ready = [r for r in self._live.values() if r.role == role and r.is_ready(self.now)]
+        if not ready:
+            return None
+        keys = PromptKeys(req.hash_ids, HASH_BLOCK_TOKENS)
+        matched = self._matched(keys, req.prompt_tokens, ready)
+        # turn 0: ties go to the first, as _pick's do (no match: exactly _pick's choice)
+        c = pi.choose([r.engine.load() for r in ready], matched, req.prompt_tokens,
+                      balance=self.prefix_balance)
+        self.prefix_choices[c.reason] = self.prefix_choices.get(c.reason, 0) + 1
+        rep = ready[c.index]
+        self._prefix.record(keys, str(rep.id), self.now)
+        return rep
+
+    def _matched(self, keys: PromptKeys, prompt_tokens: int, reps: list[Replica]) -> list[int]:
+        """Per replica, the prompt tokens the router expects it to hold."""
+        if not keys.keys:
+            return [0] * len(reps)
+        blocks = self._prefix.matched_blocks(keys, [str(r.id) for r in reps], self.now)
+        return [min(prompt_tokens, keys.tokens(b)) for b in blocks]
+
     def _route(self, job: _Job, role: str, seq: Seq | None) -> None:
         if role == "prefill" and self.local_prefill is not None:
             local = self._local_target(job.req)
@@ -367,7 +420,7 @@ class PoolSim:
                 job.local = True
                 self._assign(local, job, None)
                 return
-        rep = self._pick(role)
+        rep = self._choose(role, job.req)
         if rep is None:
             self._pending[role].append((job, seq))
             return
@@ -397,23 +450,33 @@ class PoolSim:
         policy = lp.LocalPrefillPolicy(
             lpc.ttft_s, lpc.itl_s, cost, lpc.enter, lpc.exit,
             max_chunk_tokens=self.configs["decode"].max_num_batched_tokens)
+        keys = PromptKeys(req.hash_ids, HASH_BLOCK_TOKENS)
+        aware = self.routing == "prefix-aware"
+        held_p = self._matched(keys, req.prompt_tokens, prefill) if aware else [0] * len(prefill)
+        held_d = self._matched(keys, req.prompt_tokens, decode) if aware else [0] * len(decode)
         d = lp.decide(req.prompt_tokens,
-                      [lp.PrefillLoad(r.queued_tokens, rate) for r in prefill],
-                      [lp.DecodeLoad(r.engine.load(), r.queued_tokens) for r in decode],
+                      [lp.PrefillLoad(r.queued_tokens, rate, h)
+                       for r, h in zip(prefill, held_p, strict=True)],
+                      [lp.DecodeLoad(r.engine.load(), r.queued_tokens, h)
+                       for r, h in zip(decode, held_d, strict=True)],
                       policy, self._lp_active)
         self._lp_active = d.active
         if not d.local or d.engine is None:
             return None
         self.local_prefill_total[d.reason] = self.local_prefill_total.get(d.reason, 0) + 1
-        return decode[d.engine]
+        target = decode[d.engine]
+        if aware:
+            self._prefix.record(keys, str(target.id), self.now)
+        return target
 
     def _dispatch_pending(self, role: str) -> None:
         q = self._pending[role]
         while q:
-            rep = self._pick(role)
+            job, seq = q[0]
+            rep = self._choose(role, job.req)
             if rep is None:
                 return
-            job, seq = q.popleft()
+            q.popleft()
             self._assign(rep, job, seq)
 
     def _assign(self, rep: Replica, job: _Job, _prev: Seq | None) -> None:
@@ -426,20 +489,25 @@ class PoolSim:
             return
         if rep.role == "prefill":
             job.prefill_replica = rep.id
-            seq = Seq(req.id, req.prompt_tokens, 1, self.now, payload=job)
+            seq = Seq(req.id, req.prompt_tokens, 1, self.now, payload=job,
+                      block_hashes=req.hash_ids, hash_block_tokens=HASH_BLOCK_TOKENS)
             rep.queued_tokens += req.prompt_tokens
             job.sent_at, job.queued_at_send = self.now, rep.queued_tokens
         elif job.local:  # the router's fallback: a plain request, prefilled here
             job.decode_replica = rep.id
-            seq = Seq(req.id, req.prompt_tokens, req.output_tokens, self.now, payload=job)
+            seq = Seq(req.id, req.prompt_tokens, req.output_tokens, self.now, payload=job,
+                      block_hashes=req.hash_ids, hash_block_tokens=HASH_BLOCK_TOKENS)
             rep.queued_tokens += req.prompt_tokens
         elif rep.role == "decode":
             job.decode_replica = rep.id
+            # its own cache serves what it holds; the blocks it receives are cached
             seq = Seq(req.id, req.prompt_tokens, req.output_tokens, self.now,
-                      remote_prefill=True, payload=job)
+                      remote_prefill=True, payload=job, block_hashes=req.hash_ids,
+                      hash_block_tokens=HASH_BLOCK_TOKENS)
         else:
             job.decode_replica = rep.id
-            seq = Seq(req.id, req.prompt_tokens, req.output_tokens, self.now, payload=job)
+            seq = Seq(req.id, req.prompt_tokens, req.output_tokens, self.now, payload=job,
+                      block_hashes=req.hash_ids, hash_block_tokens=HASH_BLOCK_TOKENS)
         eng.add(seq)
         if eng.chunk is None:
             self._kick(rep)
@@ -480,6 +548,7 @@ class PoolSim:
             job: _Job = s.payload
             job.preemptions += s.preemptions
             if rep.role == "prefill":
+                job.prefix_hit = s.prefix_hit
                 rep.queued_tokens -= s.prompt
                 self._prefill_rate.observe(job.queued_at_send, out.end - job.sent_at)
                 self._push(out.end + self.router_overhead, _HANDOFF, (job, s))
@@ -489,7 +558,8 @@ class PoolSim:
             self._records.append(RequestRecord(
                 req.id, req.arrival, req.prompt_tokens, s.generated, s.first_token_at,
                 s.finished_at, itl_p90(times), True, None, job.prefill_replica,
-                job.decode_replica, job.xfer, job.preemptions, job.local))
+                job.decode_replica, job.xfer, job.preemptions, job.local,
+                job.prefix_hit if job.prefill_replica is not None else s.prefix_hit))
             s.token_steps = []
 
     def _maybe_leave(self, rep: Replica) -> None:

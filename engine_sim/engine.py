@@ -48,6 +48,7 @@ class EngineConfig:
     # largest that keeps the step within it at the running batch (at least
     # MIN_PREFILL_CHUNK); None: max_num_batched_tokens alone, as vLLM.
     itl_budget: float | None = None
+    enable_prefix_caching: bool = True  # vLLM V1's default (scheduler.py, prefix_cache.py)
 
 
 # A prompt still progresses when the decode batch alone uses the ITL budget.
@@ -95,7 +96,7 @@ class EngineCore:
         plan = step_model.memory_plan(c.gpu_memory_utilization, c.block_size)
         self.memory = plan
         self.sched = Scheduler(plan.num_blocks, c.block_size, c.max_num_batched_tokens,
-                               c.max_num_seqs)
+                               c.max_num_seqs, c.enable_prefix_caching)
         limit = min(step_model.model.max_position, plan.kv_tokens)
         if c.max_model_len is not None and c.max_model_len > limit:
             raise ValueError(
@@ -201,8 +202,8 @@ class EngineCore:
             preempted += sp.preempted
         sp.preempted = preempted
         for s in sp.loading:
-            if s.xfer_time is None:
-                s.xfer_time = self.model.kv_transfer_time(s.prompt)
+            if s.xfer_time is None:  # what this engine's own cache holds is not transferred
+                s.xfer_time = self.model.kv_transfer_time(s.prompt - s.prefix_hit)
             s.ready_at = start + s.xfer_time
         self.started_loads.extend(sp.loading)
         if sp.preempted:
@@ -278,7 +279,7 @@ class EngineCore:
         if total <= free:
             for s, n in need:
                 s.blocks += n
-            self.sched.free_blocks -= total
+            self.sched.take(total)
             return k
         lo, hi = 1, k  # lo fits, hi does not
         while hi - lo > 1:
@@ -377,6 +378,8 @@ class EngineCore:
                 self.stats.counters[m.VLLM_PROMPT_TOKENS] += s.prompt
             s.computed += j
             s.generated += j
+            if s.cache_next < len(s.block_hashes):  # a prompt's last unit, computed in decode
+                self.sched.cache_computed(s)
             s.last_token_at = end
             if track:
                 ts = s.token_steps
@@ -417,6 +420,8 @@ class EngineCore:
             if s.state is not SeqState.RUNNING:
                 continue
             s.computed += n
+            if s.cache_next < len(s.block_hashes):
+                self.sched.cache_computed(s)
             if s.computed < s.context:
                 continue  # a prefill chunk that does not reach the end of the prompt
             s.generated += 1
@@ -482,8 +487,11 @@ class EngineCore:
         return g
 
     def snapshot(self) -> MetricsSnapshot:
-        return MetricsSnapshot(dict(self.stats.counters), dict(self.stats.success),
-                               self.gauges(), self.stats.histograms)
+        counters = dict(self.stats.counters)
+        counters[m.VLLM_PREFIX_CACHE_QUERIES] = float(self.sched.prefix_queries)
+        counters[m.VLLM_PREFIX_CACHE_HITS] = float(self.sched.prefix_hits)
+        return MetricsSnapshot(counters, dict(self.stats.success), self.gauges(),
+                               self.stats.histograms)
 
 
 def itl_p90(times: np.ndarray) -> float | None:

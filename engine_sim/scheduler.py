@@ -16,6 +16,17 @@ A sequence samples a token in every step that computes its last known token; it 
 when it has generated `max_output` tokens, and its blocks are freed at once (or held for a
 remote decode engine to pull, on a prefill engine).
 
+Prefix caching (vLLM V1's, on by default; prefix_cache.py): a sequence carries its prompt's
+cache units (`block_hashes`, each for `hash_block_tokens` prompt tokens). When it is admitted
+its longest cached prefix is marked computed (never the prompt's last token: vLLM computes it
+to sample from it, and hits whole KV blocks only), so the step charges only the new tokens,
+which still attend to the whole context (the step model prices a chunk by its tokens and the
+context before it). Every unit it computes becomes cached. `free_blocks` counts cached units
+nobody references as free: an allocation that finds no empty block evicts the least recently
+used of them. A preempted or finished sequence drops its references; the units stay cached.
+A sequence whose KV comes from a remote prefill engine looks up its local cache too (only
+the rest is transferred, as vLLM's NixlConnector does) and caches the blocks it receives.
+
 The scheduler is pure: no clock, no I/O. The engine core (engine.py) prices steps and keeps
 time.
 """
@@ -27,6 +38,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
+
+from .prefix_cache import PrefixCache
 
 
 class SeqState(Enum):
@@ -54,11 +67,19 @@ class Seq:
     finish_reason: str = "length"  # "length" when max_output is max_tokens, else "stop"
     xfer_time: float | None = None  # remote KV transfer time (set by the engine if None)
     payload: Any = None  # the caller's own data (HTTP stream, DES bookkeeping)
+    # Prompt cache units (chained hashes; unit i covers prompt tokens [i*T, (i+1)*T) with
+    # T = hash_block_tokens, 0: the scheduler's block_size); () = nothing to look up or cache.
+    block_hashes: tuple[int, ...] = ()
+    hash_block_tokens: int = 0
 
     state: SeqState = SeqState.WAITING
     computed: int = 0  # tokens whose KV is in the cache
     generated: int = 0
-    blocks: int = 0
+    blocks: int = 0  # KV blocks it spans, the shared cached ones included
+    shared_blocks: int = 0  # of those, blocks of cache units it references
+    cached: list[int] = field(default_factory=list)  # the cache units it references
+    cache_next: int = 0  # index of the next unit to cache once computed
+    prefix_hit: int = 0  # prompt tokens its last admission found cached
     preemptions: int = 0
     ready_at: float = 0.0
     first_scheduled_at: float | None = None
@@ -99,6 +120,7 @@ class Scheduler:
         block_size: int = 16,
         max_num_batched_tokens: int = 8192,
         max_num_seqs: int = 256,
+        enable_prefix_caching: bool = True,
     ) -> None:
         if num_blocks <= 0 or block_size <= 0:
             raise ValueError("num_blocks and block_size must be positive")
@@ -115,6 +137,12 @@ class Scheduler:
         self.running: list[Seq] = []
         self.held: dict[Any, Seq] = {}  # finished prefill-side sequences holding their KV
         self.num_preemptions = 0
+        self.cache = PrefixCache()
+        self.enable_prefix_caching = enable_prefix_caching
+        # vLLM's prefix-cache stats: prompt tokens of new (not preempted) requests looked up,
+        # and those found cached
+        self.prefix_queries = 0
+        self.prefix_hits = 0
 
     # ---- queue ----
     def add(self, seq: Seq) -> None:
@@ -152,13 +180,84 @@ class Scheduler:
             return True
         if need > self.free_blocks:
             return False
-        self.free_blocks -= need
+        self.take(need)
         seq.blocks += need
         return True
 
+    def take(self, blocks: int) -> None:
+        """Allocate `blocks` free blocks (the caller checked they are): empty ones first, then
+        the least recently used cached units nobody references, evicted."""
+        self.free_blocks -= blocks
+        over = self.cache.evictable_blocks - self.free_blocks
+        if over > 0:
+            self.cache.evict(over)
+
     def free(self, seq: Seq) -> None:
-        self.free_blocks += seq.blocks
-        seq.blocks = 0
+        self.free_blocks += seq.blocks - seq.shared_blocks
+        if seq.cached:
+            self.free_blocks += self.cache.release(reversed(seq.cached))
+            seq.cached = []
+        seq.blocks = seq.shared_blocks = seq.cache_next = 0
+
+    # ---- prefix cache ----
+    def _unit(self, seq: Seq) -> int:
+        return seq.hash_block_tokens or self.block_size
+
+    def _lookup(self, seq: Seq) -> bool:
+        """Start `seq` from its longest cached prefix (before it allocates anything): its
+        first units are referenced and their tokens computed. False if the cached units it
+        would pin do not leave room for it (nothing changes then)."""
+        hashes = seq.block_hashes
+        if not self.enable_prefix_caching or not hashes or seq.cached:
+            return True
+        k = self.cache.match(hashes)
+        if k == 0:
+            return True
+        unit, bs = self._unit(seq), self.block_size
+        # whole KV blocks, never the last prompt token
+        hit = min(k * unit, seq.prompt, (seq.prompt - 1) // bs * bs)
+        k = min(k, -(-hit // unit))
+        if hit <= 0 or k <= 0:
+            return True
+        use = hashes[:k]
+        taken = self.cache.acquire(use)
+        self.free_blocks -= taken
+        seq.cached = list(use)
+        seq.shared_blocks = seq.blocks = blocks_for(min(k * unit, seq.prompt), bs)
+        seq.cache_next = k
+        seq.computed = hit
+        seq.prefix_hit = hit
+        return True
+
+    def _unlookup(self, seq: Seq) -> None:
+        """Undo _lookup for a sequence that could not be admitted after all."""
+        if seq.cached:
+            self.free_blocks += self.cache.release(reversed(seq.cached))
+            seq.cached = []
+        seq.blocks = seq.shared_blocks = seq.cache_next = seq.computed = seq.prefix_hit = 0
+
+    def _count_query(self, seq: Seq) -> None:
+        if self.enable_prefix_caching and seq.preemptions == 0:
+            self.prefix_queries += seq.prompt
+            self.prefix_hits += seq.prefix_hit
+
+    def cache_computed(self, seq: Seq) -> None:
+        """Cache the units of `seq`'s prompt that it has computed since the last call."""
+        hashes = seq.block_hashes
+        if seq.cache_next >= len(hashes) or not self.enable_prefix_caching:
+            return
+        unit, bs = self._unit(seq), self.block_size
+        while seq.cache_next < len(hashes):
+            i = seq.cache_next
+            start = i * unit
+            end = min(start + unit, seq.prompt)
+            if end <= start or seq.computed < end:
+                return
+            blocks = blocks_for(end, bs) - blocks_for(start, bs)
+            if self.cache.insert(hashes[i], blocks):
+                seq.cached.append(hashes[i])
+                seq.shared_blocks += blocks
+            seq.cache_next = i + 1
 
     def release_held(self, rid: Any) -> Seq | None:
         seq = self.held.pop(rid, None)
@@ -233,9 +332,12 @@ class Scheduler:
             return plan
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
+            self._lookup(seq)
             if seq.remote_prefill and seq.generated == 0 and seq.preemptions == 0:
                 if not self._grow(seq, seq.prompt):
+                    self._unlookup(seq)
                     break
+                self._count_query(seq)
                 self.waiting.popleft()
                 seq.state = SeqState.LOADING
                 if seq.first_scheduled_at is None:
@@ -250,10 +352,13 @@ class Scheduler:
                     prefill_left = max(0, chunk_limit(seq))
                 n = take = min(n, prefill_left)
                 if n == 0:
+                    self._unlookup(seq)
                     break
             if not self._grow(seq, seq.computed + n):
+                self._unlookup(seq)
                 break
             prefill_left -= take
+            self._count_query(seq)
             self.waiting.popleft()
             seq.state = SeqState.RUNNING
             if seq.first_scheduled_at is None:
@@ -265,9 +370,11 @@ class Scheduler:
         return plan
 
     def load_done(self, seq: Seq) -> None:
-        """The remote KV of a LOADING sequence arrived: all prompt tokens but the last are in."""
+        """The remote KV of a LOADING sequence arrived: all prompt tokens but the last are in
+        (and cached here, as vLLM caches the blocks it receives)."""
         self.loading.remove(seq)
         seq.computed = seq.prompt - 1
+        self.cache_computed(seq)
         seq.state = SeqState.READY
         self.ready.append(seq)
 
@@ -276,7 +383,7 @@ class Scheduler:
         policy); the sequence keeps its blocks and runs as an ordinary prefill."""
         self.loading.remove(seq)
         seq.remote_prefill = False
-        seq.computed = 0
+        seq.computed = seq.prefix_hit  # what its own cache held is still there
         seq.state = SeqState.READY
         self.ready.append(seq)
 

@@ -29,6 +29,8 @@ COUNTERS = (
     m.VLLM_PROMPT_TOKENS,
     m.VLLM_GENERATION_TOKENS,
     m.VLLM_PREEMPTIONS,
+    m.VLLM_PREFIX_CACHE_QUERIES,
+    m.VLLM_PREFIX_CACHE_HITS,
     m.VLLM_NIXL_FAILED,
     m.VLLM_NIXL_EXPIRED,
 )
@@ -47,6 +49,8 @@ HELP = {
     m.VLLM_PROMPT_TOKENS: "Number of prefill tokens processed.",
     m.VLLM_GENERATION_TOKENS: "Number of generation tokens processed.",
     m.VLLM_PREEMPTIONS: "Cumulative number of preemption from the engine.",
+    m.VLLM_PREFIX_CACHE_QUERIES: "Prefix cache queries, in terms of number of queried tokens.",
+    m.VLLM_PREFIX_CACHE_HITS: "Prefix cache hits, in terms of number of cached tokens.",
     m.VLLM_NIXL_FAILED: "Number of failed NIXL KV Cache transfers.",
     m.VLLM_NIXL_EXPIRED: "Number of requests that had their KV expire.",
     m.VLLM_REQUEST_SUCCESS: "Count of successfully processed requests.",

@@ -29,9 +29,10 @@ def write_azure(path: Path, reqs: list[TraceRequest]) -> None:
 
 
 def write_mooncake(path: Path, reqs: list[TraceRequest]) -> None:
+    # no hash ids: the same workload as the Azure and CSV copies (no prompt shares a prefix)
     path.write_text("".join(
         json.dumps({"timestamp": int(r.arrival_s * 1000), "input_length": r.input_tokens,
-                    "output_length": r.output_tokens, "hash_ids": [1, 2]}) + "\n"
+                    "output_length": r.output_tokens, "hash_ids": []}) + "\n"
         for r in reqs))
 
 
