@@ -62,6 +62,10 @@ UP, DOWN, NONE = "up", "down", "none"
 _EPS = 1e-9
 # How much a new saturated throughput sample moves the learned capacity (EWMA weight).
 CAPACITY_ALPHA = 0.3
+# The prefix-cache hit rate the prefill model believes at most: above it, a pool's demand
+# would shrink to nearly nothing on a hit rate that one cold replica or one new session
+# pattern undoes.
+MAX_HIT_RATE = 0.95
 
 
 # ---------------------------------------------------------------------------------------------
@@ -82,7 +86,9 @@ class RoleObservation:
     `ttft` and `itl` (the SLO quantile at this role's engines, seconds; NaN when no request
     finished in the window), `prompt_tokens_rate` and `generation_tokens_rate` (tokens/s),
     `sample_age` (seconds since the newest sample of this role), `request_rate` (requests/s
-    the role's engines finished; at prefill it gives the mean prompt length).
+    the role's engines finished; at prefill it gives the mean prompt length),
+    `prefix_hit_rate` (the share of prompt tokens the role's engines found in their prefix
+    cache over the rate window, 0..1; None: the engines keep no such counters).
     """
 
     replicas: int
@@ -99,10 +105,21 @@ class RoleObservation:
     generation_tokens_rate: float | None = None
     sample_age: float | None = 0.0
     request_rate: float | None = None
+    prefix_hit_rate: float | None = None
 
     @property
     def ready_replicas(self) -> int:
         return self.replicas if self.ready is None else self.ready
+
+    @property
+    def miss(self) -> float:
+        """The share of prompt tokens the role's engines compute: 1 - the prefix-cache hit
+        rate, clamped to [0, 0.95] (a rate of 1 would make any demand free); 1 without a hit
+        rate (no cache information is no hit, never a reason to hold)."""
+        hit = self.prefix_hit_rate
+        if hit is None or not 0 < hit < math.inf:  # also NaN: nothing looked up
+            return 1.0
+        return 1.0 - min(hit, MAX_HIT_RATE)
 
 
 @dataclass(frozen=True)
@@ -538,8 +555,13 @@ def measure_need(role: str, obs: Observation, p: Policy, capacity: Mapping[str, 
         mem = replace(mem, tokens_per_request=tokens)
         if tokens is None:
             return None, mem
-        backlog = (_num(o.waiting) + _num(o.running)) * tokens
-        local = _num(obs.local_prefill_rate) * tokens
+        # Prefill is sized in the prompt tokens it computes: those its prefix cache does not
+        # serve (the learned capacity is measured in the same unit, see learn_capacity). The
+        # prompts prefilled on decode engines would have come here: prefill's hit rate.
+        miss = o.miss
+        served *= miss
+        backlog = (_num(o.waiting) + _num(o.running)) * tokens * miss
+        local = _num(obs.local_prefill_rate) * tokens * miss
         served += local
     elif role == DECODE:
         served, backlog = _num(o.generation_tokens_rate), 0.0
@@ -570,8 +592,16 @@ def measure_need(role: str, obs: Observation, p: Policy, capacity: Mapping[str, 
     rise = model.upside(usable, now, horizon, quantile) if p.forecast else 0.0
     need = model.need(per_replica, rate, backlog, slope, horizon, p.backlog_drain,
                       headroom, o.ready_replicas, o.starting, mem.orders, now, local, rise,
-                      "prompt tokens" if role == PREFILL else "generated tokens")
+                      _unit(role, o))
     return need, mem
+
+
+def _unit(role: str, o: RoleObservation) -> str:
+    if role != PREFILL:
+        return "generated tokens"
+    if o.miss < 1:
+        return f"computed prompt tokens ({1 - o.miss:.0%} from the prefix cache)"
+    return "prompt tokens"
 
 
 def max_backlog(mem: model.Memory, now: float, window: float) -> float:
@@ -655,8 +685,8 @@ def propose_from_signals(role: str, obs: Observation, p: Policy, capacity: Mappi
             load(S.QUEUE, waiting, p.prefill_queue_per_replica * ready)
     if role == PREFILL and need is None:
         cap = capacity.get(PREFILL)
-        if cap:
-            load(S.PROMPT_THROUGHPUT, float(o.prompt_tokens_rate or 0),
+        if cap:  # (capacity counts computed tokens: those the prefix cache did not serve)
+            load(S.PROMPT_THROUGHPUT, float(o.prompt_tokens_rate or 0) * o.miss,
                  cap * (1 - p.headroom) * ready)
     if role == DECODE and owner == DECODE:
         # (decode's waiting gauge counts KV handoffs in flight: a late first token with a few
@@ -802,7 +832,11 @@ def learn_capacity(role: str, obs: Observation, p: Policy, capacity: dict[str, f
     busy = 1 + p.dead_band
     if role == PREFILL:
         saturated = float(o.waiting or 0) > p.prefill_queue_per_replica * ready * busy
-        rate = o.prompt_tokens_rate
+        # Computed prompt tokens: a replica that served 3x its compute from the cache did
+        # not compute 3x faster, and an estimate that said so would be divided by the hit
+        # rate a second time when the demand is.
+        rate = o.prompt_tokens_rate if _bad(o.prompt_tokens_rate) else (
+            (o.prompt_tokens_rate or 0.0) * o.miss)
     elif role == DECODE:
         # (not the sequences-per-replica proxy: a batch larger than it is no evidence that
         # decode is at its limit, and would teach the capacity model a limit that is not)
@@ -864,6 +898,7 @@ def ratio_floors(
     if not cp or not cd or _bad(prompt) or _bad(gen) or not prompt or not gen:
         return {}
     assert prompt is not None and gen is not None
+    prompt *= pre.miss  # computed prompt tokens, the unit of Cp and of prefill's demand
     pn, dn = props[PREFILL][0].need, props[DECODE][0].need
     if pn is not None and dn is not None:
         return {

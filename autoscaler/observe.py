@@ -241,6 +241,7 @@ def observation(
             generation_tokens_rate=snap.get(q.GENERATION_RATE, g),
             sample_age=max(0.0, age) if age is not None else None,
             request_rate=snap.get(q.REQUEST_RATE, g),
+            prefix_hit_rate=snap.get(q.PREFIX_HIT_RATE, g),
         )
     p = (namespace, pool, "")
     return Observation(

@@ -43,6 +43,7 @@ ROUTER_REQUEST_RATE = "router_request_rate"
 REQUEST_RATE = "request_rate"
 LOCAL_PREFILL_RATE = "local_prefill_rate"
 KV_FAILURE_RATE = "kv_failure_rate"
+PREFIX_HIT_RATE = "prefix_hit_rate"
 
 
 def name_variants(metric: str) -> list[str]:
@@ -105,6 +106,15 @@ class QuerySet:
         s, w = self.selector(), self.window()
         return f"sum by (namespace, pool, le) (rate({m.ROUTER_TTFT}_bucket{s}[{w}]))"
 
+    def hit_rate(self) -> str:
+        """Per-group prefix-cache hit rate: rate of hit tokens over rate of queried tokens,
+        each name variant (the colon escaped or not) paired with its own."""
+        s, w = self.selector(), self.window()
+        pairs = zip(name_variants(m.VLLM_PREFIX_CACHE_HITS),
+                    name_variants(m.VLLM_PREFIX_CACHE_QUERIES), strict=True)
+        return " or ".join(f"(sum by ({BY}) (rate({h}{s}[{w}])) / sum by ({BY}) "
+                           f"(rate({qn}{s}[{w}])))" for h, qn in pairs)
+
     def _quantile(self, q: float, histogram: str) -> str:
         return f"histogram_quantile({q:g}, {self.bucket_rates(histogram)})"
 
@@ -141,6 +151,10 @@ class QuerySet:
                 f"sum by (namespace, pool) (rate({m.ROUTER_LOCAL_PREFILL}"
                 f"{s[:-1]}, reason=\"{m.LOCAL_PREFILL_REASONS[0]}\"}}[{w}]))"
             ),
+            # Share of prompt tokens the engines found in their prefix cache (token counters:
+            # hits / queries over the window; NaN when nothing was looked up, no series when
+            # the engines keep no such counters). The prefill model sizes for the rest.
+            PREFIX_HIT_RATE: self.hit_rate(),
             KV_FAILURE_RATE: (
                 f"sum by (namespace, pool) (rate({m.ROUTER_KV_TRANSFER_FAILURES}{s}[{w}]))"
             ),

@@ -18,6 +18,10 @@ VLLM_KV_USAGE = "vllm:kv_cache_usage_perc"  # gauge, 0..1
 VLLM_PROMPT_TOKENS = "vllm:prompt_tokens_total"  # counter
 VLLM_GENERATION_TOKENS = "vllm:generation_tokens_total"  # counter
 VLLM_PREEMPTIONS = "vllm:num_preemptions_total"  # counter
+# Prefix cache (vLLM V1): prompt tokens looked up in the cache, and those found (counters of
+# tokens; hits / queries is the share of prompt tokens the engine did not compute).
+VLLM_PREFIX_CACHE_QUERIES = "vllm:prefix_cache_queries_total"  # counter
+VLLM_PREFIX_CACHE_HITS = "vllm:prefix_cache_hits_total"  # counter
 VLLM_NIXL_XFER_TIME = "vllm:nixl_xfer_time_seconds"  # histogram
 VLLM_NIXL_FAILED = "vllm:nixl_num_failed_transfers"  # counter
 VLLM_REQUEST_SUCCESS = "vllm:request_success_total"  # counter {finished_reason}
@@ -64,6 +68,13 @@ ROUTER_LOCAL_PREFILL = "poolpilot_router_local_prefill_total"  # counter {reason
 LOCAL_PREFILL_REASONS = ("prefill_behind", "kv_transfer_failed", "prefill_failed")
 # Prefill KV holds the router freed for handoffs that did not happen {outcome}.
 ROUTER_KV_RELEASES = "poolpilot_router_kv_releases_total"
+# Prefix-aware routing, per engine role and endpoint (url): prompt tokens routed, and those
+# the chosen engine was expected to hold (expected hit rate = hits / routed, beside the
+# engines' own vllm:prefix_cache_hits_total); choices by reason (router/prefix_index.py:
+# prefix, load, bound = the load bound overrode the prefix, no_match).
+ROUTER_PREFIX_ROUTED = "poolpilot_router_prefix_routed_prompt_tokens_total"  # {role,endpoint}
+ROUTER_PREFIX_EXPECTED_HITS = "poolpilot_router_prefix_expected_hit_tokens_total"  # same
+ROUTER_PREFIX_CHOICES = "poolpilot_router_prefix_choices_total"  # counter {role,reason}
 
 # Autoscaler metrics.
 AUTOSCALER_DESIRED = "poolpilot_autoscaler_desired_replicas"  # {namespace,pool,role}

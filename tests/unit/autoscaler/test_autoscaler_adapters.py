@@ -181,7 +181,7 @@ def test_own_metrics_follow_a_changing_limit_and_leadership() -> None:
 
 def test_queries_are_grouped_and_tolerate_renames() -> None:
     qs = QuerySet(window_seconds=30).build(ttft_quantiles=(0.9, 0.99), itl_quantiles=(0.9,))
-    assert len(qs) == 16  # 11 signals + 2 TTFT quantiles x (engines, router) + 1 ITL
+    assert len(qs) == 17  # 12 signals + 2 TTFT quantiles x (engines, router) + 1 ITL
     for key, promql in qs.items():
         assert "by (namespace, pool" in promql, key
         assert "[30s]" in promql or "rate(" not in promql, key
@@ -189,6 +189,12 @@ def test_queries_are_grouped_and_tolerate_renames() -> None:
         "vllm:kv_cache_usage_perc", "vllm_kv_cache_usage_perc",
         "vllm:gpu_cache_usage_perc", "vllm_gpu_cache_usage_perc"]
     assert "vllm:time_per_output_token_seconds_bucket" in qs["itl@0.9"]
+    # hits over queries, each name form divided by its own (never escaped by unescaped)
+    hit = qs["prefix_hit_rate"]
+    assert hit.count(" or ") == 1
+    assert ("rate(vllm:prefix_cache_hits_total{" in hit.split(" or ")[0]
+            and "rate(vllm:prefix_cache_queries_total{" in hit.split(" or ")[0])
+    assert "vllm_prefix_cache_hits_total" in hit.split(" or ")[1]
 
 
 @pytest.mark.parametrize(("router", "ready"), [
