@@ -26,6 +26,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
                "start vLLM for one role (the engine image's entry point)"),
     "engine-sim": ("poolpilot.engine_sim.server", "run the vLLM-compatible engine simulator"),
     "sim": ("poolpilot.engine_sim.cli", "offline simulator experiments (e.g. `sim batching`)"),
+    "workload": ("poolpilot.engine_sim.workloads",
+                 "write a synthetic trace (`workload sessions`: chat and agent sessions whose "
+                 "prompts share prefixes, Mooncake JSONL)"),
     "emulator": ("poolpilot.emulator.main", "run the Kubernetes API emulator (developer tool)"),
     "perf": ("poolpilot.perf.main", "run a performance harness (developer tool)"),
     "sandbox": ("poolpilot.sandbox.main", "run the whole system locally, replaying a trace"),
@@ -35,7 +38,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 # The commands of the tool rooms (pyproject's [tool.poolpilot] dev-only; tests/unit/test_cli.py
 # keeps the two lists together): not in the images, their dependencies are the `tools` extra.
-TOOLS = frozenset({"engine-sim", "sim", "emulator", "perf", "sandbox", "bench", "dashboards"})
+TOOLS = frozenset({"engine-sim", "sim", "workload", "emulator", "perf", "sandbox", "bench",
+                   "dashboards"})
 INSTALL_TOOLS = "pip install -e '.[tools]' in a poolpilot source checkout (or ./dev setup)"
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")

@@ -1,0 +1,128 @@
+"""The session-workload generator: prompts that extend each other, consistent hash ids, the
+documented ideal hit rates, the Mooncake file it writes, and prompt text that shares blocks."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from poolpilot.engine_sim.protocol import prompt_tokens
+from poolpilot.engine_sim.workloads import SessionParams, generate_sessions, prompt_text
+
+from poolpilot.cli import main as cli_main
+from poolpilot.traces import MOONCAKE_BLOCK_TOKENS, ideal_prefix_hit_rate, load_trace
+
+B = MOONCAKE_BLOCK_TOKENS
+
+
+def test_the_same_seed_gives_the_same_trace_and_another_seed_another() -> None:
+    a = generate_sessions(SessionParams(kind="mixed", sessions=50, seed=1))
+    assert a == generate_sessions(SessionParams(kind="mixed", sessions=50, seed=1))
+    assert a != generate_sessions(SessionParams(kind="mixed", sessions=50, seed=2))
+
+
+@pytest.mark.parametrize("kind", ["chat", "agent"])
+def test_each_turn_extends_the_previous_prompt(kind: str) -> None:
+    trace = generate_sessions(SessionParams(kind=kind, sessions=1, rate=10.0, seed=4,
+                                            chat_turns=8, agent_steps=8))
+    assert len(trace) >= 3
+    for prev, cur in itertools.pairwise(trace):
+        # the next prompt holds this prompt and its answer: longer by more than the output
+        assert cur.input_tokens > prev.input_tokens + prev.output_tokens
+        full = prev.input_tokens // B
+        assert cur.hash_ids[:full] == prev.hash_ids[:full]  # the full blocks carry over
+        if prev.input_tokens % B:  # a partial last block grew: another block, another id
+            assert cur.hash_ids[full] != prev.hash_ids[full]
+
+
+def test_one_system_prompt_is_shared_by_every_session() -> None:
+    p = SessionParams(kind="chat", sessions=40, chat_system_prompts=1, chat_system_tokens=3000,
+                      sigma=0.01)
+    trace = generate_sessions(p)
+    firsts = {r.hash_ids[:5] for r in trace}  # ~3000 tokens: 5 full blocks
+    assert len(firsts) == 1
+
+
+@settings(max_examples=15, deadline=None)
+@given(kind=st.sampled_from(["chat", "agent", "mixed"]), seed=st.integers(0, 10**6))
+def test_an_id_stands_for_its_whole_prefix(kind: str, seed: int) -> None:
+    trace = generate_sessions(SessionParams(kind=kind, sessions=30, rate=0.5, seed=seed))
+    prefix_of: dict[int, tuple[int, ...]] = {}
+    for r in trace:
+        assert len(r.hash_ids) == -(-r.input_tokens // B)
+        assert r.input_tokens + r.output_tokens <= 32768
+        for i, h in enumerate(r.hash_ids):
+            assert prefix_of.setdefault(h, r.hash_ids[:i]) == r.hash_ids[:i]
+
+
+@dataclass(frozen=True)
+class Ideal:
+    kind: str
+    low: float
+    high: float
+
+
+IDEALS = [Ideal("chat", 0.5, 0.7), Ideal("agent", 0.65, 0.85), Ideal("mixed", 0.6, 0.85)]
+
+
+@pytest.mark.parametrize("case", IDEALS, ids=[c.kind for c in IDEALS])
+def test_ideal_hit_rate_at_the_defaults(case: Ideal) -> None:
+    """docs/engine-simulator.md quotes these (seed 0: chat 0.61, agent 0.78, mixed 0.75)."""
+    for seed in (0, 1):
+        rate = ideal_prefix_hit_rate(generate_sessions(SessionParams(kind=case.kind, seed=seed)))
+        assert case.low <= rate <= case.high
+
+
+def test_cli_writes_mooncake_that_loads_back(tmp_path: Path,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "s.jsonl"
+    assert cli_main(["workload", "sessions", "--kind", "agent", "--sessions", "20", "--seed",
+                     "3", "--set", "tool_s=1", "--out", str(out)]) == 0
+    assert "ideal prefix hit rate" in capsys.readouterr().out
+    want = generate_sessions(SessionParams(kind="agent", sessions=20, seed=3, tool_s=1.0))
+    back = load_trace(out)
+    t0 = want[0].arrival_s
+    assert [(r.input_tokens, r.output_tokens, r.hash_ids) for r in back] == \
+        [(r.input_tokens, r.output_tokens, r.hash_ids) for r in want]
+    assert [r.arrival_s for r in back] == pytest.approx([r.arrival_s - t0 for r in want],
+                                                        abs=1e-5)
+    assert cli_main(["workload", "sessions", "--set", "nope=1", "--out", str(out)]) == 2
+    assert "nope=1" in capsys.readouterr().err
+
+
+# ---- prompt text ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Text:
+    name: str
+    a: tuple[tuple[int, ...], int, int]  # hash ids, input length, salt
+    b: tuple[tuple[int, ...], int, int]
+    shared_words: int  # leading words equal
+
+
+TEXTS = [
+    Text("shared-system-prompt", ((1, 2, 3), 1400, 0), ((1, 2, 9), 1400, 1), 2 * B - 1),
+    Text("a-turn-extends-the-last", ((1, 2), 1024, 0), ((1, 2, 3, 4), 1800, 1), 2 * B - 1),
+    Text("nothing-shared", ((1, 2), 1000, 0), ((5, 2), 1000, 0), 0),
+    Text("no-ids-own-salts", ((), 700, 0), ((), 700, 1), 0),
+    Text("no-ids-one-salt", ((), 700, 3), ((), 700, 3), 699),
+    Text("beyond-the-ids-own-salts", ((1,), 1400, 0), ((1,), 1400, 1), B),
+]
+
+
+@pytest.mark.parametrize("case", TEXTS, ids=[c.name for c in TEXTS])
+def test_prompt_text_shares_the_text_of_shared_blocks(case: Text) -> None:
+    ta = prompt_text(case.a[0], case.a[1], salt=case.a[2])
+    tb = prompt_text(case.b[0], case.b[1], salt=case.b[2])
+    for (_, n, _), t in ((case.a, ta), (case.b, tb)):
+        assert prompt_tokens(t)[0] == n  # the simulator counts exactly input_length tokens
+    wa, wb = ta.split(), tb.split()
+    same = next((i for i, (x, y) in enumerate(zip(wa, wb, strict=False)) if x != y),
+                min(len(wa), len(wb)))
+    # words are drawn from a small vocabulary: a chance match may extend the run a little
+    assert case.shared_words <= same <= case.shared_words + 8
