@@ -30,6 +30,13 @@ from poolpilot.router.metrics import (
     parse_handoff_counters,
     parse_waiting,
 )
+from poolpilot.router.prefix_index import (
+    DEFAULT_BALANCE,
+    DEFAULT_MAX_ENTRIES,
+    DEFAULT_TTL_S,
+    ApproximateIndex,
+)
+from poolpilot.router.prefix_source import PrefixSource, PromptKeys
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest, multiprocess
 
 log = logging.getLogger("poolpilot.router")
@@ -39,6 +46,7 @@ AGGREGATED = "aggregated"
 # Upstream answers that mean "this engine cannot take it now": try another one.
 RETRYABLE_STATUS = {502, 503, 504}
 JSON_HEADERS = {"Content-Type": "application/json"}
+PREFIX_ROUTING = ("off", "approximate", "precise")
 
 
 @dataclass
@@ -66,6 +74,13 @@ class RouterConfig:
     max_concurrent_per_client: int = 0  # 0: no limit; a client is its API key, else its IP
     release_timeout_s: float = 60.0  # a KV release (a one-token decode) may take this long
     workers: int = 1  # processes sharing the port (router/workers.py); > 1: shared metrics
+    # Prefix-aware selection of prefill, aggregated and local-prefill engines
+    # (router/prefix_index.py): off, approximate (the router's own record of what it sent
+    # where) or precise (the engines' KV events: a PrefixSource handed to Router).
+    prefix_routing: str = "approximate"
+    prefix_balance: float = DEFAULT_BALANCE  # the load bound's c
+    prefix_max_entries: int = DEFAULT_MAX_ENTRIES  # approximate: keys remembered (LRU)
+    prefix_ttl_s: float = DEFAULT_TTL_S  # approximate: how long a sent prefix counts as cached
 
     def roles(self) -> tuple[str, ...]:
         return ("prefill", "decode") if self.mode == DISAGGREGATED else ("engine",)
@@ -121,6 +136,7 @@ class Attempt:
     sent_at: float
     queued_tokens: int  # tokens in flight at that endpoint when sent, this request's included
     local_tokens: int = 0  # prompt tokens it prefills itself, until its first token
+    matched_tokens: int = 0  # prompt tokens it was expected to hold in its prefix cache
 
 
 class ClientError(Exception):
@@ -176,9 +192,21 @@ async def openai_errors(request: web.Request, handler: Any) -> web.StreamRespons
 
 
 class Router:
-    def __init__(self, config: RouterConfig, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, config: RouterConfig, clock: Callable[[], float] = time.monotonic,
+                 prefix_source: PrefixSource | None = None) -> None:
+        """`prefix_source`: where prefixes are cached, for `prefix_routing` precise (the KV
+        events source) or to replace the approximate index; None with approximate: the
+        router's own index."""
         self.config = config
         self.clock = clock
+        if config.prefix_routing not in PREFIX_ROUTING:
+            raise ValueError(f"prefix_routing {config.prefix_routing!r}: one of {PREFIX_ROUTING}")
+        if config.prefix_routing == "precise" and prefix_source is None:
+            raise ValueError("prefix_routing precise needs a PrefixSource (the KV events one)")
+        self.prefix: PrefixSource | None = None
+        if config.prefix_routing != "off":
+            self.prefix = prefix_source or ApproximateIndex(config.prefix_max_entries,
+                                                            config.prefix_ttl_s)
         self.balancer = Balancer(config.balancer)
         self.metrics = RouterMetrics(config.pool)
         self.session: aiohttp.ClientSession | None = None
@@ -206,6 +234,16 @@ class Router:
         added, removed = self.balancer.set_endpoints(role, urls, self.clock(), initial=initial)
         if added or removed:
             log.info("endpoints role=%s added=%s removed=%s", role, added, removed)
+        for url in removed:
+            if not self.balancer.by_url(url):  # gone from every role: its cache is gone
+                self._forget(url)
+
+    def _forget(self, url: str) -> None:
+        """Nothing is known to be cached at `url` any more (removed, or ejected: it may be
+        restarting with an empty cache)."""
+        if self.prefix is not None:
+            self.prefix.forget(url)
+        self.metrics.forget_endpoint(url)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -307,6 +345,8 @@ class Router:
 
     def _log_ejections(self, ejected: list[Endpoint]) -> None:
         for e in ejected:
+            if self.prefix is not None:
+                self.prefix.forget(e.url)
             assert e.ejected_until is not None
             log.warning("ejected %s endpoint %s for %.1f s after %d consecutive failures",
                         e.role, e.url, e.ejected_until - self.clock(), e.failures)
@@ -445,27 +485,31 @@ class Router:
         prompt_tokens = pd.estimate_prompt_tokens(body)
         tokens = prompt_tokens + pd.requested_output_tokens(body)
         stream = progress.stream
+        prompt = await self._prompt_keys(path, body)
         try:
             if self.config.mode != DISAGGREGATED:
-                async with self._open("engine", path, body, tokens) as att:
+                async with self._open("engine", path, body, tokens, prompt=prompt,
+                                      prompt_tokens=prompt_tokens) as att:
                     return await self._relay(request, att, stream, start, progress)
             bad = validate.check_disaggregated(body, chat=path.endswith("/chat/completions"))
             if bad is not None:  # before the prefill step: nothing gets pinned
                 return json_error(400, bad.message, "BadRequestError", bad.param), 400
             self.mean_prompt_tokens += 0.05 * (prompt_tokens - self.mean_prompt_tokens)
-            local = self._local_prefill_engine(prompt_tokens)
+            local = self._local_prefill_engine(prompt_tokens, prompt)
             if local is not None:
                 return await self._serve_local(request, body, start, lp.PREFILL_BEHIND,
-                                               prompt_tokens, progress, first=local.url)
+                                               prompt_tokens, progress, first=local.url,
+                                               prompt=prompt)
             try:
-                prefill = await self._prefill(path, body, prompt_tokens)
+                prefill = await self._prefill(path, body, prompt_tokens, prompt)
             except UpstreamError as exc:
                 # Every prefill engine failed (or none is left, e.g. the only one was killed)
                 # and nothing reached the client: a decode engine prefills it instead.
                 log.warning("prefill failed on every prefill engine (%s); retrying with a "
                             "local prefill", exc)
                 return await self._serve_local(request, body, start, lp.PREFILL_FAILED,
-                                               prompt_tokens, progress, after=exc)
+                                               prompt_tokens, progress, after=exc,
+                                               prompt=prompt)
             progress.kv = pd.kv_params_from_prefill(prefill)
             try:
                 async with self._open("decode", path, pd.decode_body(body, progress.kv), tokens,
@@ -480,7 +524,7 @@ class Router:
                 self._release_kv(path, body, progress.kv, avoid=[exc.error.url])
                 progress.kv = None
                 return await self._serve_local(request, body, start, lp.KV_TRANSFER_FAILED,
-                                               prompt_tokens, progress)
+                                               prompt_tokens, progress, prompt=prompt)
             except UpstreamError:
                 if progress.kv_unclaimed():  # e.g. no decode engine at all
                     self._release_kv(path, body, progress.kv, avoid=[])
@@ -531,7 +575,8 @@ class Router:
 
     # -- local prefill -------------------------------------------------------------------------
 
-    def _local_prefill_engine(self, prompt_tokens: int) -> Endpoint | None:
+    def _local_prefill_engine(self, prompt_tokens: int,
+                              prompt: PromptKeys | None = None) -> Endpoint | None:
         """The decode engine to prefill this request itself, or None for the P/D path."""
         if self.config.local_prefill is None:
             return None
@@ -544,12 +589,16 @@ class Router:
         # Queued prompt tokens: what this router has in flight there (x its workers, which
         # share connections evenly), or the engine's own queue (which also holds other
         # routers' work) in tokens, whichever says more.
+        # With prefix-aware routing, what each engine is expected to hold is not to compute.
+        held_p = self._matched(prompt, prompt_tokens, [e.url for e in prefills])
+        held_d = self._matched(prompt, prompt_tokens, [e.url for e in decodes])
         d = lp.decide(
             prompt_tokens,
             [lp.PrefillLoad(max(e.inflight_tokens * self.config.workers,
-                                e.waiting * self.mean_prompt_tokens), rate)
-             for e in prefills],
-            [lp.DecodeLoad(e.inflight, e.local_tokens) for e in decodes],
+                                e.waiting * self.mean_prompt_tokens), rate, held)
+             for e, held in zip(prefills, held_p, strict=True)],
+            [lp.DecodeLoad(e.inflight, e.local_tokens, held)
+             for e, held in zip(decodes, held_d, strict=True)],
             policy,
             self.local_active,
         )
@@ -566,7 +615,7 @@ class Router:
     async def _serve_local(
         self, request: web.Request, body: dict[str, Any], start: float, reason: str,
         prompt_tokens: int, progress: Progress, first: str | None = None,
-        after: UpstreamError | None = None,
+        after: UpstreamError | None = None, prompt: PromptKeys | None = None,
     ) -> tuple[web.StreamResponse, int]:
         """Serve the request aggregated on a decode engine: it prefills the prompt itself.
         `after`: the prefill's failure this retries, named in the error if this fails too."""
@@ -574,7 +623,8 @@ class Router:
         tokens = prompt_tokens + pd.requested_output_tokens(body)
         try:
             async with self._open("decode", request.path, pd.local_body(body), tokens,
-                                  first=first, local_tokens=prompt_tokens) as att:
+                                  first=first, local_tokens=prompt_tokens, prompt=prompt,
+                                  prompt_tokens=prompt_tokens) as att:
                 return await self._relay(request, att, progress.stream, start, progress)
         except UpstreamError as exc:
             if after is None:
@@ -582,7 +632,8 @@ class Router:
             raise UpstreamError(exc.url, exc.status, f"{exc.message} (a local prefill, after "
                                 f"the prefill step failed: {after.message})") from exc
 
-    async def _prefill(self, path: str, body: dict[str, Any], tokens: int) -> dict[str, Any]:
+    async def _prefill(self, path: str, body: dict[str, Any], tokens: int,
+                       prompt: PromptKeys | None = None) -> dict[str, Any]:
         """Run the prefill step; a failure (before or while reading the answer) is retried on
         another prefill engine. Returns the prefill's JSON answer."""
         failed: list[str] = []
@@ -590,7 +641,8 @@ class Router:
         for _ in range(self.config.max_attempts):
             try:
                 async with self._open("prefill", path, pd.prefill_body(body), tokens,
-                                      exclude=failed) as att:
+                                      exclude=failed, prompt=prompt,
+                                      prompt_tokens=tokens) as att:
                     try:
                         data = orjson.loads(await att.resp.read())
                     except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
@@ -620,29 +672,38 @@ class Router:
         self, role: str, path: str, body: dict[str, Any], tokens: int,
         exclude: list[str] | None = None, first: str | None = None, handoff: bool = False,
         local_tokens: int = 0, progress: Progress | None = None,
+        prompt: PromptKeys | None = None, prompt_tokens: int = 0,
     ) -> AsyncIterator[Attempt]:
         """Send `body` to an endpoint of `role` (`first` if given and present) and yield the
         attempt once its status is 2xx. Connection failures and 502/503/504 are retried on
         other endpoints (nothing has reached the client yet); 4xx is the client's fault and
         is passed back. `handoff`: a decode step after a prefill, whose failure (once an
         engine was tried) raises HandoffFailed. `local_tokens`: prompt tokens the engine
-        prefills itself, counted against it until the first token (Balancer.local_tokens)."""
+        prefills itself, counted against it until the first token (Balancer.local_tokens).
+        `prompt` (its keys; `prompt_tokens` long): choose by prefix (router/prefix_index.py),
+        count only the tokens the endpoint is not expected to hold as its work, and record
+        the prompt there once it accepted it."""
         assert self.session is not None
         tried: list[str] = list(exclude or [])
         last: UpstreamError | None = None
         gauge = self.metrics.inflight_role[role]
         for _ in range(self.config.max_attempts):
             endpoint = None
+            matched = 0
             if first is not None and first not in tried:
                 endpoint = next((e for e in self.balancer.role_endpoints(role)
                                  if e.url == first), None)
+                if endpoint is not None:
+                    [matched] = self._matched(prompt, prompt_tokens, [first])
             if endpoint is None:
-                endpoint = self.balancer.pick(role, self.clock(), exclude=tried)
+                endpoint, matched = self._pick(role, tried, prompt, prompt_tokens)
             if endpoint is None:
                 break
             tried.append(endpoint.url)
-            self.balancer.acquire(endpoint.url, tokens)
-            self.balancer.add_local_tokens(endpoint.url, local_tokens)
+            charged = tokens - matched  # the held prefix is not work for it
+            local = max(0, local_tokens - matched) if local_tokens else 0
+            self.balancer.acquire(endpoint.url, charged)
+            self.balancer.add_local_tokens(endpoint.url, local)
             queued = endpoint.inflight_tokens
             gauge.inc()
             att: Attempt | None = None
@@ -681,22 +742,58 @@ class Router:
                         raise ClientError(resp.status, await resp.read(),
                                           resp.content_type or "application/json")
                     self.balancer.report_success(endpoint.url)
-                    att = Attempt(endpoint, resp, sent_at, queued, local_tokens)
+                    if prompt is not None and self.prefix is not None:
+                        self.prefix.record(prompt, endpoint.url, self.clock())
+                        self.metrics.observe_prefix(role, endpoint.url, prompt_tokens, matched)
+                    att = Attempt(endpoint, resp, sent_at, queued, local, matched)
                     yield att
                     return
             finally:
                 gauge.dec()
-                self.balancer.release(endpoint.url, tokens)
+                self.balancer.release(endpoint.url, charged)
                 if att is not None:
                     self._settle_local(att)
-                elif local_tokens:
-                    self.balancer.add_local_tokens(endpoint.url, -local_tokens)
+                elif local:
+                    self.balancer.add_local_tokens(endpoint.url, -local)
         if last is None:
             engine = "engine" if role == "engine" else f"{role} engine"
             last = UpstreamError("-", 503, f"no {engine} available")
         elif handoff:
             raise HandoffFailed(last)
         raise last
+
+    async def _prompt_keys(self, path: str, body: dict[str, Any]) -> PromptKeys | None:
+        if self.prefix is None:
+            return None
+        try:
+            return await self.prefix.prompt_keys(path, body)
+        except Exception:  # a source's failure must not fail the request: route on load
+            log.warning("prefix source failed to key a prompt; routing on load", exc_info=True)
+            return None
+
+    def _matched(self, prompt: PromptKeys | None, prompt_tokens: int,
+                 urls: list[str]) -> list[int]:
+        """Per url, the prompt tokens it is expected to hold."""
+        if prompt is None or self.prefix is None or not prompt.keys:
+            return [0] * len(urls)
+        blocks = self.prefix.matched_blocks(prompt, urls, self.clock())
+        return [min(prompt_tokens, prompt.tokens(b)) for b in blocks]
+
+    def _pick(self, role: str, exclude: list[str], prompt: PromptKeys | None,
+              prompt_tokens: int) -> tuple[Endpoint | None, int]:
+        """An endpoint of `role` (by prefix when there is a prompt to key) and the prompt
+        tokens it is expected to hold."""
+        now = self.clock()
+        if prompt is None or self.prefix is None or not prompt.keys:
+            return self.balancer.pick(role, now, exclude=exclude), 0
+        got = self.balancer.pick_by_prefix(
+            role, now, lambda urls: self._matched(prompt, prompt_tokens, urls), prompt_tokens,
+            self.config.prefix_balance, exclude=exclude)
+        if got is None:
+            return None, 0
+        endpoint, choice = got
+        self.metrics.observe_choice(role, choice.reason)
+        return endpoint, choice.matched_tokens
 
     def _settle_local(self, att: Attempt) -> None:
         """The engine has prefilled (or dropped) the prompt it was computing itself."""

@@ -20,8 +20,10 @@ on all requests is worse than trying (Envoy's panic threshold).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+
+from poolpilot.router.prefix_index import Choice, choose
 
 
 @dataclass
@@ -110,23 +112,47 @@ class Balancer:
 
     # -- selection ---------------------------------------------------------------------------
 
-    def pick(self, role: str, now: float, exclude: Iterable[str] = ()) -> Endpoint | None:
+    def candidates(self, role: str, now: float, exclude: Iterable[str] = ()) -> list[Endpoint]:
+        """The endpoints a request of `role` may go to: the admitted ones not excluded (all
+        of them, ejected too, when none is admitted: panic, try anyway)."""
         excluded = set(exclude)
         candidates = [e for e in self.role_endpoints(role) if e.url not in excluded]
-        if not candidates:
-            return None
         for e in candidates:
             self._maybe_readmit(e, now)
         admitted = [e for e in candidates if not e.ejected()]
-        pool = admitted or candidates  # panic: all ejected, try anyway
+        return admitted or candidates
+
+    def pick(self, role: str, now: float, exclude: Iterable[str] = ()) -> Endpoint | None:
+        pool = self.candidates(role, now, exclude)
+        if not pool:
+            return None
         cfg = self.config
         # +1: an idle endpoint still costs something, so a ramping one (weight < 1) is not
         # preferred merely for being empty.
         scores = [(e.load(cfg) + 1) / e.weight(cfg, now) for e in pool]
         best = min(scores)
         ties = [e for e, s in zip(pool, scores, strict=True) if s <= best + 1e-9]
+        return ties[self._turn(role) % len(ties)]
+
+    def _turn(self, role: str) -> int:
         turn = self._turns[role] = self._turns.get(role, -1) + 1
-        return ties[turn % len(ties)]
+        return turn
+
+    def pick_by_prefix(
+        self, role: str, now: float, matched: Callable[[list[str]], list[int]],
+        prompt_tokens: int, balance: float, exclude: Iterable[str] = (),
+    ) -> tuple[Endpoint, Choice] | None:
+        """Prefix-aware pick (router/prefix_index.choose): `matched(urls)` gives the prompt
+        tokens each candidate is expected to hold. With no holder it is `pick` exactly."""
+        pool = self.candidates(role, now, exclude)
+        if not pool:
+            return None
+        cfg = self.config
+        choice = choose([e.load(cfg) for e in pool], matched([e.url for e in pool]),
+                        prompt_tokens, weights=[e.weight(cfg, now) for e in pool],
+                        tokens_per_load=cfg.tokens_per_request, balance=balance,
+                        turn=self._turn(role))
+        return pool[choice.index], choice
 
     def acquire(self, url: str, tokens: int) -> None:
         for e in self.by_url(url):

@@ -15,12 +15,14 @@ simulator imports the same function, so the bench models exactly what the router
 
 Inputs (what a router knows of its engines; a simulator passes the same quantities):
 - `prompt_tokens`: the request's prompt length (the router estimates it, ~4 characters a token).
-- `prefill`: one `PrefillLoad(queued_tokens, tokens_per_s)` per prefill engine that can take
-  work: prompt tokens queued or being prefilled there, and what it prefills per second when
-  busy. Empty (no prefill engine) means an infinite wait.
-- `decode`: one `DecodeLoad(running, local_tokens)` per decode engine that can take work:
-  sequences it is decoding, and prompt tokens it was given to prefill locally that are not
-  prefilled yet.
+- `prefill`: one `PrefillLoad(queued_tokens, tokens_per_s, cached_tokens=0)` per prefill
+  engine that can take work: prompt tokens queued or being prefilled there, what it prefills
+  per second when busy, and how many of this prompt's tokens it is expected to hold in its
+  prefix cache (prefix-aware routing; those are not computed). Empty (no prefill engine) means
+  an infinite wait.
+- `decode`: one `DecodeLoad(running, local_tokens, cached_tokens=0)` per decode engine that
+  can take work: sequences it is decoding, prompt tokens it was given to prefill locally that
+  are not prefilled yet, and this prompt's tokens it is expected to hold.
 - `policy`: `LocalPrefillPolicy(ttft_s, itl_s, cost, enter=1.0, exit=0.5, enabled=True,
   max_chunk_tokens=8192)`; `cost` is anything with `step_s(decode_batch, prefill_chunk)`
   (seconds of one engine step), e.g. a `MixedStepTable` or a simulator's step model.
@@ -29,13 +31,15 @@ Inputs (what a router knows of its engines; a simulator passes the same quantiti
 
 Rule:
 1. The P/D path's expected prefill wait is `min over prefill engines of (queued_tokens +
-   prompt_tokens) / tokens_per_s` (the router sends to the least loaded one).
+   prompt_tokens - cached_tokens) / tokens_per_s` (the router sends to the least loaded one).
 2. Hysteresis: fallback turns on when that wait exceeds `enter x ttft_s` and stays on until
    it drops below `exit x ttft_s` (prefill has caught up), so the path does not flap.
 3. While on, each request goes to the decode engine with the earliest local first token,
-   `(local_tokens + prompt_tokens) / rate`, where `rate = chunk / step_s(running, chunk)` and
-   `chunk` is the largest prefill chunk whose step stays within `itl_s` at that engine's batch
-   (0: no headroom, the batch alone uses the budget). It goes local only if that beats the
+   `(local_tokens + prompt_tokens - cached_tokens) / rate` (so among the engines with
+   headroom the one holding the prompt's prefix is preferred), where
+   `rate = chunk / step_s(running, chunk)` and `chunk` is the largest prefill chunk whose
+   step stays within `itl_s` at that engine's batch (0: no headroom, the batch alone uses the
+   budget). It goes local only if that beats the
    prefill wait, so local work cannot pile up past what the prefill role would do.
 4. The step costs are scaled to the pool's hardware (`calibrated`): by how much slower the
    prefill engines measure than the preset's GPU, once the router has measured them
@@ -75,12 +79,14 @@ class StepCost(Protocol):
 class PrefillLoad:
     queued_tokens: float
     tokens_per_s: float
+    cached_tokens: float = 0.0  # of this prompt, expected in its prefix cache (not computed)
 
 
 @dataclass(frozen=True)
 class DecodeLoad:
     running: int
     local_tokens: float = 0.0
+    cached_tokens: float = 0.0  # as PrefillLoad's
 
 
 @dataclass(frozen=True)
@@ -167,7 +173,7 @@ def _scaled_policy(policy: LocalPrefillPolicy, factor: float) -> LocalPrefillPol
 
 
 def prefill_wait(prompt_tokens: float, prefill: Sequence[PrefillLoad]) -> float:
-    waits = [(p.queued_tokens + prompt_tokens) / p.tokens_per_s
+    waits = [(p.queued_tokens + max(0.0, prompt_tokens - p.cached_tokens)) / p.tokens_per_s
              for p in prefill if p.tokens_per_s > 0]
     return min(waits, default=math.inf)
 
@@ -191,7 +197,7 @@ def decide(
         rate = local_rate(policy.cost, d.running, policy.itl_s, policy.max_chunk_tokens)
         if rate <= 0:
             continue
-        ttft = (d.local_tokens + prompt_tokens) / rate
+        ttft = (d.local_tokens + max(0.0, prompt_tokens - d.cached_tokens)) / rate
         if ttft < best_ttft:
             best, best_ttft = i, ttft
     if best is None or best_ttft >= wait:

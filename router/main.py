@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib
 import json
 import logging
 import os
@@ -22,10 +23,12 @@ from pathlib import Path
 import uvloop
 from aiohttp import web
 from poolpilot.router import local_prefill as lp
-from poolpilot.router.app import AGGREGATED, DISAGGREGATED, Router, RouterConfig
+from poolpilot.router.app import AGGREGATED, DISAGGREGATED, PREFIX_ROUTING, Router, RouterConfig
 from poolpilot.router.auth import ApiKeys, KeyFileError
 from poolpilot.router.balancer import BalancerConfig
 from poolpilot.router.discovery import KubernetesDiscovery, parse_urls
+from poolpilot.router.prefix_index import DEFAULT_BALANCE, DEFAULT_MAX_ENTRIES, DEFAULT_TTL_S
+from poolpilot.router.prefix_source import PrefixSource
 from poolpilot.router.workers import run_workers
 
 from poolpilot import fileerrors, handoff
@@ -93,6 +96,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     bal.add_argument("--eject-after", type=int, default=2, help="consecutive failures to eject")
     bal.add_argument("--ramp-seconds", type=float, default=10.0,
                      help="how long a new endpoint takes to reach full weight")
+    pre = parser.add_argument_group(
+        "prefix-aware routing: prefill, aggregated and local-prefill engines are chosen by the "
+        "prompt prefix they are expected to hold, against their load"
+    )
+    pre.add_argument("--prefix-routing", choices=PREFIX_ROUTING, default="approximate",
+                     help="approximate (default): the router's own record of the prompts it "
+                     "sent where, works with any engine; precise: the engines' KV events; off: "
+                     "least outstanding work only")
+    pre.add_argument("--prefix-balance", type=float, default=DEFAULT_BALANCE,
+                     help="the load bound: an endpoint may take a request for its prefix only "
+                     "while its load + 1 stays within this times the role's mean (default "
+                     f"{DEFAULT_BALANCE}; >= 1)")
+    pre.add_argument("--prefix-max-entries", type=int, default=DEFAULT_MAX_ENTRIES,
+                     help="approximate: prompt chunks (~32 tokens each) remembered, least "
+                     f"recently used dropped first (default {DEFAULT_MAX_ENTRIES})")
+    pre.add_argument("--prefix-ttl", type=float, default=DEFAULT_TTL_S,
+                     help="approximate: seconds a sent prefix counts as cached at its engine "
+                     f"(default {DEFAULT_TTL_S:g})")
     loc = parser.add_argument_group(
         "local prefill (disaggregated): a decode engine prefills a request itself while the "
         "prefill role would break the TTFT target"
@@ -184,6 +205,13 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
         raise UsageError(f"--speed {args.speed}: must be > 0")
     if not 1 <= args.workers <= 64:
         raise UsageError(f"--workers {args.workers}: must be 1..64")
+    if not (args.prefix_balance >= 1 and args.prefix_balance < float("inf")):
+        raise UsageError(f"--prefix-balance {args.prefix_balance}: must be >= 1 (1: strictly "
+                         "balanced; larger lets a prefix pull more work onto its engine)")
+    if args.prefix_max_entries < 1:
+        raise UsageError(f"--prefix-max-entries {args.prefix_max_entries}: must be >= 1")
+    if not args.prefix_ttl > 0:
+        raise UsageError(f"--prefix-ttl {args.prefix_ttl}: must be > 0 seconds")
     if args.max_concurrent_per_client < 0:
         raise UsageError("--max-concurrent-per-client: must be >= 0 (0: no limit)")
     keys = [*args.api_key]
@@ -210,6 +238,10 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
         drain_timeout_s=args.drain_timeout,
         speed=args.speed,
         balancer=BalancerConfig(eject_after=args.eject_after, ramp_s=args.ramp_seconds),
+        prefix_routing=args.prefix_routing,
+        prefix_balance=args.prefix_balance,
+        prefix_max_entries=args.prefix_max_entries,
+        prefix_ttl_s=args.prefix_ttl,
     )
 
 
@@ -235,6 +267,20 @@ def prefill_seed(args: argparse.Namespace) -> float:
     return 0.0
 
 
+def precise_source(args: argparse.Namespace, config: RouterConfig) -> PrefixSource | None:
+    """The KV-events source for --prefix-routing precise (router/kv_events.py), else None."""
+    if config.prefix_routing != "precise":
+        return None
+    try:  # by name: the precise source is its own module, with its own dependencies
+        kv_events = importlib.import_module("poolpilot.router.kv_events")
+        factory = kv_events.source_from_args
+    except (ImportError, AttributeError) as exc:
+        raise UsageError(f"--prefix-routing precise: the KV events source is not available "
+                         f"({exc})") from exc
+    source: PrefixSource = factory(args, config)
+    return source
+
+
 async def _healthy_once_synced(router: Router, discovery: KubernetesDiscovery) -> None:
     await discovery.synced.wait()
     router.discovering = False
@@ -244,7 +290,7 @@ async def serve(args: argparse.Namespace, config: RouterConfig, port: int | None
                 ready_fd: int | None = None) -> int:
     """Run one router process; with `ready_fd` (a worker of --workers), listen on the shared
     `port` with SO_REUSEPORT and report readiness on the fd instead of printing."""
-    router = Router(config)
+    router = Router(config, prefix_source=precise_source(args, config))
     if not args.discover:
         for role in config.roles():
             router.set_endpoints(role, parse_urls(getattr(args, role)), initial=True)

@@ -3,6 +3,7 @@ the one engine metric it reads back (`vllm:num_requests_waiting`)."""
 
 from __future__ import annotations
 
+from contextlib import suppress
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -82,6 +83,31 @@ class RouterMetrics:
             ["pool", "outcome"],
             registry=r,
         )
+        self.prefix_routed = Counter(
+            _base(names.ROUTER_PREFIX_ROUTED),
+            "Prompt tokens routed with prefix-aware selection (estimated, ~4 characters a "
+            "token), by engine role and endpoint.",
+            ["pool", "role", "endpoint"],
+            registry=r,
+        )
+        self.prefix_expected_hits = Counter(
+            _base(names.ROUTER_PREFIX_EXPECTED_HITS),
+            "Of those, the prompt tokens the chosen endpoint was expected to hold in its prefix "
+            "cache (what the router expected; the engine's vllm:prefix_cache_hits_total is what "
+            "it found).",
+            ["pool", "role", "endpoint"],
+            registry=r,
+        )
+        self.prefix_choices = Counter(
+            _base(names.ROUTER_PREFIX_CHOICES),
+            "Prefix-aware choices by reason: prefix (an endpoint holding part of the prompt), "
+            "load (holders were busier than their prefix saves), bound (the load bound "
+            "overrode the prefix), no_match (least loaded).",
+            ["pool", "role", "reason"],
+            registry=r,
+        )
+        self._prefix_children: dict[tuple[str, str], tuple[Counter, Counter]] = {}
+        self._choice_children: dict[tuple[str, str], Counter] = {}
         # Children bound to this pool once: labels() costs a lock and a dict lookup, and
         # these are hit for every streamed chunk.
         self.ttft_pool = self.ttft.labels(pool)
@@ -97,6 +123,33 @@ class RouterMetrics:
         }
         self.kv_releases = {o: self.kv_release.labels(pool, o) for o in ("released", "failed")}
         self._codes: dict[int, Counter] = {}
+
+    def observe_prefix(self, role: str, endpoint: str, prompt_tokens: int,
+                       expected_hit_tokens: int) -> None:
+        """A prefix-aware request the endpoint accepted."""
+        children = self._prefix_children.get((role, endpoint))
+        if children is None:
+            children = self._prefix_children[(role, endpoint)] = (
+                self.prefix_routed.labels(self.pool, role, endpoint),
+                self.prefix_expected_hits.labels(self.pool, role, endpoint))
+        children[0].inc(prompt_tokens)
+        children[1].inc(expected_hit_tokens)
+
+    def observe_choice(self, role: str, reason: str) -> None:
+        child = self._choice_children.get((role, reason))
+        if child is None:
+            child = self._choice_children[(role, reason)] = self.prefix_choices.labels(
+                self.pool, role, reason)
+        child.inc()
+
+    def forget_endpoint(self, endpoint: str) -> None:
+        """Drop a removed endpoint's series (the engine is gone; its counters would stay
+        exported forever)."""
+        for role, url in [k for k in self._prefix_children if k[1] == endpoint]:
+            del self._prefix_children[(role, url)]
+            for metric in (self.prefix_routed, self.prefix_expected_hits):
+                with suppress(KeyError):
+                    metric.remove(self.pool, role, url)
 
     def observe_request(self, code: int) -> None:
         child = self._codes.get(code)

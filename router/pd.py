@@ -66,6 +66,9 @@ def kv_params_from_prefill(response: dict[str, Any]) -> dict[str, Any] | None:
     return params if isinstance(params, dict) else None
 
 
+CHARS_PER_TOKEN = 4  # English text through a Llama-3-class tokenizer, roughly
+
+
 def estimate_prompt_tokens(body: dict[str, Any]) -> int:
     """A cheap token estimate (about 4 characters a token) for load balancing only."""
     text: str | bytes
@@ -76,7 +79,7 @@ def estimate_prompt_tokens(body: dict[str, Any]) -> int:
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], int):
             return len(prompt)  # already token ids
         text = prompt if isinstance(prompt, str) else orjson.dumps(prompt)
-    return max(1, len(text) // 4)
+    return max(1, len(text) // CHARS_PER_TOKEN)
 
 
 def requested_output_tokens(body: dict[str, Any], default: int = 256) -> int:
