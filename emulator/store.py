@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from poolpilot.emulator import crd_validation, errors, managed
+from poolpilot.emulator import crd_validation, errors, immutable, managed
 from poolpilot.emulator import patch as patching
 from poolpilot.emulator.errors import ApiError
 from poolpilot.emulator.patch import clone
@@ -476,6 +476,8 @@ class Store:
             self._default(rt, new, old)
             self._validate(rt, new, strict)
             meta = new["metadata"]  # validation may have replaced it (defaults applied)
+            if old is not None and (causes := immutable.changes(rt.key, old, new)):
+                raise errors.invalid(rt.kind, rt.group, name, causes)
         if old is not None and _strip_for_compare(new) == _strip_for_compare(old):
             return self.view(rt, old)  # a no-op write changes nothing, not even the version
         if not tracked and manager:

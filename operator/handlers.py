@@ -190,9 +190,14 @@ async def _handle_locked(body: kopf.Body, memo: kopf.Memo, logger: logging.Logge
                     outcome.writes, outcome.created, outcome.updated, outcome.repaired,
                     outcome.deleted)
     stale = tuple(r for r in names.ENGINE_ROLES if r not in roles)
+    blocked = None
+    if outcome.conflicts:
+        blocked = status.Blocked(status.NAME_CONFLICT,
+                                 reconcile.conflict_message(outcome.conflicts))
+        logger.warning("%s/%s: %s", namespace, name, blocked.message)
     result = status.compute_status(generation=generation, roles=observations, pods=pods,
                                    previous=previous, endpoint=endpoint, now=_now(),
-                                   stale_roles=stale)
+                                   stale_roles=stale, blocked=blocked)
     try:
         await _write_status(kube, body, memo, result.status, previous)
     except ApiError as exc:

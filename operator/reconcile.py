@@ -49,6 +49,7 @@ class Outcome:
     repaired: list[str] = field(default_factory=list)  # someone changed it (drift)
     deleted: list[str] = field(default_factory=list)
     waiting: str | None = None  # why stale children were kept
+    conflicts: list[str] = field(default_factory=list)  # names taken by objects not ours
     pool_gone: bool = False  # the pool was deleted while we looked: nothing was written
     deployments: dict[str, Obj] = field(default_factory=dict)  # role -> live Deployment
     writes: int = 0
@@ -143,6 +144,24 @@ def _owned_by(obj: Obj, uid: str | None) -> bool:
     return uid is not None and any(r.get("uid") == uid for r in refs)
 
 
+def _ours(obj: Obj, pool: builders.Pool) -> bool:
+    """Whether the operator may write `obj`: this pool owns it, or an earlier pool of the same
+    name did (deleted and created again before the garbage collector got to its children).
+    Anything else (a user's object that happens to have the name) is never taken over: its
+    fields, owner and lifetime stay its own. Outside a cluster (no uid) nothing can tell."""
+    if pool.uid is None or _owned_by(obj, pool.uid):
+        return True
+    return any(ref.get("kind") == api.KIND and ref.get("name") == pool.name
+               and str(ref.get("apiVersion", "")).split("/")[0] == api.GROUP
+               for ref in obj.get("metadata", {}).get("ownerReferences") or [])
+
+
+def conflict_message(conflicts: list[str]) -> str:
+    return (f"{', '.join(conflicts)} already exist{'s' if len(conflicts) == 1 else ''} and "
+            f"{'is' if len(conflicts) == 1 else 'are'} not this pool's (no owner reference to "
+            "it): left untouched; rename or remove them, or give the pool another name")
+
+
 # --- the service ------------------------------------------------------------------------------
 
 
@@ -219,6 +238,9 @@ async def reconcile(cluster: Cluster, pool: builders.Pool, caps: builders.Capabi
         key = builders.object_key(obj)
         cur = live.get(key)
         is_dep = obj["kind"] == "Deployment"
+        if cur is not None and not _ours(cur, pool):
+            out.conflicts.append(label(obj))
+            continue
         if cur is not None and contained(obj, cur):
             if is_dep:
                 out.deployments[_role_of(obj)] = cur

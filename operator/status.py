@@ -27,6 +27,8 @@ FORBIDDEN = "Forbidden"
 QUOTA_EXCEEDED = "QuotaExceeded"
 REJECTED = "Rejected"
 API_ERROR = "ApiError"
+# A child's name is taken by an object the pool does not own (left alone).
+NAME_CONFLICT = "NameConflict"
 ALL_READY = "AllReplicasReady"
 NOT_READY = "ReplicasNotReady"
 UPDATING = "ReplicasUpdating"

@@ -497,3 +497,52 @@ def test_changes_the_router_does_not_read_leave_the_routers_running(cluster: Clu
     wait_for(lambda: (d := cluster.get("deployment", f"{name}-router")) and
              d["metadata"]["generation"] > router["metadata"]["generation"],
              what="the routers rolled")
+
+
+def test_names_taken_by_objects_not_the_pools_are_left_alone(cluster: Cluster,
+                                                             operator: None) -> None:
+    """A ConfigMap, a RoleBinding and a Deployment that a user made under the names the pool's
+    children would have: the operator leaves each byte-identical, says which in a NameConflict
+    condition, makes the rest of the pool, and deleting the pool leaves the three in place."""
+    name = next(_names)
+    k = cluster.kubectl
+    labels = {"app": "mine"}
+    theirs = [
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": f"{name}-router",
+         "namespace": "ops"}, "data": {"keep": "me"}},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+         "metadata": {"name": f"{name}-router", "namespace": "ops"},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                     "name": "view"},
+         "subjects": [{"kind": "ServiceAccount", "name": "default", "namespace": "ops"}]},
+        {"apiVersion": "apps/v1", "kind": "Deployment",
+         "metadata": {"name": f"{name}-decode", "namespace": "ops"},
+         "spec": {"replicas": 0, "selector": {"matchLabels": labels},
+                  "template": {"metadata": {"labels": labels}, "spec": {"containers": [
+                      {"name": "app", "image": "example.com/app:1"}]}}}},
+    ]
+    for obj in theirs:
+        k.apply(obj)
+    kinds = {"ConfigMap": "configmap", "RoleBinding": "rolebinding", "Deployment": "deployment"}
+    before = {o["kind"]: cluster.get(kinds[o["kind"]], o["metadata"]["name"]) for o in theirs}
+    k.apply(cluster.pool(name))
+
+    def conflict() -> dict[str, Any] | None:
+        cond = cluster.condition(name, "Degraded")
+        return cond if cond and cond.get("reason") == "NameConflict" else None
+
+    cond = wait_for(conflict, what="Degraded=NameConflict")
+    for obj in theirs:
+        assert f"{obj['kind']}/{obj['metadata']['name']}" in cond["message"]
+    wait_for(lambda: cluster.get("deployment", f"{name}-prefill"), what="the pool's own children")
+    cluster.wait_reconciles(name) if cluster.emu is not None else None
+    for kind, obj in before.items():
+        assert cluster.get(kinds[kind], obj["metadata"]["name"]) == obj, kind
+
+    k("delete", "inferencepool", name, "-n", "ops")
+    wait_for(lambda: cluster.get("deployment", f"{name}-prefill") is None or None,
+             what="the pool's own children garbage-collected")
+    for kind, obj in before.items():
+        assert cluster.get(kinds[kind], obj["metadata"]["name"]) == obj, kind
+    for obj in theirs:
+        k("delete", kinds[obj["kind"]], obj["metadata"]["name"], "-n", "ops")

@@ -430,3 +430,56 @@ def test_rewriting_a_crd_keeps_its_status(store: Store) -> None:
     same = store.patch(crds, "", name, "merge", {"spec": {"group": "poolpilot.dev"}})
     assert same["metadata"]["resourceVersion"] == written["metadata"]["resourceVersion"]
     assert same["status"]["conditions"][0]["lastTransitionTime"] == "2000-01-01T00:00:00Z"
+
+
+@dataclass(frozen=True)
+class Immutable:
+    id: str
+    resource: str
+    obj: dict[str, Any]
+    patch: dict[str, Any]
+    field: str
+
+
+_BINDING = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+            "metadata": {"name": "b", "namespace": "default"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "r"},
+            "subjects": [{"kind": "ServiceAccount", "name": "default"}]}
+_SERVICE = {"apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": "s", "namespace": "default"},
+            "spec": {"ports": [{"port": 80}], "clusterIP": "10.96.9.9"}}
+_CLAIM = {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+          "metadata": {"name": "c", "namespace": "default"},
+          "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}}
+IMMUTABLE = [
+    Immutable("deployment-selector", "deployments", deployment(),
+              {"spec": {"selector": {"matchLabels": {"app": "web", "x": "y"}},
+                        "template": {"metadata": {"labels": {"app": "web", "x": "y"}}}}},
+              "spec.selector"),
+    Immutable("rolebinding-roleref", "rolebindings", _BINDING,
+              {"roleRef": {"name": "other"}}, "roleRef"),
+    Immutable("service-clusterip", "services", _SERVICE, {"spec": {"clusterIP": "10.96.1.1"}},
+              "spec.clusterIP"),
+    Immutable("claim-access-modes", "persistentvolumeclaims", _CLAIM,
+              {"spec": {"accessModes": ["ReadWriteMany"]}}, "spec.accessModes"),
+]
+
+
+@pytest.mark.parametrize("case", IMMUTABLE, ids=lambda c: c.id)
+def test_immutable_fields_are_422_and_the_object_is_kept(store: Store, case: Immutable) -> None:
+    """What a real API server refuses to change, refused here too (and the object unchanged)."""
+    kind = rt(store, case.resource)
+    cur = store.create(kind, "default", copy.deepcopy(case.obj))
+    name = case.obj["metadata"]["name"]
+    with pytest.raises(ApiError) as err:
+        store.patch(kind, "default", name, "merge", case.patch)
+    assert err.value.code == 422
+    assert case.field in str(err.value) and "field is immutable" in str(err.value)
+    assert store.get(kind, "default", name) == cur
+
+
+def test_mutable_fields_of_those_objects_still_change(store: Store) -> None:
+    kind = rt(store, "services")
+    store.create(kind, "default", copy.deepcopy(_SERVICE))
+    out = store.patch(kind, "default", "s", "merge", {"spec": {"ports": [{"port": 81}]}})
+    assert out["spec"]["clusterIP"] == "10.96.9.9" and out["spec"]["ports"][0]["port"] == 81
