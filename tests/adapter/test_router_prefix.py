@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 from collections.abc import Callable, Iterator
+from functools import partial
 
 import httpx
 import pytest
@@ -62,10 +63,10 @@ def test_a_shared_prefix_goes_to_the_prefill_engine_that_has_it(
     prefills, _, router = pd_pool
     first = served_by(prefills, lambda: complete(router.url, HISTORY + "What is kept?"))
     for question in ("And for how long?", "Who evicts it?", "What does it cost?"):
-        again = served_by(prefills, lambda q=question: complete(router.url, HISTORY + q))
+        again = served_by(prefills, partial(complete, router.url, HISTORY + question))
         assert again == first
     # unrelated prompts (their own first chunk): nobody holds them, they rotate over all
-    others = {served_by(prefills, lambda i=i: complete(router.url, f"{i} " + HISTORY))
+    others = {served_by(prefills, partial(complete, router.url, f"{i} " + HISTORY))
               for i in range(6)}
     assert len(others) == 3
     page = httpx.get(router.url + "/metrics", timeout=5).text
@@ -86,7 +87,7 @@ def test_with_prefix_routing_off_nothing_is_counted(
     prefills, decode, _ = pd_pool
     with running(start_router("--prefill", ",".join(p.url for p in prefills), "--decode",
                               decode.url, "--prefix-routing", "off", *FAST)) as (r,):
-        engines = {served_by(prefills, lambda q=q: complete(r.url, HISTORY + q))
+        engines = {served_by(prefills, partial(complete, r.url, HISTORY + q))
                    for q in ("a?", "b?", "c?")}
         assert len(engines) == 3  # least loaded: ties rotate, the prefix does not matter
         page = httpx.get(r.url + "/metrics", timeout=5).text
