@@ -16,18 +16,24 @@ import yaml
 from poolpilot.operator import builders, labels, peering
 
 from poolpilot import api, fileerrors
-from poolpilot.validate import InvalidFile, InvalidPool, load_documents, parse_pool
+from poolpilot.validate import (
+    InvalidFile,
+    InvalidPool,
+    load_documents,
+    parse_pool,
+    pool_documents,
+)
 
 
 def pools_from_file(path: Path, default_namespace: str = "default") -> list[builders.Pool]:
     """Parse every InferencePool in a manifest file; raises InvalidFile (unreadable file) or
     InvalidPool (naming every bad field)."""
-    docs = load_documents(path)
     pools = []
-    for doc in docs:
-        if doc.get("kind") != api.KIND:
-            continue
-        parsed = parse_pool(doc)
+    for where, doc in pool_documents(load_documents(path)):
+        try:
+            parsed = parse_pool(doc)
+        except InvalidPool as exc:
+            raise InvalidPool([where + e for e in exc.errors]) from None
         pools.append(
             builders.Pool(
                 name=parsed.metadata.name,

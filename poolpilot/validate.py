@@ -89,6 +89,18 @@ def _timestamp_as_text(loader: _Loader, node: Any) -> str:
     return str(loader.construct_scalar(node))
 
 
+def _bounded_int(loader: _Loader, node: Any) -> int:
+    # Python refuses to read integers of more than 4,300 digits (a ValueError, not a YAML
+    # error); no Kubernetes field holds more than 64 bits anyway.
+    text = str(loader.construct_scalar(node)).replace("_", "").lstrip("+-")
+    if len(text) > 30:
+        raise _problem(node.start_mark, f"an integer of {len(text)} digits; Kubernetes "
+                       "integers are at most 64-bit (19 digits)")
+    value: int = loader.construct_yaml_int(node)
+    return value
+
+
+_Loader.add_constructor("tag:yaml.org,2002:int", _bounded_int)
 _Loader.add_constructor("tag:yaml.org,2002:timestamp", _timestamp_as_text)
 for _tag in ("binary", "set", "omap", "pairs"):
     _Loader.add_constructor(f"tag:yaml.org,2002:{_tag}", _refuse_tag)
@@ -349,6 +361,19 @@ def parse_spec(spec: dict[str, Any]) -> api.InferencePoolSpec:
     return parsed
 
 
+def pool_documents(docs: list[dict[str, Any]]) -> list[tuple[str, Any]]:
+    """The InferencePool documents among `docs`, each with where it is ("" for a document of
+    its own, "items[i]: " for an item of a `kind: List`, which kubectl applies item by item)."""
+    out: list[tuple[str, Any]] = []
+    for doc in docs:
+        if doc.get("kind") == api.KIND:
+            out.append(("", doc))
+        elif str(doc.get("kind", "")).endswith("List") and isinstance(doc.get("items"), list):
+            out += [(f"items[{i}]: ", item) for i, item in enumerate(doc["items"])
+                    if isinstance(item, dict) and item.get("kind") == api.KIND]
+    return out
+
+
 def validate_file(path: Path) -> list[str]:
     """Every error in the file's InferencePool documents, as 'FILE: path: message' lines."""
     try:
@@ -357,13 +382,13 @@ def validate_file(path: Path) -> list[str]:
         return [f"{path}: {fileerrors.describe(exc)}"]
     except InvalidFile as exc:
         return [f"{path}: {exc}"]
-    pools = [d for d in docs if d.get("kind") == api.KIND]
+    pools = pool_documents(docs)
     if not pools:
-        return [f"{path}: no {api.KIND} document found"]
+        return [f"{path}: no {api.KIND} document found (nor a List holding one)"]
     errors: list[str] = []
-    for doc in pools:
+    for where, doc in pools:
         try:
             parse_pool(doc)
         except InvalidPool as exc:
-            errors += [f"{path}: {e}" for e in exc.errors]
+            errors += [f"{path}: {where}{e}" for e in exc.errors]
     return errors

@@ -16,6 +16,9 @@ from poolpilot import cli
 
 HEAD = "apiVersion: poolpilot.dev/v1alpha1\nkind: InferencePool\nmetadata: {name: p}\n"
 POOL = HEAD + "spec:\n  model: {name: m}\n"
+# A List as `kubectl get -o yaml` writes it; kubectl applies its items one by one.
+LIST = ("apiVersion: v1\nkind: List\nitems:\n- {apiVersion: poolpilot.dev/v1alpha1, "
+        "kind: InferencePool, metadata: {name: p}, spec: {model: {name: m}}}\n")
 # 9 x 9 x ... : 9^9 (387 million) strings once expanded, in about 500 bytes.
 BOMB = 'a: &a ["x","x","x","x","x","x","x","x","x"]\n' + "".join(
     f"{c}: &{c} [*{p},*{p},*{p},*{p},*{p},*{p},*{p},*{p},*{p}]\n"
@@ -69,6 +72,15 @@ BAD_FILES = [
     BadFile("infinite-seconds",
             (POOL + "  slo: {ttft: {quantile: 0.9, seconds: .inf}}\n").encode(),
             "spec.slo.ttft.seconds: must be a finite number, got inf"),
+    BadFile("huge-integer", (POOL + "  prefill: {replicas: " + "9" * 5000 + "}\n").encode(),
+            "an integer of 5000 digits; Kubernetes integers are at most 64-bit"),
+    BadFile("bad-item-of-a-list",
+            (LIST + "- {apiVersion: poolpilot.dev/v1alpha1, kind: InferencePool, metadata: "
+             "{name: q}, spec: {model: {name: m}, mode: Sideways}}"
+             "\n").encode(),
+            "items[1]: spec.mode: "),
+    BadFile("list-without-pools", b"apiVersion: v1\nkind: List\nitems: []\n",
+            "no InferencePool document found"),
     BadFile("too-large", (POOL + "x: '" + "a" * (5 * 1024 * 1024) + "'\n").encode(),
             "bytes; poolpilot reads at most 4 MiB"),
 ]
@@ -125,6 +137,8 @@ GOOD_FILES = [
     GoodFile("two-pools-and-other-kinds",
              POOL + "---\napiVersion: v1\nkind: ConfigMap\nmetadata: {name: c}\n---\n"
              + POOL.replace("{name: p}", "{name: q}")),
+    GoodFile("a-list-as-kubectl-applies-it",
+             LIST),
 ]
 
 
