@@ -30,7 +30,8 @@ CONTROL_PLANE = ["poolpilot", "poolpilot.operator", "poolpilot.autoscaler", "poo
                  "poolpilot.kubeclient", "poolpilot.runtime"]
 # Distributions that hold only type stubs or compiled parts imported under another name.
 IMPORT_NAMES = {"pyyaml": "yaml", "prometheus-api-client": "prometheus_api_client",
-                "cel-python": "celpy", "kubernetes-asyncio": "kubernetes_asyncio"}
+                "cel-python": "celpy", "kubernetes-asyncio": "kubernetes_asyncio",
+                "pyzmq": "zmq"}
 
 
 def runtime_requirements() -> list[Requirement]:

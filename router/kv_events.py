@@ -1,0 +1,676 @@
+"""The precise prefix source: what each vLLM engine says it holds, from its KV events.
+
+vLLM publishes its prefix cache's changes when started with `--kv-events-config
+'{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://*:5557",
+"replay_endpoint": "tcp://*:5558"}'` (the launcher's `--kv-events-port`). The wire format, as
+vLLM 0.32 builds it (vllm/distributed/kv_events.py):
+- a ZMQ PUB socket sends each batch as three frames: topic, sequence number (8 bytes, big
+  endian, from 0 at engine start), payload;
+- the payload is msgspec msgpack of `EventBatch(ts, events, data_parallel_rank)`, an array;
+  each event a map tagged by `type`: `BlockStored(block_hashes, parent_block_hash, token_ids,
+  block_size, lora_id, medium, lora_name, [extra_keys, group_idx, ...])`, `BlockRemoved(
+  block_hashes, medium, [group_idx, ...])`, `AllBlocksCleared()`; block hashes are 64-bit
+  ints (bytes with VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0; both are accepted);
+- a ROUTER socket replays the last `buffer_steps` batches: a request of (empty frame, start
+  sequence as 8 bytes big endian) is answered by (empty, topic, seq, payload) per buffered
+  batch with seq >= start, then (empty, empty, -1 as 8 signed bytes, empty).
+
+Keys. vLLM's block hashes cannot be recomputed by the router (they need vLLM's hash function
+and seed), so each stored block is keyed by the router's own chain instead: key = blake2b-64
+of the block's token ids keyed by its parent's key (the first block's parent is a fixed
+seed). For a request, `prompt_keys` asks an engine's `POST /tokenize` for the prompt's token
+ids (the same chat template and special tokens the engine will apply), cuts them into the
+engines' block size and computes the same chain. Blocks whose vLLM hash takes more than the
+tokens (a LoRA adapter, multimodal inputs, a cache salt: `lora_name`, `extra_keys`), of other
+KV-cache groups (hybrid models), or at another granularity (vLLM's partial entries) are not
+indexed: no plain prompt could match them.
+
+Per engine, one subscriber (`Subscriber`) keeps its `EngineIndex`. On every (re)connection
+it asks for a replay from the last batch it applied and checks that batch is still the one
+it saw (same sequence number and timestamp): if not, the engine restarted (or the replay
+buffer rolled past it) and the index is rebuilt from the engine's whole buffer. A live batch
+whose sequence number goes backwards is a restart too (unless it is one already applied, as
+a replay and live delivery can overlap); one that skips ahead triggers a replay of the gap.
+`AllBlocksCleared` (vLLM's prefix-cache reset) empties the index; `forget(url)` (the engine
+left the pool or was ejected) drops it and its subscriber.
+
+`record` (the router sent a prompt somewhere) adds a short-lived pending entry: the engine
+publishes the blocks only after its step computed them, and a request sharing the prefix in
+the meantime should follow the first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import itertools
+import logging
+from array import array
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from hashlib import blake2b
+from typing import Any
+from urllib.parse import urlsplit
+
+import aiohttp
+import msgspec
+import zmq
+import zmq.asyncio
+from poolpilot.router.prefix_source import PromptKeys
+from zmq.utils.monitor import parse_monitor_message
+
+log = logging.getLogger("poolpilot.router.kv_events")
+
+DEFAULT_EVENTS_PORT = 5557
+DEFAULT_REPLAY_PORT = 5558
+PENDING_TTL_S = 10.0  # a sent prompt counts as cached at its engine until events confirm it
+PENDING_MAX_KEYS = 65536  # per engine
+TOKENIZE_TIMEOUT_S = 2.0
+REPLAY_TIMEOUT_S = 5.0
+RECENT_BATCHES = 4096  # (seq -> ts) remembered to tell a duplicate from a restart
+END_SEQ = -1  # the replay's end marker (8 signed bytes)
+
+# -------------------------------------------------------------------------------------------
+# Wire format (pure)
+
+Hash = int | bytes
+
+
+class BlockStored(msgspec.Struct, tag=True, gc=False):
+    block_hashes: list[Hash]
+    parent_block_hash: Hash | None = None
+    token_ids: list[int] = []
+    block_size: int = 0
+    lora_id: int | None = None
+    medium: str | None = None
+    lora_name: str | None = None
+    extra_keys: list[Any] | None = None
+    group_idx: int | None = None
+
+
+class BlockRemoved(msgspec.Struct, tag=True, gc=False):
+    block_hashes: list[Hash]
+    medium: str | None = None
+    group_idx: int | None = None
+
+
+class AllBlocksCleared(msgspec.Struct, tag=True, gc=False):
+    pass
+
+
+Event = BlockStored | BlockRemoved | AllBlocksCleared
+
+
+class _Batch(msgspec.Struct, array_like=True, gc=False):
+    ts: float
+    events: list[msgspec.Raw]  # decoded one by one: an event type this router does not know
+    data_parallel_rank: int | None = None  # is skipped, not the whole batch
+
+
+_batch_decoder = msgspec.msgpack.Decoder(_Batch)
+_event_decoder: msgspec.msgpack.Decoder[Event] = msgspec.msgpack.Decoder(Event)
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    seq: int
+    ts: float
+    events: tuple[Event, ...]
+    unknown: int = 0  # events of types (or shapes) this router does not decode
+
+
+class WireError(ValueError):
+    """A message that is not vLLM's KV events framing or payload."""
+
+
+def decode_payload(seq: int, payload: bytes) -> Batch:
+    try:
+        raw = _batch_decoder.decode(payload)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise WireError(f"batch {seq}: not an EventBatch ({exc})") from exc
+    events: list[Event] = []
+    unknown = 0
+    for item in raw.events:
+        try:
+            events.append(_event_decoder.decode(item))
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            unknown += 1
+    return Batch(seq, raw.ts, tuple(events), unknown)
+
+
+def _seq(frame: bytes) -> int:
+    if len(frame) != 8:
+        raise WireError(f"sequence frame of {len(frame)} bytes, not 8")
+    return int.from_bytes(frame, "big", signed=True)
+
+
+def decode_live(frames: Sequence[bytes]) -> Batch:
+    """A PUB message: (topic, seq, payload)."""
+    if len(frames) != 3:
+        raise WireError(f"live message of {len(frames)} frames, not 3 (topic, seq, payload)")
+    seq = _seq(frames[1])
+    return decode_payload(seq, frames[2])
+
+
+def decode_replay(frames: Sequence[bytes]) -> Batch | None:
+    """A replay answer on a DEALER socket: (empty, topic, seq, payload); None at the end."""
+    if len(frames) != 4 or frames[0] != b"":
+        raise WireError(f"replay answer of {len(frames)} frames, not 4 (empty, topic, seq, "
+                        "payload)")
+    seq = _seq(frames[2])
+    if seq == END_SEQ:
+        return None
+    return decode_payload(seq, frames[3])
+
+
+def replay_request(start: int) -> list[bytes]:
+    """What a DEALER sends the ROUTER for the batches from `start` on."""
+    return [b"", max(0, start).to_bytes(8, "big")]
+
+
+# -------------------------------------------------------------------------------------------
+# Keys (pure)
+
+ROOT_KEY = blake2b(b"poolpilot kv events", digest_size=8).digest()
+
+
+def block_key(parent: bytes, tokens: Sequence[int]) -> bytes:
+    """A block's key: its token ids, hashed keyed by the key of the block before it."""
+    return blake2b(array("q", tokens).tobytes(), digest_size=8, key=parent).digest()
+
+
+def chain_keys(tokens: Sequence[int], block_size: int, parent: bytes = ROOT_KEY) -> list[bytes]:
+    """Keys of the full blocks of `tokens` (a partial last block is not cached by vLLM)."""
+    keys = []
+    for end in range(block_size, len(tokens) + 1, block_size):
+        parent = block_key(parent, tokens[end - block_size: end])
+        keys.append(parent)
+    return keys
+
+
+def key_int(key: bytes) -> int:
+    return int.from_bytes(key, "little")
+
+
+# -------------------------------------------------------------------------------------------
+# One engine's index (pure)
+
+
+@dataclass
+class EngineIndex:
+    """What one engine holds: vLLM block hash -> (the router's key, media holding it)."""
+
+    block_size: int | None = None  # learnt from the first stored block (or given)
+    by_hash: dict[Hash, tuple[int, set[str | None]]] = field(default_factory=dict)
+    keys: dict[int, int] = field(default_factory=dict)  # key -> vLLM hashes mapping to it
+    skipped: int = 0  # stored blocks not indexed (see the module doc)
+
+    def holds(self, key: int) -> bool:
+        return key in self.keys
+
+    def clear(self) -> None:
+        self.by_hash.clear()
+        self.keys.clear()
+
+    def apply(self, event: Event) -> None:
+        if isinstance(event, BlockStored):
+            self._stored(event)
+        elif isinstance(event, BlockRemoved):
+            self._removed(event)
+        else:
+            self.clear()
+
+    def _parent_key(self, parent: Hash | None) -> bytes | None:
+        if parent is None:
+            return ROOT_KEY
+        entry = self.by_hash.get(parent)
+        return None if entry is None else entry[0].to_bytes(8, "little")
+
+    def _stored(self, e: BlockStored) -> None:
+        n = len(e.block_hashes)
+        size = e.block_size
+        if self.block_size is None and size > 0:
+            self.block_size = size
+        parent = self._parent_key(e.parent_block_hash)
+        if (e.group_idx not in (None, 0) or e.lora_name is not None or e.lora_id is not None
+                or size != self.block_size or len(e.token_ids) != n * size or parent is None):
+            self.skipped += n
+            return
+        extra = e.extra_keys or []
+        for i, h in enumerate(e.block_hashes):
+            if i < len(extra) and extra[i]:  # this block's hash takes more than its tokens
+                self.skipped += n - i
+                return
+            parent = block_key(parent, e.token_ids[i * size: (i + 1) * size])
+            key = key_int(parent)
+            entry = self.by_hash.get(h)
+            if entry is None:
+                self.by_hash[h] = (key, {e.medium})
+                self.keys[key] = self.keys.get(key, 0) + 1
+            else:
+                entry[1].add(e.medium)
+
+    def _removed(self, e: BlockRemoved) -> None:
+        if e.group_idx not in (None, 0):
+            return
+        for h in e.block_hashes:
+            entry = self.by_hash.get(h)
+            if entry is None:
+                continue
+            key, media = entry
+            if e.medium is None:
+                media.clear()
+            else:
+                media.discard(e.medium)
+            if media:
+                continue
+            del self.by_hash[h]
+            left = self.keys[key] - 1
+            if left:
+                self.keys[key] = left
+            else:
+                del self.keys[key]
+
+    def matched(self, keys: Sequence[int]) -> int:
+        """How many of a prompt's leading keys this engine holds."""
+        n = 0
+        for k in keys:
+            if k not in self.keys:
+                break
+            n += 1
+        return n
+
+
+# -------------------------------------------------------------------------------------------
+# Sequence bookkeeping (pure): what to do with a batch, given what was applied before
+
+
+class Live(StrEnum):
+    APPLY = "apply"  # the next batch (or the first one seen)
+    DUPLICATE = "duplicate"  # already applied (replay and live delivery overlap)
+    RESTART = "restart"  # the sequence went backwards: a new engine process
+    GAP = "gap"  # batches were missed (dropped at the high-water mark, or while away)
+
+
+@dataclass
+class Stream:
+    """The sequence of batches applied to one index."""
+
+    last: int | None = None
+    recent: OrderedDict[int, float] = field(default_factory=OrderedDict)  # seq -> ts
+
+    def classify(self, batch: Batch) -> Live:
+        if self.last is None or batch.seq == self.last + 1:
+            return Live.APPLY
+        if batch.seq > self.last:
+            return Live.GAP
+        return Live.DUPLICATE if self.recent.get(batch.seq) == batch.ts else Live.RESTART
+
+    def applied(self, batch: Batch) -> None:
+        self.last = batch.seq
+        self.recent[batch.seq] = batch.ts
+        if len(self.recent) > RECENT_BATCHES:
+            self.recent.popitem(last=False)
+
+    def reset(self) -> None:
+        self.last = None
+        self.recent.clear()
+
+    def replay_start(self) -> int:
+        """Ask for the last applied batch again, to check it is still the same one."""
+        return 0 if self.last is None else self.last
+
+    def continues(self, replayed: Sequence[Batch]) -> bool:
+        """Whether a replay from `replay_start()` continues what was applied: its first batch
+        is the last applied one (same seq and ts). Otherwise the engine restarted (its
+        sequence restarted below it) or its buffer rolled past it (batches lost)."""
+        if self.last is None:
+            return True
+        return bool(replayed) and replayed[0].seq == self.last \
+            and replayed[0].ts == self.recent.get(self.last)
+
+
+def apply_batch(index: EngineIndex, stream: Stream, batch: Batch) -> None:
+    for event in batch.events:
+        index.apply(event)
+    stream.applied(batch)
+
+
+# -------------------------------------------------------------------------------------------
+# Requests -> token ids
+
+
+# /tokenize fields that change a chat prompt's tokens (vLLM's TokenizeChatRequest).
+CHAT_FIELDS = ("tools", "chat_template", "chat_template_kwargs", "add_generation_prompt",
+               "continue_final_message", "add_special_tokens", "documents")
+
+
+def tokenize_body(path: str, body: dict[str, Any]) -> dict[str, Any] | list[int] | None:
+    """What to POST to /tokenize for a request (or its token ids when it carries them);
+    None for what cannot be keyed (a batch of prompts, no prompt)."""
+    model = body.get("model")
+    if path.endswith("/chat/completions"):
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            return None
+        out: dict[str, Any] = {"model": model, "messages": messages}
+        out.update({k: body[k] for k in CHAT_FIELDS if k in body})
+        return out
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1:
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        out = {"model": model, "prompt": prompt}
+        if "add_special_tokens" in body:
+            out["add_special_tokens"] = body["add_special_tokens"]
+        return out
+    if isinstance(prompt, list) and prompt and all(type(t) is int for t in prompt):
+        return prompt
+    return None
+
+
+# -------------------------------------------------------------------------------------------
+# I/O: one subscriber per engine
+
+
+@dataclass(frozen=True)
+class EventPorts:
+    """Where an engine publishes: its pod's address, these ports."""
+
+    events: int = DEFAULT_EVENTS_PORT
+    replay: int = DEFAULT_REPLAY_PORT
+
+    def endpoints(self, url: str) -> tuple[str, str]:
+        host = urlsplit(url).hostname or "127.0.0.1"
+        host = f"[{host}]" if ":" in host else host
+        return f"tcp://{host}:{self.events}", f"tcp://{host}:{self.replay}"
+
+
+class Subscriber:
+    """Keeps one engine's index from its KV events (see the module doc)."""
+
+    def __init__(self, url: str, ports: EventPorts, block_size: int | None = None,
+                 replay_timeout_s: float = REPLAY_TIMEOUT_S) -> None:
+        self.url = url
+        self.events_endpoint, self.replay_endpoint = ports.endpoints(url)
+        self.index = EngineIndex(block_size=block_size)
+        self.stream = Stream()
+        self.replay_timeout_s = replay_timeout_s
+        self.connected = asyncio.Event()
+        self.restarts = 0
+        self.unknown_events = 0
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    def cancel(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+
+    async def _run(self) -> None:
+        ctx = zmq.asyncio.Context.instance()
+        sub = ctx.socket(zmq.SUB)
+        sub.setsockopt(zmq.LINGER, 0)
+        sub.setsockopt(zmq.SUBSCRIBE, b"")
+        sub.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
+        monitor = sub.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
+        sub.connect(self.events_endpoint)
+        poller = zmq.asyncio.Poller()
+        poller.register(sub, zmq.POLLIN)
+        poller.register(monitor, zmq.POLLIN)
+        try:
+            while True:
+                ready = dict(await poller.poll())
+                if monitor in ready:
+                    event = parse_monitor_message(await monitor.recv_multipart())["event"]
+                    if event == zmq.EVENT_CONNECTED:
+                        self.connected.set()
+                        await self._resync()  # what was published while away
+                    elif event == zmq.EVENT_DISCONNECTED:
+                        self.connected.clear()
+                if sub in ready:
+                    await self._live(await sub.recv_multipart())
+        finally:
+            sub.disable_monitor()
+            monitor.close(linger=0)
+            sub.close(linger=0)
+
+    async def _live(self, frames: list[bytes]) -> None:
+        try:
+            batch = decode_live(frames)
+        except WireError as exc:
+            log.warning("kv events from %s: %s", self.url, exc)
+            return
+        verdict = self.stream.classify(batch)
+        if verdict == Live.DUPLICATE:
+            return
+        if verdict == Live.RESTART:
+            self._restarted("its batch sequence went back to %d", batch.seq)
+        if verdict != Live.APPLY:  # a gap, or the new engine's batches before this one
+            await self._resync()
+            if self.stream.last is not None and batch.seq <= self.stream.last:
+                return  # the replay brought it
+        self._apply(batch)
+
+    def _apply(self, batch: Batch) -> None:
+        apply_batch(self.index, self.stream, batch)
+        self.unknown_events += batch.unknown
+
+    def _restarted(self, why: str, *args: object) -> None:
+        self.restarts += 1
+        log.info("engine %s restarted (" + why + "): its prefix index is rebuilt", self.url,
+                 *args)
+        self.index.clear()
+        self.stream.reset()
+
+    async def _resync(self) -> None:
+        replayed = await self._replay(self.stream.replay_start())
+        if replayed is None:
+            return  # no replay (yet): live batches keep the index from now on
+        if not self.stream.continues(replayed):
+            self._restarted("the replay does not hold batch %s as it was seen",
+                            self.stream.last)
+            replayed = await self._replay(0)
+            if replayed is None:
+                return
+        for batch in replayed:
+            if self.stream.last is None or batch.seq > self.stream.last:
+                self._apply(batch)
+
+    async def _replay(self, start: int) -> list[Batch] | None:
+        """The engine's buffered batches from `start`; None when it does not answer."""
+        sock = zmq.asyncio.Context.instance().socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(self.replay_endpoint)
+        out: list[Batch] = []
+        try:
+            await sock.send_multipart(replay_request(start))
+            while True:
+                frames = await asyncio.wait_for(sock.recv_multipart(), self.replay_timeout_s)
+                batch = decode_replay(frames)
+                if batch is None:
+                    return out
+                out.append(batch)
+        except TimeoutError:
+            log.warning("kv events replay from %s: no answer within %.0f s",
+                        self.replay_endpoint, self.replay_timeout_s)
+            return None
+        except WireError as exc:
+            log.warning("kv events replay from %s: %s", self.replay_endpoint, exc)
+            return None
+        finally:
+            sock.close(linger=0)
+
+
+# -------------------------------------------------------------------------------------------
+# The source
+
+
+class KvEventsSource:
+    """A `PrefixSource` from the engines' KV events. `attach` gives it the router's HTTP
+    session and the engines it routes to (it subscribes to each; `forget` drops one)."""
+
+    def __init__(self, ports: EventPorts | None = None, block_size: int | None = None,
+                 tokenize_timeout_s: float = TOKENIZE_TIMEOUT_S,
+                 replay_timeout_s: float = REPLAY_TIMEOUT_S,
+                 pending_ttl_s: float = PENDING_TTL_S) -> None:
+        self.ports = ports or EventPorts()
+        self.block_size = block_size
+        self.tokenize_timeout = aiohttp.ClientTimeout(total=tokenize_timeout_s)
+        self.replay_timeout_s = replay_timeout_s
+        self.pending_ttl_s = pending_ttl_s
+        self.subscribers: dict[str, Subscriber] = {}
+        self._pending: dict[str, OrderedDict[int, float]] = {}  # url -> key -> expiry
+        self._session: Callable[[], aiohttp.ClientSession | None] = lambda: None
+        self._own_session: aiohttp.ClientSession | None = None
+        self._urls: Callable[[], Iterable[str]] = lambda: ()
+        self._turn = itertools.count()
+        self._sync_task: asyncio.Task[None] | None = None
+
+    def attach(self, session: Callable[[], aiohttp.ClientSession | None],
+               urls: Callable[[], Iterable[str]], sync_interval_s: float = 1.0) -> None:
+        """Use the router's session (for /tokenize) and follow its engines; call it in the
+        router's event loop (it subscribes every `sync_interval_s` to new engines)."""
+        self._session, self._urls = session, urls
+        self.sync()
+        if sync_interval_s > 0:
+            self._sync_task = asyncio.get_running_loop().create_task(
+                self._sync_loop(sync_interval_s))
+
+    async def _sync_loop(self, interval: float) -> None:
+        while True:
+            await asyncio.sleep(interval)
+            self.sync()
+
+    def sync(self) -> None:
+        """Subscribe to every engine the router routes to (an unsubscribed url is new, or
+        was forgotten: its index starts empty and its replay fills it)."""
+        for url in self._urls():
+            if url not in self.subscribers:
+                sub = Subscriber(url, self.ports, self.block_size, self.replay_timeout_s)
+                self.subscribers[url] = sub
+                sub.start()
+
+    async def close(self) -> None:
+        if self._sync_task is not None:
+            self._sync_task.cancel()
+        await asyncio.gather(*(s.stop() for s in self.subscribers.values()))
+        self.subscribers.clear()
+        if self._own_session is not None:
+            await self._own_session.close()
+
+    # -- PrefixSource ------------------------------------------------------------------------
+
+    def engine_block_size(self) -> int | None:
+        if self.block_size is not None:
+            return self.block_size
+        for sub in self.subscribers.values():
+            if sub.index.block_size is not None:
+                return sub.index.block_size
+        return None
+
+    async def prompt_keys(self, path: str, body: dict[str, Any]) -> PromptKeys | None:
+        block = self.engine_block_size()
+        if block is None:
+            return None  # no engine has stored a block yet: nothing to match
+        request = tokenize_body(path, body)
+        if request is None:
+            return None
+        tokens = request if isinstance(request, list) else await self._tokenize(request)
+        if tokens is None:
+            return None
+        keys = tuple(key_int(k) for k in chain_keys(tokens, block))
+        return PromptKeys(keys, block)
+
+    async def _tokenize(self, request: dict[str, Any]) -> list[int] | None:
+        urls = list(self.subscribers) or list(self._urls())
+        if not urls:
+            return None
+        url = urls[next(self._turn) % len(urls)]  # spread the tokenizing over the engines
+        session = self._session() or await self._session_of_own()
+        try:
+            async with session.post(url + "/tokenize", json=request,
+                                    timeout=self.tokenize_timeout) as resp:
+                if resp.status != 200:
+                    log.debug("tokenize at %s answered %d", url, resp.status)
+                    return None
+                data = await resp.json()
+        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            log.debug("tokenize at %s failed: %r", url, exc)
+            return None
+        tokens = data.get("tokens") if isinstance(data, dict) else None
+        if not isinstance(tokens, list) or not all(type(t) is int for t in tokens):
+            return None
+        return tokens
+
+    async def _session_of_own(self) -> aiohttp.ClientSession:
+        if self._own_session is None:
+            self._own_session = aiohttp.ClientSession()
+        return self._own_session
+
+    def matched_blocks(self, prompt: PromptKeys, urls: Sequence[str], now: float) -> list[int]:
+        out = []
+        for url in urls:
+            sub = self.subscribers.get(url)
+            held = 0
+            if sub is not None and sub.index.block_size == prompt.block_tokens:
+                held = sub.index.matched(prompt.keys)
+            out.append(max(held, self._pending_matched(url, prompt.keys, now)))
+        return out
+
+    def _pending_matched(self, url: str, keys: Sequence[int], now: float) -> int:
+        pending = self._pending.get(url)
+        if not pending:
+            return 0
+        n = 0
+        for k in keys:
+            expiry = pending.get(k)
+            if expiry is None or expiry <= now:
+                break
+            n += 1
+        return n
+
+    def record(self, prompt: PromptKeys, url: str, now: float) -> None:
+        pending = self._pending.setdefault(url, OrderedDict())
+        expiry = now + self.pending_ttl_s
+        for k in prompt.keys:
+            pending[k] = expiry
+            pending.move_to_end(k)
+        while len(pending) > PENDING_MAX_KEYS:
+            pending.popitem(last=False)
+
+    def forget(self, url: str) -> None:
+        self._pending.pop(url, None)
+        sub = self.subscribers.pop(url, None)
+        if sub is not None:
+            sub.cancel()
+
+
+def add_arguments(group: argparse._ArgumentGroup) -> None:
+    """The router's flags for the precise source."""
+    group.add_argument("--kv-events-port", type=int, default=DEFAULT_EVENTS_PORT,
+                       help="precise: the port each engine publishes its KV events on, at "
+                       f"its own address (default {DEFAULT_EVENTS_PORT})")
+    group.add_argument("--kv-replay-port", type=int, default=DEFAULT_REPLAY_PORT,
+                       help="precise: the port each engine replays missed KV events on "
+                       f"(default {DEFAULT_REPLAY_PORT})")
+
+
+def source_from_args(args: argparse.Namespace, config: object) -> KvEventsSource:
+    """The precise source for `poolpilot router --prefix-routing precise`."""
+    ports = EventPorts(getattr(args, "kv_events_port", DEFAULT_EVENTS_PORT),
+                       getattr(args, "kv_replay_port", DEFAULT_REPLAY_PORT))
+    for flag, port in (("--kv-events-port", ports.events), ("--kv-replay-port", ports.replay)):
+        if not 0 < port < 65536:
+            raise ValueError(f"{flag} {port}: must be 1..65535")
+    return KvEventsSource(ports)
