@@ -5,15 +5,21 @@ token each, plus one BOS token for a completion prompt; a token-id list counts i
 adds Llama-3-like template tokens: 1 BOS + per message (4 header tokens + its content) + 3 for
 the assistant header. Generated text is made of words that count as one token each under the
 same rule, so re-counting an output gives its completion_tokens.
+
+Token ids (for the prefix cache's block hashes): a word's id is a CRC-32 of it; BOS and the
+chat template's header and end-of-turn tokens have ids of their own, so the ids a chat hashes
+are the sequence the template gives (order of messages and roles included).
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import random
 import re
 import time
 import uuid
+import zlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,6 +56,48 @@ def count_text_tokens(text: str) -> int:
     return len(_TOKEN_RE.findall(text))
 
 
+# Special tokens (ids no word gets: word ids are CRC-32s, >= 0).
+BOS_ID, HEADER_START_ID, HEADER_END_ID, EOT_ID = -1, -2, -3, -4
+
+
+@functools.lru_cache(maxsize=65536)
+def _word_id(word: str) -> int:
+    return zlib.crc32(word.encode())
+
+
+def text_token_ids(text: str) -> list[int]:
+    return [_word_id(w) for w in _TOKEN_RE.findall(text)]
+
+
+def prompt_token_ids(prompt: Any) -> list[int]:
+    """The token ids of a completion prompt (as many as prompt_tokens counts)."""
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        return [BOS_ID, *text_token_ids(prompt)]
+    return [int(t) for t in prompt]
+
+
+def _content(msg: dict[str, Any]) -> str:
+    content = msg.get("content") or ""
+    if isinstance(content, list):  # content parts: the text ones
+        content = " ".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+    return str(content)
+
+
+def chat_token_ids(messages: list[dict[str, Any]]) -> list[int]:
+    """The token ids the chat template gives (as many as chat_tokens counts): BOS, then per
+    message a header (start, role, end), its content and end-of-turn, then the assistant's
+    header."""
+    ids = [BOS_ID]
+    for msg in messages:
+        ids += [HEADER_START_ID, _word_id(str(msg.get("role"))), HEADER_END_ID]
+        ids += text_token_ids(_content(msg))
+        ids.append(EOT_ID)
+    ids += [HEADER_START_ID, _word_id("assistant"), HEADER_END_ID]
+    return ids
+
+
 def prompt_tokens(prompt: Any) -> tuple[int, str]:
     """(token count, a key for deterministic output) of a completion prompt."""
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
@@ -75,11 +123,9 @@ def chat_tokens(messages: Any) -> tuple[int, str]:
     for i, msg in enumerate(messages):
         if not isinstance(msg, dict) or "role" not in msg:
             raise BadRequest(f"messages[{i}] must be an object with a role", param="messages")
-        content = msg.get("content") or ""
-        if isinstance(content, list):  # content parts: count the text ones
-            content = " ".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
-        n += 4 + count_text_tokens(str(content))
-        key.append(str(content)[:64])
+        content = _content(msg)
+        n += 4 + count_text_tokens(content)
+        key.append(content[:64])
     return n, "|".join(key)
 
 

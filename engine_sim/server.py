@@ -60,6 +60,7 @@ from poolpilot import metrics as m
 from . import protocol as p
 from .engine import EngineConfig, EngineCore, Outcome, canonical_role
 from .hardware import StepModel, UnknownHardware, make_step_model
+from .prefix_cache import chain_hashes
 from .scheduler import Seq
 from .stats import GAUGES, HELP
 
@@ -175,9 +176,12 @@ class SimEngine:
             core.started_loads.clear()
             if ch is None:
                 self.wake.clear()
-                # blocked: wait for a KV load to land, held KV to expire, or a request
-                nxt = min((x for x in (core.next_load_at(), core.next_expiry(self.kv_lease))
-                           if x is not None), default=None)
+                # blocked: wait for a KV load to land, held KV to expire, or a request (a
+                # virtual clock does not jump to an expiry: that would expire every hold at
+                # once; holds expire when the clock gets there with other work)
+                expiry = None if self.clock.instant else core.next_expiry(self.kv_lease)
+                nxt = min((x for x in (core.next_load_at(), expiry) if x is not None),
+                          default=None)
                 if nxt is None:
                     await self.wake.wait()
                     continue
@@ -265,6 +269,8 @@ class SimServer:
             max_model_len=args.max_model_len,
             max_chunk_steps=256 if self.clock.instant else 64,
             track_token_steps=False,
+            block_size=args.block_size,
+            enable_prefix_caching=args.enable_prefix_caching,
         )
         if not args.kv_lease_seconds > 0:
             raise ValueError(f"--kv-lease-seconds must be > 0, got {args.kv_lease_seconds}")
@@ -342,7 +348,8 @@ class SimServer:
             return web.json_response({"ok": False, "reason": "unknown or expired request"},
                                      status=404)
         self.engine.wake.set()
-        return web.json_response({"ok": True, "blocks": -(-seq.prompt // 16)})
+        bs = self.engine.core.config.block_size
+        return web.json_response({"ok": True, "blocks": -(-seq.prompt // bs)})
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         return await self._generate(request, chat=False)
@@ -371,6 +378,7 @@ class SimServer:
                 if "prompt" not in body:
                     raise p.BadRequest("prompt is required", param="prompt")
                 prompt_n, key = p.prompt_tokens(body["prompt"])
+            hashes = self._block_hashes(body, chat)
             core = self.engine.core
             if prompt_n >= core.max_model_len:
                 raise p.BadRequest(core.validate(prompt_n, 1) or "prompt too long")
@@ -396,10 +404,11 @@ class SimServer:
             remote_prefill = False  # a prompt shorter than a block: nothing to read (as vLLM)
         elif remote_prefill:
             remote_prefill = await self._pull_kv(kv_in)
-        full_blocks = prompt_n // 16
+        full_blocks = prompt_n // self.engine.core.config.block_size
         seq = Seq(rid, prompt_n, sampling.output_tokens, self.engine.arrival_time(),
                   remote_prefill=remote_prefill, hold_kv=remote_decode and full_blocks > 0,
-                  finish_reason=sampling.finish_reason, payload=Stream(key))
+                  finish_reason=sampling.finish_reason, payload=Stream(key),
+                  block_hashes=hashes)
         self.engine.add(seq)
         kv_out = self._kv_params(rid, full_blocks) if remote_decode else None
         stream = bool(body.get("stream", False))
@@ -414,6 +423,14 @@ class SimServer:
         make = p.chat_response if chat else p.completion_response
         return web.json_response(make(rid, self.served, text, seq.finish_reason, prompt_n,
                                       seq.generated, kv_out))
+
+    def _block_hashes(self, body: dict[str, Any], chat: bool) -> tuple[int, ...]:
+        """The prompt's full blocks hashed as vLLM does, over the token ids the simulator's
+        tokenizer gives (a chat: the template's sequence)."""
+        if not self.engine.core.config.enable_prefix_caching:
+            return ()
+        ids = p.chat_token_ids(body["messages"]) if chat else p.prompt_token_ids(body["prompt"])
+        return chain_hashes(ids, self.engine.core.config.block_size)
 
     async def _pull_kv(self, kv: dict[str, Any], count_failure: bool = True) -> bool:
         """Read the prompt's KV from the prefill engine; False means recompute locally."""
@@ -516,6 +533,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.9,
                         help="share of GPU memory for weights and KV cache (vLLM's flag; "
                         "default 0.9)")
+    parser.add_argument("--block-size", type=int, default=16,
+                        help="tokens per KV block, the prefix cache's unit (vLLM's flag; "
+                             "default 16, vLLM's on GPU)")
+    parser.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
+                        default=True,
+                        help="cache prompt prefixes as vLLM V1 does (vLLM's flag; default on)")
     parser.add_argument("--mean-output-tokens", type=float, default=256.0,
                         help="mean 'natural' output length when ignore_eos is false")
     parser.add_argument("--seed", type=int, default=0, help="seed for natural output lengths")
