@@ -88,6 +88,7 @@ PANEL_SERIES = {
     "router TTFT p90 vs the SLO": [("series", "p90"), ("series", "target")],
     "queue depth per role": [("role", "prefill"), ("role", "decode")],
     "autoscaler decisions by reason": [("role", "prefill"), ("role", "decode")],
+    "engine prefix-cache hit rate per role": [("role", "prefill")],
 }
 LINK = re.compile(r"^ +(?P<label>[A-Za-z0-9 :.]+): (?P<url>http://\S+/classic/graph\?\S+)$", re.M)
 
@@ -160,7 +161,8 @@ def test_links_work_mid_run_ctrl_c_stops_all_then_a_kept_run_serves(tmp_path: Pa
         assert report["requests"] == {**report["requests"], "sent": 6, "ok": 6, "failed": 0}
         assert report["ttft_seconds"]["p50"] > 0
         assert {p.name for p in second.glob("*.png")} == {
-            "ttft.png", "queue.png", "replicas.png", "request_rate.png", "local_prefill.png"}
+            "ttft.png", "queue.png", "replicas.png", "request_rate.png", "local_prefill.png",
+            "prefix_cache.png"}
         assert "scale events" in out
         kept = out.split("Ctrl-C stops it")[1]
         # The printed kubectl command (without -w) shows the pool, ready.

@@ -70,7 +70,8 @@ def test_readme_sandbox_command_works_on_a_fresh_clone(tmp_path: Path) -> None:
     rows = (clone / "sandbox-report" / "requests.csv").read_text().splitlines()
     assert len(rows) == 1 + requests["sent"]
     assert {p.name for p in report_file.parent.glob("*.png")} == {
-        "ttft.png", "queue.png", "replicas.png", "request_rate.png", "local_prefill.png"}
+        "ttft.png", "queue.png", "replicas.png", "request_rate.png", "local_prefill.png",
+        "prefix_cache.png"}
     assert "creating" in out and f"{clone}/.venv" in out  # it made its own venv
     assert f"report: {report_file}" in out
     shutil.rmtree(clone, ignore_errors=True)  # the venv: a few hundred MB

@@ -19,6 +19,8 @@ from urllib.parse import urlencode
 
 from poolpilot.dashboards import grafana
 
+from poolpilot import metrics
+
 GRAPH_PAGE = "/classic/graph"  # Debian's Prometheus 2.42 ships the classic UI only
 
 
@@ -120,6 +122,25 @@ def panel_links(prometheus: str, namespace: str, pool: str, rate_window_s: float
         expr = one_graph(queries)
         links.append(Link(key.label, expr, graph_url(prometheus, [expr], range_s)))
     return links
+
+
+PREFIX_HIT_RATE_LABEL = "engine prefix-cache hit rate per role"
+
+
+def prefix_hit_rate_expr(selector: str, window: str, by: str = "namespace, pool, role") -> str:
+    """Hit tokens over query tokens of the engines' prefix caches (vLLM's counters), per
+    `by`, over each rate window: the share of prompt tokens the caches served."""
+    def rate(metric: str) -> str:
+        return f"sum by ({by}) (rate({metric}{{{selector}}}[{window}]))"
+    return f"{rate(metrics.VLLM_PREFIX_CACHE_HITS)} / {rate(metrics.VLLM_PREFIX_CACHE_QUERIES)}"
+
+
+def prefix_hit_rate_link(prometheus: str, namespace: str, pool: str, rate_window_s: float,
+                         range_s: float) -> Link:
+    """The graph link of the engines' prefix-cache hit rate, for one pool."""
+    selector = (f'namespace=~"{regex_literal(namespace)}",pool=~"{regex_literal(pool)}"')
+    expr = prefix_hit_rate_expr(selector, duration(rate_window_s))
+    return Link(PREFIX_HIT_RATE_LABEL, expr, graph_url(prometheus, [expr], range_s))
 
 
 def all_panels_url(prometheus: str, links: list[Link], range_s: float) -> str:

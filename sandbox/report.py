@@ -12,7 +12,7 @@ import json
 import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,9 @@ from .loadgen import RequestResult
 from .timeline import RoleSample, ScaleChange
 
 QUANTILES = {"p50": 50.0, "p90": 90.0, "p99": 99.0}
+# Requests grouped by the share of their prompt an earlier request had sent (upper bounds).
+REUSE_BUCKETS = ((0.0, 0.25), (0.25, 0.5), (0.5, 0.75), (0.75, 1.0))
+ALL_ROLES = "all"  # the key of the pool-wide hit rate beside the per-role ones
 
 
 @dataclass(frozen=True)
@@ -136,23 +139,131 @@ def binned(results: Sequence[RequestResult], speed: float, bin_s: float,
     requests sent in that bin."""
     n = max(1, math.ceil(t_end / bin_s))
     counts = [0] * n
-    ttfts: list[list[float]] = [[] for _ in range(n)]
     for r in results:
-        i = min(n - 1, int(r.arrival_s // bin_s))
-        counts[i] += 1
-        ttft = r.ttft(speed)
-        if ttft is not None:
-            ttfts[i].append(ttft)
+        counts[min(n - 1, int(r.arrival_s // bin_s))] += 1
     starts = [i * bin_s for i in range(n)]
     rate = [c / bin_s for c in counts]
-    p90 = [float(np.percentile(v, 90)) if v else None for v in ttfts]
-    return starts, rate, p90
+    return starts, rate, binned_ttft(results, speed, bin_s, t_end, 90.0)
+
+
+@dataclass(frozen=True)
+class PrefixSeries:
+    """What Prometheus recorded of the prefix caches during the run, in trace seconds, per
+    engine role (and ALL_ROLES for the pool).
+
+    `hit_rate`: hit tokens over query tokens in each rate window, from the engines' counters
+    (`vllm:prefix_cache_hits_total` / `vllm:prefix_cache_queries_total`); `hit_tokens`,
+    `query_tokens`: the counters' increase over the whole run. `router_expected`,
+    `router_expected_tokens`, `router_routed_tokens`: the same for the router's own record
+    (prompt tokens it routed, and those it expected the chosen engine to hold); empty when
+    the router exports none.
+    """
+
+    hit_rate: Mapping[str, Sequence[tuple[float, float]]]
+    hit_tokens: Mapping[str, float]
+    query_tokens: Mapping[str, float]
+    router_expected: Mapping[str, Sequence[tuple[float, float]]] = field(default_factory=dict)
+    router_expected_tokens: Mapping[str, float] = field(default_factory=dict)
+    router_routed_tokens: Mapping[str, float] = field(default_factory=dict)
+
+
+def ratio(num: float | None, den: float | None) -> float | None:
+    """num / den rounded for the report; None when there is nothing to divide by."""
+    if num is None or not den:
+        return None
+    return round(num / den, 4)
+
+
+def reuse_bucket(share: float) -> int:
+    """The REUSE_BUCKETS index of a reusable share (0..1, the last bucket includes 1)."""
+    for i, (_, hi) in enumerate(REUSE_BUCKETS):
+        if share < hi:
+            return i
+    return len(REUSE_BUCKETS) - 1
+
+
+def ttft_by_reuse(results: Sequence[RequestResult], speed: float) -> list[dict[str, Any]]:
+    """TTFT percentiles of the answered requests, grouped by how much of their prompt an
+    earlier request had sent (what a cache could have served): the benefit per request."""
+    groups: list[list[RequestResult]] = [[] for _ in REUSE_BUCKETS]
+    for r in results:
+        if r.ok and r.ttft(speed) is not None:
+            groups[reuse_bucket(r.reusable_share())].append(r)
+    out = []
+    for (lo, hi), group in zip(REUSE_BUCKETS, groups, strict=True):
+        ttfts = [t for r in group if (t := r.ttft(speed)) is not None]
+        out.append({
+            "reusable_share": f"{lo * 100:.0f}-{hi * 100:.0f}%",
+            "requests": len(group),
+            "prompt_tokens_mean": round(sum(r.input_tokens for r in group) / len(group))
+            if group else None,
+            "ttft_seconds": percentiles(ttfts),
+        })
+    return out
+
+
+def prefix_cache_section(results: Sequence[RequestResult], speed: float,
+                         prefix: PrefixSeries | None, t_end: float) -> dict[str, Any]:
+    """The report's `prefix_cache`: the hit rate the engines measured (per role and in all),
+    what the trace allowed (`ideal_hit_rate`: every block an earlier request had, served from
+    an infinite cache reachable from anywhere), what the router expected, and TTFT beside it
+    (by reusable share, and over time with the hit rate)."""
+    prefix = prefix or PrefixSeries({}, {}, {})
+    prompt = sum(r.input_tokens for r in results)
+    reusable = sum(r.reusable_tokens for r in results)
+    hits, queries = prefix.hit_tokens, prefix.query_tokens
+    expected, routed = prefix.router_expected_tokens, prefix.router_routed_tokens
+    bin_s = plot_bin_s(t_end)
+    starts, _, p90 = binned(results, speed, bin_s, t_end)
+    p50 = binned_ttft(results, speed, bin_s, t_end, 50.0)
+
+    def points(series: Mapping[str, Sequence[tuple[float, float]]]) -> dict[str, list[list[float]]]:
+        return {role: [[round(t, 1), round(v, 4)] for t, v in pts]
+                for role, pts in sorted(series.items())}
+
+    return {
+        "ideal_hit_rate": ratio(reusable, prompt),
+        "hit_rate": ratio(sum(hits.values()), sum(queries.values())) if queries else None,
+        "router_expected_hit_rate":
+            ratio(sum(expected.values()), sum(routed.values())) if routed else None,
+        "by_role": {role: {"hit_rate": ratio(hits.get(role, 0.0), queries.get(role)),
+                           "query_tokens": round(queries.get(role, 0.0)),
+                           "hit_tokens": round(hits.get(role, 0.0)),
+                           "router_expected_hit_rate":
+                               ratio(expected.get(role, 0.0), routed.get(role))}
+                    for role in sorted(set(hits) | set(queries) | set(routed))},
+        "ttft_by_reusable_share": ttft_by_reuse(results, speed),
+        "over_time": {
+            "hit_rate": points(prefix.hit_rate),
+            "router_expected": points(prefix.router_expected),
+            "ttft": {"bin_s": bin_s, "t": starts,
+                     "p50": [None if v is None else round(v, 4) for v in p50],
+                     "p90": [None if v is None else round(v, 4) for v in p90]},
+        },
+    }
+
+
+def plot_bin_s(t_end: float) -> float:
+    """The plots' bin of simulated seconds: about 60 bins over the run, at least 5 s."""
+    return max(5.0, t_end / 60)
+
+
+def binned_ttft(results: Sequence[RequestResult], speed: float, bin_s: float, t_end: float,
+                q: float) -> list[float | None]:
+    """Per bin of sends, the q-th percentile of TTFT (None for a bin without answers)."""
+    n = max(1, math.ceil(t_end / bin_s))
+    ttfts: list[list[float]] = [[] for _ in range(n)]
+    for r in results:
+        if (t := r.ttft(speed)) is not None:
+            ttfts[min(n - 1, int(r.arrival_s // bin_s))].append(t)
+    return [float(np.percentile(v, q)) if v else None for v in ttfts]
 
 
 def build_report(*, results: Sequence[RequestResult], slo: Slo, speed: float,
                  samples: Sequence[RoleSample], changes: Sequence[ScaleChange], t0: float,
                  t_end: float, meta: Mapping[str, Any],
                  local_prefill: Mapping[str, Sequence[tuple[float, float]]] | None = None,
+                 prefix: PrefixSeries | None = None,
                  ) -> dict[str, Any]:
     ok = [r for r in results if r.ok]
     ttfts = [t for r in ok if (t := r.ttft(speed)) is not None]
@@ -183,6 +294,7 @@ def build_report(*, results: Sequence[RequestResult], slo: Slo, speed: float,
         "replica_seconds": replica_seconds(samples, t0, t_end, speed),
         "scale_events": events,
         "local_prefill": local_prefill_counts(local_prefill or {}),
+        "prefix_cache": prefix_cache_section(results, speed, prefix, (t_end - t0) * speed),
         "direction_changes": {
             role: direction_changes(events, role) for role in sorted({e["role"] for e in events})
         },
@@ -215,7 +327,7 @@ def write_report(report: Mapping[str, Any], out_dir: Path) -> Path:
 
 
 REQUEST_COLUMNS = ("index", "arrival_s", "input_tokens", "output_tokens", "ttft_s",
-                   "mean_itl_s", "met_slo", "error")
+                   "mean_itl_s", "met_slo", "error", "reusable_tokens")
 
 
 def write_requests(results: Sequence[RequestResult], slo: Slo, speed: float,
@@ -232,7 +344,7 @@ def write_requests(results: Sequence[RequestResult], slo: Slo, speed: float,
             w.writerow([r.index, f"{r.arrival_s:.3f}", r.input_tokens, r.output_tokens,
                         "" if ttft is None else f"{ttft:.4f}",
                         "" if itl is None else f"{itl:.5f}",
-                        int(meets_slo(r, slo, speed)), r.error or ""])
+                        int(meets_slo(r, slo, speed)), r.error or "", r.reusable_tokens])
     return path
 
 
@@ -245,6 +357,7 @@ def write_plots(*, out_dir: Path, results: Sequence[RequestResult], slo: Slo, sp
                 queue: Mapping[str, Sequence[tuple[float, float]]],
                 scale_events_: Sequence[Mapping[str, Any]],
                 local_prefill: Mapping[str, Sequence[tuple[float, float]]] | None = None,
+                prefix_cache: Mapping[str, Any] | None = None,
                 ) -> list[Path]:
     import matplotlib
 
@@ -253,7 +366,7 @@ def write_plots(*, out_dir: Path, results: Sequence[RequestResult], slo: Slo, sp
 
     out_dir.mkdir(parents=True, exist_ok=True)
     end = (t_end - t0) * speed
-    bin_s = max(5.0, end / 60)
+    bin_s = plot_bin_s(end)
     starts, rate, p90 = binned(results, speed, bin_s, end)
     paths = []
 
@@ -315,11 +428,57 @@ def write_plots(*, out_dir: Path, results: Sequence[RequestResult], slo: Slo, sp
     ax.bar(starts, rate, width=bin_s, align="edge", alpha=0.7)
     ax.set(xlabel="trace time (s)", ylabel="requests / s", title="Request rate (trace)")
     save(fig, "request_rate.png")
+
+    save(prefix_cache_figure(plt, prefix_cache or {}, slo, end), "prefix_cache.png")
     return paths
+
+
+def prefix_cache_figure(plt: Any, section: Mapping[str, Any], slo: Slo, end: float) -> Any:
+    """The prefix caches' hit rate over time (per role, the router's expectation, the trace's
+    ideal) above TTFT p50/p90 over the same time, and TTFT by reusable share."""
+    fig, (top, mid, low) = plt.subplots(3, 1, figsize=(8, 8.5))
+    over = section.get("over_time", {})
+    for role, points in sorted(over.get("hit_rate", {}).items()):
+        top.plot([p[0] for p in points], [p[1] for p in points], label=f"{role} (engines)",
+                 linewidth=2.0 if role == ALL_ROLES else 1.0)
+    for role, points in sorted(over.get("router_expected", {}).items()):
+        top.plot([p[0] for p in points], [p[1] for p in points], "--",
+                 label=f"{role} (router's expectation)")
+    if section.get("ideal_hit_rate") is not None:
+        top.axhline(section["ideal_hit_rate"], color="grey", linestyle=":",
+                    label=f"ideal (trace) {section['ideal_hit_rate'] * 100:.0f}%")
+    top.set(xlim=(0, max(end, 1.0)), ylim=(0, 1.05), ylabel="hit tokens / prompt tokens",
+            title="Prefix-cache hit rate (vllm:prefix_cache_hits / queries, from Prometheus)")
+    if top.get_legend_handles_labels()[0]:
+        top.legend(fontsize=8, loc="lower right")
+    ttft = over.get("ttft", {})
+    for key in ("p50", "p90"):
+        pts = [(t, v) for t, v in zip(ttft.get("t", []), ttft.get(key, []), strict=True)
+               if v is not None]
+        mid.plot([p[0] for p in pts], [p[1] for p in pts], marker=".", label=f"TTFT {key}")
+    mid.axhline(slo.ttft_s, color="red", linestyle="--", label=f"target {slo.ttft_s:g}s")
+    mid.set(xlim=(0, max(end, 1.0)), xlabel="trace time (s)", ylabel="seconds",
+            title=f"TTFT at the client per {ttft.get('bin_s', 0):.0f}s of sends")
+    mid.set_yscale("log")
+    mid.legend(fontsize=8, loc="upper right")
+    groups = section.get("ttft_by_reusable_share", [])
+    labels = [f"{g['reusable_share']}\n({g['requests']} req)" for g in groups]
+    xs = np.arange(len(groups))
+    for offset, key in ((-0.2, "p50"), (0.2, "p90")):
+        low.bar(xs + offset, [g["ttft_seconds"][key] or 0.0 for g in groups], width=0.4,
+                label=f"TTFT {key}")
+    low.set_xticks(xs, labels, fontsize=8)
+    low.set(ylabel="seconds", title="TTFT by the share of the prompt an earlier request had sent")
+    low.legend(fontsize=8)
+    return fig
 
 
 # ---------------------------------------------------------------------------------------------
 # Summary table
+
+
+def pct(v: float | None) -> str:
+    return "-" if v is None else f"{v * 100:.1f}%"
 
 
 def summary_tables(report: Mapping[str, Any]) -> list[Any]:
@@ -350,6 +509,13 @@ def summary_tables(report: Mapping[str, Any]) -> list[Any]:
     if local is not None:
         reasons = ", ".join(f"{k} {v}" for k, v in local["by_reason"].items() if v)
         t.add_row("local prefills (fallback)", str(local["total"]), reasons or "", "", "")
+    prefix = report.get("prefix_cache")
+    if prefix and prefix.get("hit_rate") is not None:
+        by_role = ", ".join(f"{role} {pct(d['hit_rate'])}" for role, d in prefix["by_role"].items())
+        expected = prefix.get("router_expected_hit_rate")
+        t.add_row("prefix-cache hit rate", pct(prefix["hit_rate"]), by_role,
+                  f"router expected {pct(expected)}" if expected is not None else "",
+                  f"ideal {pct(prefix['ideal_hit_rate'])}")
     for role, secs in report["replica_seconds"].items():
         t.add_row(f"{role} replica-seconds", f"{secs:.0f}", "", "", "")
     ev = Table(title="scale events (from the autoscaler)", show_header=True)

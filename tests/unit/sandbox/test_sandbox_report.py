@@ -146,8 +146,9 @@ def test_build_report_has_the_documented_fields(tmp_path: Path) -> None:
                           samples=samples, t0=100.0, t_end=130.0,
                           queue={"prefill": [(0.0, 0.0), (10.0, 5.0)]},
                           scale_events_=rep["scale_events"], local_prefill=local)
-    assert sorted(p.name for p in paths) == ["local_prefill.png", "queue.png", "replicas.png",
-                                             "request_rate.png", "ttft.png"]
+    assert sorted(p.name for p in paths) == ["local_prefill.png", "prefix_cache.png",
+                                             "queue.png", "replicas.png", "request_rate.png",
+                                             "ttft.png"]
     assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in paths)
     assert len(R.summary_tables(rep)) == 2
 
