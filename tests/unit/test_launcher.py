@@ -83,6 +83,44 @@ def test_command_line(case: CmdCase) -> None:
 
 
 @dataclass(frozen=True)
+class EventsCase:
+    id: str
+    spec: LaunchSpec
+    events: dict[str, object] | None  # expected --kv-events-config, None: absent
+
+
+def _events(endpoint: str, replay: str) -> dict[str, object]:
+    return {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": endpoint,
+            "replay_endpoint": replay, "topic": ""}
+
+
+EVENTS_CASES = [
+    EventsCase("off by default", spec("aggregated"), None),
+    EventsCase("every address of the pod", spec("aggregated", kv_events_port=5557),
+               _events("tcp://*:5557", "tcp://*:5558")),
+    EventsCase("the bound address, a chosen replay port",
+               spec("prefill", host="127.0.0.2", kv_events_port=6000, kv_replay_port=7000),
+               _events("tcp://127.0.0.2:6000", "tcp://127.0.0.2:7000")),
+    EventsCase("an IPv6 address", spec("decode", host="fd00::1", kv_events_port=5557),
+               _events("tcp://[fd00::1]:5557", "tcp://[fd00::1]:5558")),
+]
+
+
+@pytest.mark.parametrize("case", EVENTS_CASES, ids=[c.id for c in EVENTS_CASES])
+def test_kv_events_config(case: EventsCase) -> None:
+    cmd = build_command(case.spec)
+    if case.events is None:
+        assert "--kv-events-config" not in cmd
+    else:
+        assert json.loads(cmd[cmd.index("--kv-events-config") + 1]) == case.events
+
+
+def test_kv_events_config_stays_an_engine_arg_when_the_launcher_does_not_set_it() -> None:
+    cmd = build_command(spec("aggregated", engine_args=['kvEventsConfig={"a":1}']))
+    assert cmd[-2:] == ["--kv-events-config", '{"a":1}']
+
+
+@dataclass(frozen=True)
 class ErrCase:
     id: str
     spec: LaunchSpec
@@ -111,6 +149,20 @@ ERR_CASES = [
             "expected KEY=VALUE"),
     ErrCase("bad port", spec("aggregated", port=70000), "--port 70000: must be 1..65535"),
     ErrCase("bad tp", spec("aggregated", tensor_parallel=0), "--tensor-parallel 0"),
+    ErrCase("kv events config twice", spec("aggregated", kv_events_port=5557,
+                                           engine_args=['kvEventsConfig={"a":1}']),
+            "--engine-arg kvEventsConfig: set by the launcher; use --kv-events-port"),
+    ErrCase("kv events without prefix caching",
+            spec("aggregated", kv_events_port=5557, engine_args=["enablePrefixCaching=false"]),
+            "it needs prefix caching on"),
+    ErrCase("replay port alone", spec("aggregated", kv_replay_port=5558),
+            "--kv-replay-port: only with --kv-events-port"),
+    ErrCase("events on the server port", spec("aggregated", kv_events_port=8000),
+            "--kv-events-port 8000: the server's --port"),
+    ErrCase("events and replay on one port",
+            spec("aggregated", kv_events_port=5557, kv_replay_port=5557),
+            "--kv-replay-port 5557: the same as --kv-events-port"),
+    ErrCase("bad events port", spec("aggregated", kv_events_port=0), "--kv-events-port 0"),
 ]
 
 
@@ -152,6 +204,12 @@ def test_cli_dry_run_prints_the_command() -> None:
     assert cmd[:3] == ["/usr/bin/python3", "-m", "vllm.entrypoints.openai.api_server"]
     assert json.loads(cmd[cmd.index("--kv-transfer-config") + 1])["kv_role"] == "kv_consumer"
     assert cmd[-2:] == ["--max-model-len", "512"]
+    out = run_cli("--role", "aggregated", "--model", "m", "--kv-events-port", "5557",
+                  "--dry-run")
+    assert out.returncode == 0, out.stderr
+    cmd = shlex.split(out.stdout)
+    assert json.loads(cmd[cmd.index("--kv-events-config") + 1])["replay_endpoint"] == \
+        "tcp://*:5558"
 
 
 @pytest.mark.parametrize(
