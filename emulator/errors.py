@@ -105,6 +105,11 @@ def invalid(kind: str, group: str, name: str, causes: list[tuple[str, str]]) -> 
     )
 
 
+def too_large(limit: int) -> ApiError:
+    """The API server's answer to a body above its limit (3 MiB)."""
+    return ApiError(413, f"Request entity too large: limit is {limit}", "RequestEntityTooLarge")
+
+
 def bad_request(message: str) -> ApiError:
     return ApiError(400, message, "BadRequest")
 

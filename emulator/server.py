@@ -37,6 +37,22 @@ T = TypeVar("T")
 _CLOSE = "close"
 _ABORT = "abort"
 WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+MAX_BODY_BYTES = 3 * 1024 * 1024  # the API server's request body limit
+# Deeper bodies are refused before the store's recursive copies could overflow Python's stack.
+MAX_BODY_DEPTH = 100
+
+
+def _deeper_than(value: Any, limit: int) -> bool:
+    """Whether `value` nests more than `limit` levels (iterative: no recursion to overflow)."""
+    todo: list[tuple[Any, int]] = [(value, 1)]
+    while todo:
+        item, depth = todo.pop()
+        if isinstance(item, dict | list):
+            if depth > limit:
+                return True
+            todo.extend((v, depth + 1) for v in (item.values() if isinstance(item, dict)
+                                                  else item))
+    return False
 KUBE_VERSION = {
     "major": "1",
     "minor": "33",
@@ -123,7 +139,8 @@ class KubeEmulator:
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._closing = asyncio.Event()
-        app = web.Application(client_max_size=64 * 1024 * 1024)
+        # Above the API's own limit, so that _body answers 413 as the API server does.
+        app = web.Application(client_max_size=2 * MAX_BODY_BYTES)
         app.router.add_route("*", "/{tail:.*}", self._handle)
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
         await self._runner.setup()
@@ -485,17 +502,32 @@ class KubeEmulator:
         return _Route(rt, namespace, name, "status" if sub == "finalize" else sub, watch)
 
     async def _body(self, request: web.Request) -> Any:
+        size = request.content_length
+        if size is not None and size > MAX_BODY_BYTES:
+            raise errors.too_large(MAX_BODY_BYTES)
+        raw = await request.read()
+        if len(raw) > MAX_BODY_BYTES:  # chunked: no length announced
+            raise errors.too_large(MAX_BODY_BYTES)
         if "protobuf" in request.headers.get("Content-Type", ""):
-            return protobuf.decode_body(await request.read())
-        text = await request.text()
+            return protobuf.decode_body(raw)
+        text = raw.decode("utf-8", errors="replace")
         if not text.strip():
             return {}
         try:
             if "yaml" in request.headers.get("Content-Type", "") and text.lstrip()[:1] != "{":
-                return yaml.load(text, Loader=_YamlLoader)
-            return json.loads(text)  # also apply-patch+yaml bodies in JSON (what clients send)
+                body = yaml.load(text, Loader=_YamlLoader)
+            else:
+                body = json.loads(text)  # also apply-patch+yaml bodies in JSON, as clients send
+        except RecursionError:
+            body = too_deep = True
         except (ValueError, yaml.YAMLError) as exc:
             raise errors.bad_request(f"the request body is not valid: {exc}") from exc
+        else:
+            too_deep = _deeper_than(body, MAX_BODY_DEPTH)
+        if too_deep:
+            raise ApiError(422, f"the request body nests deeper than {MAX_BODY_DEPTH} levels",
+                           "Invalid")
+        return body
 
     def _manager(self, request: web.Request) -> str:
         manager = request.query.get("fieldManager")

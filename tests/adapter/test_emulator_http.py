@@ -138,6 +138,27 @@ async def test_errors_are_status_objects(emu: KubeEmulator, ns: str) -> None:
     assert (status, body["reason"]) == (409, "AlreadyExists")
 
 
+def _configmap(name: str, data: str) -> str:
+    return ('{"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "' + name
+            + '"}, "data": ' + data + "}")
+
+
+@pytest.mark.parametrize(("case", "body", "status", "reason"), [
+    ("nested-2000-levels", _configmap("deep", '{"a": ' * 2000 + "{}" + "}" * 2000), 422,
+     "Invalid"),
+    ("50-MB", _configmap("big", '{"x": "' + "a" * (50 * 1024 * 1024) + '"}'), 413,
+     "RequestEntityTooLarge"),
+], ids=lambda v: v if isinstance(v, str) and len(v) < 40 else "")
+async def test_hostile_bodies_are_refused_as_the_api_server_does(
+        emu: KubeEmulator, ns: str, case: str, body: str, status: int, reason: str) -> None:
+    async with aiohttp.ClientSession() as s, s.post(
+            f"{emu.url}/api/v1/namespaces/{ns}/configmaps", data=body,
+            headers={"Content-Type": "application/json"}) as resp:
+        got, answer = resp.status, await resp.json(content_type=None)
+    assert (got, answer["kind"], answer["reason"]) == (status, "Status", reason), answer
+    assert (await raw(emu, "GET", f"/api/v1/namespaces/{ns}/configmaps"))[1]["items"] == []
+
+
 async def test_label_and_field_selectors(api: client.ApiClient, ns: str) -> None:
     core = client.CoreV1Api(api)
     for name, role in (("a", "prefill"), ("b", "decode"), ("c", "router")):
