@@ -3,7 +3,8 @@
     poolpilot sim batching --seed 3 [--json]     static vs continuous batching (DESIGN.md)
     poolpilot sim trace --trace FILE [--copies N] [--mode ...] [--prefill N --decode N] [--json]
         replay a trace through a fixed-size pool with the discrete-event simulator and report
-        latencies and the simulator's speed (simulated seconds per wall second)
+        latencies, the prefix cache's hit rate next to the trace's ideal one, and the
+        simulator's speed (simulated seconds per wall second)
     poolpilot sim calibration [--json]
         the step-time model next to the step times measured on an H200, row by row
 """
@@ -44,6 +45,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     t.add_argument("--prefill", type=int, default=1, help="prefill replicas")
     t.add_argument("--decode", type=int, default=1, help="decode replicas")
     t.add_argument("--engines", type=int, default=1, help="engine replicas (aggregated)")
+    t.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
+                   default=True, help="engines cache prompt prefixes (a trace's hash ids; "
+                   "vLLM's flag, default on)")
     t.add_argument("--scrape-interval", type=float, default=15.0,
                    help="read metrics every S simulated seconds, as a scraper would")
     t.add_argument("--json", action="store_true", help="print JSON")
@@ -83,9 +87,11 @@ def _calibration(as_json: bool) -> int:
 
 
 def _trace(args: argparse.Namespace) -> int:
-    from poolpilot.traces import TraceError, load_trace
+    from poolpilot import metrics as m
+    from poolpilot.traces import TraceError, ideal_prefix_hit_rate, load_trace
 
     from .des import PoolSim, SimRequest
+    from .engine import EngineConfig
     from .hardware import UnknownHardware
 
     try:
@@ -98,15 +104,18 @@ def _trace(args: argparse.Namespace) -> int:
     if args.copies < 1:
         print("poolpilot sim trace: --copies must be >= 1", file=sys.stderr)
         return 2
+    # each copy's prompts share prefixes among themselves, never with another copy's
+    span = 1 + max((h for r in trace for h in r.hash_ids), default=-1)
     reqs = sorted(
         (SimRequest(i * len(trace) + j, r.arrival_s + i / args.copies, r.input_tokens,
-                    r.output_tokens)
+                    r.output_tokens, tuple(h + i * span for h in r.hash_ids))
          for i in range(args.copies) for j, r in enumerate(trace)),
         key=lambda r: r.arrival,
     )
     try:
         sim = PoolSim(args.model, args.gpu, args.tensor_parallel, args.mode, args.prefill,
-                      args.decode, args.engines)
+                      args.decode, args.engines,
+                      config=EngineConfig(enable_prefix_caching=args.enable_prefix_caching))
     except (UnknownHardware, ValueError) as exc:
         print(f"poolpilot sim trace: {exc}", file=sys.stderr)
         return 2
@@ -132,7 +141,15 @@ def _trace(args: argparse.Namespace) -> int:
         "ttft_p90": float(np.percentile(ttft, 90)) if len(ttft) else None,
         "itl_p90_median": float(np.median(itl)) if len(itl) else None,
         "preemptions": sum(r.preemptions for r in ok),
+        # prompt tokens the engines that prefilled found cached, of all prompt tokens
+        "prefix_hit_rate": sum(r.prefix_hit_tokens for r in ok) / max(
+            1, sum(r.prompt_tokens for r in ok)),
+        "ideal_prefix_hit_rate": ideal_prefix_hit_rate(trace),
     }
+    first = sim.metrics()["prefill" if args.mode == "disaggregated" else "engine"].counters
+    if first[m.VLLM_PREFIX_CACHE_QUERIES]:  # the engines' own counters say the same
+        out["prefix_cache_hits_over_queries"] = (first[m.VLLM_PREFIX_CACHE_HITS]
+                                                 / first[m.VLLM_PREFIX_CACHE_QUERIES])
     if args.json:
         print(json.dumps(out))
     else:

@@ -126,3 +126,48 @@ def test_prompt_text_shares_the_text_of_shared_blocks(case: Text) -> None:
                 min(len(wa), len(wb)))
     # words are drawn from a small vocabulary: a chance match may extend the run a little
     assert case.shared_words <= same <= case.shared_words + 8
+
+
+# ---- the generator, the trace's ideal and the simulated caches agree ---------------------------
+
+
+@dataclass(frozen=True)
+class Replay:
+    name: str
+    args: list[str]
+    at_ideal: bool  # the engines' hit rate equals the trace's ideal one
+
+
+REPLAYS = [
+    # one H200 holds every session's KV: its cache serves everything an earlier request had
+    Replay("one-engine-reaches-the-ideal", ["--mode", "aggregated", "--engines", "1"], True),
+    Replay("pd-prefill-engine-reaches-the-ideal", ["--prefill", "1", "--decode", "1"], True),
+    # least-loaded routing spreads a session's turns: each engine recomputes what it lacks
+    Replay("four-engines-least-loaded-fall-short", ["--mode", "aggregated", "--engines", "4"],
+           False),
+]
+
+
+@pytest.mark.parametrize("case", REPLAYS, ids=[c.name for c in REPLAYS])
+def test_simulated_hit_rate_against_the_ideal(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                              case: Replay) -> None:
+    import json
+
+    out = tmp_path / "chat.jsonl"
+    assert cli_main(["workload", "sessions", "--kind", "chat", "--sessions", "150",
+                     "--rate", "0.5", "--out", str(out)]) == 0
+    capsys.readouterr()
+    assert cli_main(["sim", "trace", "--trace", str(out), "--json", *case.args]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    ideal = doc["ideal_prefix_hit_rate"]
+    assert 0.4 < ideal < 0.8
+    assert doc["prefix_cache_hits_over_queries"] == pytest.approx(doc["prefix_hit_rate"])
+    if case.at_ideal:
+        assert doc["prefix_hit_rate"] == pytest.approx(ideal, abs=0.005)
+    else:
+        assert doc["prefix_hit_rate"] < 0.9 * ideal
+    assert cli_main(["sim", "trace", "--trace", str(out), "--json",
+                     "--no-enable-prefix-caching", *case.args]) == 0
+    off = json.loads(capsys.readouterr().out)
+    assert off["prefix_hit_rate"] == 0.0
+    assert off["ttft_p90"] > doc["ttft_p90"]
