@@ -3,7 +3,9 @@ and Events.
 
 Each cycle lists InferencePools, Deployments and pods once (cluster-wide, or once per watched
 namespace), never per pool. Writes: the Deployment's scale subresource, the pool's status
-subresource (only the autoscaler's own fields and conditions) and Events.
+subresource (only the autoscaler's own fields and conditions) and Events; before a scale-down,
+the role's pods are listed and the victims annotated (`victims.py`: the pod-deletion-cost and
+the router's draining mark).
 """
 
 from __future__ import annotations
@@ -71,6 +73,14 @@ class Workloads:
         )
 
 
+def pod_ready(pod: Obj) -> bool:
+    """The pod's Ready condition is True (and it is not being deleted)."""
+    if (pod.get("metadata") or {}).get("deletionTimestamp"):
+        return False
+    return any(c.get("type") == "Ready" and c.get("status") == "True"
+               for c in (pod.get("status") or {}).get("conditions") or [])
+
+
 def unschedulable(pod: Obj) -> str | None:
     """The scheduler's message when the pod cannot be placed, else None."""
     if (pod.get("metadata") or {}).get("deletionTimestamp"):
@@ -90,6 +100,9 @@ class Kube(Protocol):
                            metrics: Obj | None, conditions: Iterable[Obj]) -> bool: ...
     async def event(self, pool: Obj, reason: str, message: str, type_: str = "Normal"
                     ) -> None: ...
+    async def role_pods(self, namespace: str, pool: str, role: str) -> list[Obj]: ...
+    async def annotate_pod(self, namespace: str, name: str,
+                           annotations: Mapping[str, str | None]) -> None: ...
 
 
 class KubeClient:
@@ -155,6 +168,20 @@ class KubeClient:
     async def scale(self, namespace: str, name: str, replicas: int) -> None:
         await self.kube.merge_patch("apps/v1", "Deployment", namespace, name,
                                     {"spec": {"replicas": replicas}}, subresource="scale",
+                                    manager=MANAGER)
+
+    async def role_pods(self, namespace: str, pool: str, role: str) -> list[Obj]:
+        """Every pod of one role (the cycle's view keeps only unschedulable ones): listed
+        before a scale-down chooses its victims."""
+        selector = (f"{names.MANAGED_BY}={names.MANAGER},{names.POOL_LABEL}={pool},"
+                    f"{names.ROLE_LABEL}={role}")
+        return list(await self.kube.list("v1", "Pod", namespace, label_selector=selector))
+
+    async def annotate_pod(self, namespace: str, name: str,
+                           annotations: Mapping[str, str | None]) -> None:
+        """Merge-patch the pod's annotations (None removes one)."""
+        await self.kube.merge_patch("v1", "Pod", namespace, name,
+                                    {"metadata": {"annotations": dict(annotations)}},
                                     manager=MANAGER)
 
     async def patch_status(self, namespace: str, name: str, role_fields: Mapping[str, Obj],

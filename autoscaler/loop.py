@@ -18,8 +18,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from poolpilot.autoscaler import decide as core
-from poolpilot.autoscaler import frozen
-from poolpilot.autoscaler.kube import Kube, Obj, parse_time, rfc3339
+from poolpilot.autoscaler import frozen, victims
+from poolpilot.autoscaler.kube import Kube, Obj, parse_time, pod_ready, rfc3339
 from poolpilot.autoscaler.metrics import AutoscalerMetrics
 from poolpilot.autoscaler.observe import MetricsSource, Snapshot, observation
 from poolpilot.autoscaler.shard import Shard
@@ -232,9 +232,12 @@ class Autoscaler:
         failed: dict[str, str] = {}
         for role, rd in d.roles.items():
             if apply and rd.replicas != rd.current:
+                marked = (await self._mark_victims(ns, name, role, rd.replicas)
+                          if rd.replicas < rd.current else [])
                 try:
                     await self.kube.scale(ns, names.child_name(name, role), rd.replicas)
                 except Exception as exc:  # API error: no cooldown, retried next interval
+                    await self._unmark(ns, name, marked)
                     log.warning("pool %s/%s: scaling %s to %d failed: %s", ns, name, role,
                                 rd.replicas, exc)
                     failed[role] = f"{type(exc).__name__}: {exc}"
@@ -264,6 +267,50 @@ class Autoscaler:
             await self.kube.event(obj, d.scaling_limited.reason, d.scaling_limited.message,
                                   "Warning")
         st.last_limited = d.scaling_limited.status
+
+    async def _mark_victims(self, ns: str, pool: str, role: str, replicas: int) -> list[str]:
+        """Before a scale-down to `replicas`: annotate the pods whose loss costs least
+        (`victims.py`) so that the ReplicaSet controller deletes them and the router stops
+        sending to them first; marks left from before are cleared. Best effort: a failure
+        here costs the choice of victim, never the scale-down. Returns the pods marked."""
+        try:
+            pods = [p for p in await self.kube.role_pods(ns, pool, role)
+                    if not (p.get("metadata") or {}).get("deletionTimestamp")]
+            fetch = getattr(self.source, "pod_loads", None)
+            series = await asyncio.to_thread(fetch, ns, pool, role) if fetch else None
+            loads, marked = [], {}
+            for pod in pods:
+                meta = pod.get("metadata") or {}
+                pod_name = str(meta.get("name", ""))
+                ip = str((pod.get("status") or {}).get("podIP") or "")
+                hits = expected = flight = None
+                if series is not None:
+                    flight = series.pod_in_flight.get(pod_name)
+                    hits = series.pod_prefix_hits.get(pod_name)
+                    expected = next((v for url, v in series.endpoint_expected_hits.items()
+                                     if ip and _host(url) == ip), None)
+                loads.append(victims.PodLoad(pod_name, pod_ready(pod), flight,
+                                             hits if hits is not None else expected))
+                marked[pod_name] = ((meta.get("annotations") or {}).get(names.DRAINING)
+                                    == "true")
+            patches = victims.annotation_patches(loads, len(pods) - replicas, marked)
+            for pod_name, annotations in patches.items():
+                await self.kube.annotate_pod(ns, pod_name, annotations)
+            return [n for n, a in patches.items() if a.get(names.DRAINING) is not None]
+        except Exception as exc:
+            log.warning("pool %s/%s: choosing the %s pods to remove failed: %s", ns, pool,
+                        role, exc)
+            return []
+
+    async def _unmark(self, ns: str, pool: str, marked: list[str]) -> None:
+        """The scale-down did not happen: the marked pods serve on."""
+        for pod_name in marked:
+            try:
+                await self.kube.annotate_pod(ns, pod_name, {names.DELETION_COST: None,
+                                                            names.DRAINING: None})
+            except Exception as exc:
+                log.warning("pool %s/%s: clearing the draining mark of %s failed: %s", ns,
+                            pool, pod_name, exc)
 
     async def _write_status(self, obj: Obj, d: core.Decision, obs: core.Observation,
                             scaled: list[core.RoleDecision], failed: Mapping[str, str],
@@ -303,6 +350,14 @@ class Autoscaler:
 def _rfc3339(t: float) -> str:
     """rfc3339, once per cycle rather than once per pool (every pool's `now` is the cycle's)."""
     return rfc3339(t)
+
+
+def _host(url: str) -> str:
+    """'http://10.0.0.5:8000' -> '10.0.0.5' ('http://[fd00::1]:8000' -> 'fd00::1')."""
+    rest = url.split("://", 1)[-1].split("/", 1)[0]
+    if rest.startswith("["):
+        return rest[1:].split("]", 1)[0]
+    return rest.rsplit(":", 1)[0] if ":" in rest else rest
 
 
 def _name(obj: Obj) -> tuple[Any, Any]:

@@ -177,6 +177,33 @@ class PrometheusSource:
         return snap
 
 
+    def pod_loads(self, namespace: str, pool: str, role: str) -> PodSeries:
+        """The per-pod series of one role (`QuerySet.pod_queries`); a failed query is no
+        data (the choice then falls back on readiness and names)."""
+        out = PodSeries()
+        now = time.time()
+        for key, promql in self.query_set.pod_queries(namespace, pool, role).items():
+            try:
+                result = self._query(promql, now)
+            except Exception as exc:
+                log.info("pool %s/%s: per-pod %s unavailable: %s", namespace, pool, key, exc)
+                continue
+            label = "endpoint" if key == q.ENDPOINT_EXPECTED_HITS else "pod"
+            values = {str((s.get("metric") or {}).get(label, "")): float(s["value"][1])
+                      for s in result or []}
+            setattr(out, key, values)
+        return out
+
+
+@dataclass
+class PodSeries:
+    """Per-pod values of one role: pod name (router: endpoint URL) -> value."""
+
+    pod_in_flight: dict[str, float] = field(default_factory=dict)
+    pod_prefix_hits: dict[str, float] = field(default_factory=dict)
+    endpoint_expected_hits: dict[str, float] = field(default_factory=dict)
+
+
 def parse_combined(result: Any, plan: recording.Plan) -> dict[str, dict[GroupKey, float]]:
     """The combined query's series, split by query key."""
     out: dict[str, dict[GroupKey, float]] = {}

@@ -44,6 +44,10 @@ REQUEST_RATE = "request_rate"
 LOCAL_PREFILL_RATE = "local_prefill_rate"
 KV_FAILURE_RATE = "kv_failure_rate"
 PREFIX_HIT_RATE = "prefix_hit_rate"
+# Per-pod keys (QuerySet.pod_queries), for the choice of a scale-down's victims.
+POD_IN_FLIGHT = "pod_in_flight"
+POD_PREFIX_HITS = "pod_prefix_hits"
+ENDPOINT_EXPECTED_HITS = "endpoint_expected_hits"
 
 
 def name_variants(metric: str) -> list[str]:
@@ -114,6 +118,24 @@ class QuerySet:
                     name_variants(m.VLLM_PREFIX_CACHE_QUERIES), strict=True)
         return " or ".join(f"(sum by ({BY}) (rate({h}{s}[{w}])) / sum by ({BY}) "
                            f"(rate({qn}{s}[{w}])))" for h, qn in pairs)
+
+    def pod_queries(self, namespace: str, pool: str, role: str) -> dict[str, str]:
+        """Per-pod series of one role (by `pod`; the router's by `endpoint`), asked only
+        before a scale-down chooses its victims: requests in flight, prompt tokens/s served
+        from each pod's prefix cache, and those the router expected each endpoint to hold."""
+        sel = f'{{namespace="{namespace}", pool="{pool}", role="{role}"}}'
+        w = self.window()
+        return {
+            POD_IN_FLIGHT: " + ".join(
+                "(" + self._compat(g, lambda n: f"sum by (pod) ({n}{sel})") + ")"
+                for g in (m.VLLM_RUNNING, m.VLLM_WAITING)),
+            POD_PREFIX_HITS: self._compat(
+                m.VLLM_PREFIX_CACHE_HITS, lambda c: f"sum by (pod) (rate({c}{sel}[{w}]))"),
+            # (by pool only: the router pod's own `role` label is the router's; endpoints are
+            # addresses, unique across roles)
+            ENDPOINT_EXPECTED_HITS: (f"sum by (endpoint) (rate({m.ROUTER_PREFIX_EXPECTED_HITS}"
+                                     f'{{namespace="{namespace}", pool="{pool}"}}[{w}]))'),
+        }
 
     def _quantile(self, q: float, histogram: str) -> str:
         return f"histogram_quantile({q:g}, {self.bucket_rates(histogram)})"

@@ -368,14 +368,16 @@ def build_router_service_account(pool: Pool) -> Obj:
 
 
 ROUTER_RULES: list[Obj] = [
-    # router/discovery.py lists the pool's EndpointSlices, then watches them: nothing more.
+    # router/discovery.py lists the pool's EndpointSlices, then watches them; and the pool's
+    # pods, for the autoscaler's draining mark on those a scale-down removes: nothing more.
     {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"],
      "verbs": ["list", "watch"]},
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]},
 ]
 
 
 def build_router_role(pool: Pool) -> Obj:
-    """The calls the router makes to discover engines (EndpointSlices: list and watch)."""
+    """The calls the router makes to discover engines (EndpointSlices and pods: list, watch)."""
     return {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "Role",

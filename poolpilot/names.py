@@ -7,6 +7,11 @@ MANAGER = "poolpilot"
 POOL_LABEL = "poolpilot.dev/pool"
 ROLE_LABEL = "poolpilot.dev/role"
 FIELD_MANAGER = "poolpilot-operator"
+# Set by the autoscaler on the engine pods a scale-down is about to remove: the ReplicaSet
+# controller deletes the lowest deletion cost first, and the router sends no new request to a
+# pod marked draining.
+DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
+DRAINING = "poolpilot.dev/draining"
 ROUTER_PORT = 8000
 ENGINE_PORT = 8000
 

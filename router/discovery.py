@@ -6,16 +6,22 @@ with one address per ready pod. Watching them (list, then watch from the list's
 resourceVersion; relist on 410 Gone or a dropped stream) shows scaling within seconds. The API
 client is the shared one (`poolpilot.kubeclient`): same credentials order and timeouts as the
 operator and autoscaler.
+
+The pool's pods are watched too, for one annotation: before a scale-down the autoscaler marks
+the pods it is about to remove `poolpilot.dev/draining: "true"` (with the pod-deletion-cost
+that makes the ReplicaSet controller take them). An endpoint whose pod is marked gets no new
+request (those in flight finish), unless every endpoint of its role is marked: a role is never
+left with nothing to send to on a mark alone.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Any
 
-from poolpilot.names import ENGINE_PORT, ENGINE_ROLES, child_name
+from poolpilot.names import DRAINING, ENGINE_PORT, ENGINE_ROLES, POOL_LABEL, child_name
 
 log = logging.getLogger("poolpilot.router.discovery")
 SERVICE_LABEL = "kubernetes.io/service-name"
@@ -44,12 +50,15 @@ def role_of_service(pool: str, service: str) -> str | None:
     return None
 
 
-def endpoints_from_slices(pool: str, slices: Iterable[Mapping[str, Any]]) -> dict[str, list[str]]:
+def endpoints_from_slices(pool: str, slices: Iterable[Mapping[str, Any]],
+                          draining: Collection[str] = frozenset()) -> dict[str, list[str]]:
     """URLs per role from EndpointSlice objects (camelCase dicts as the API serves them).
 
     An address counts unless its `conditions.ready` is false (absent means ready, as in
-    Kubernetes); the port is the one named `http`, else the first, else the engine port."""
+    Kubernetes), or its pod (`targetRef`) is in `draining` while another endpoint of the role
+    is not; the port is the one named `http`, else the first, else the engine port."""
     out: dict[str, list[str]] = {role: [] for role in ENGINE_ROLES}
+    held: dict[str, list[str]] = {role: [] for role in ENGINE_ROLES}  # draining pods' URLs
     for s in slices:
         labels = (s.get("metadata") or {}).get("labels") or {}
         role = role_of_service(pool, labels.get(SERVICE_LABEL, ""))
@@ -61,10 +70,18 @@ def endpoints_from_slices(pool: str, slices: Iterable[Mapping[str, Any]]) -> dic
         for ep in s.get("endpoints") or []:
             if (ep.get("conditions") or {}).get("ready") is False:
                 continue
+            pod = (ep.get("targetRef") or {}).get("name")
             for address in (ep.get("addresses") or [])[:1]:
                 host = f"[{address}]" if ":" in address else address
-                out[role].append(f"http://{host}:{port}")
-    return {role: sorted(set(urls)) for role, urls in out.items()}
+                (held if pod in draining else out)[role].append(f"http://{host}:{port}")
+    return {role: sorted(set(urls or held[role])) for role, urls in out.items()}
+
+
+def draining_pods(pods: Iterable[Mapping[str, Any]]) -> frozenset[str]:
+    """Names of the pods the autoscaler marked as the next to go."""
+    return frozenset(str(meta.get("name")) for p in pods
+                     if ((meta := p.get("metadata") or {}).get("annotations") or {}).get(
+                         DRAINING) == "true")
 
 
 def label_selector(pool: str) -> str:
@@ -90,10 +107,12 @@ class KubernetesDiscovery:
         self.watch_timeout_s = watch_timeout_s
         self.synced = asyncio.Event()
         self._slices: dict[str, dict[str, Any]] = {}
+        self._pods: dict[str, dict[str, Any]] = {}  # name -> metadata (annotations) only
         self._last: dict[str, list[str]] = {}
 
     def _emit(self) -> None:
-        current = endpoints_from_slices(self.pool, self._slices.values())
+        current = endpoints_from_slices(self.pool, self._slices.values(),
+                                        draining_pods(self._pods.values()))
         initial = not self.synced.is_set()
         for role, urls in current.items():
             if self._last.get(role) != urls:
@@ -112,26 +131,54 @@ class KubernetesDiscovery:
         except NoCredentials as exc:  # the router stays not ready (/ready answers 503)
             log.error("cannot discover engines: %s", exc)
             return
-        selector = label_selector(self.pool)
         try:
-            while True:
-                try:
-                    items, rv = await kube.list_with_version(
-                        SLICE_API, "EndpointSlice", self.namespace, label_selector=selector)
-                    self._slices = {item["metadata"]["name"]: item for item in items}
-                    self._emit()
-                    async for kind, obj in kube.watch(
-                        SLICE_API, "EndpointSlice", self.namespace, resource_version=rv,
-                        label_selector=selector, timeout_seconds=self.watch_timeout_s,
-                    ):
-                        self._apply(kind, obj)
-                except ApiError as exc:
-                    # 410 Gone (too old a resourceVersion), no answer, a refused request.
-                    level = logging.INFO if exc.transient or exc.status == 410 else logging.ERROR
-                    log.log(level, "endpointslice watch: %s; relisting", exc)
-                await asyncio.sleep(self.relist_delay_s)
+            await asyncio.gather(self._follow(kube, ApiError, "slices"),
+                                 self._follow(kube, ApiError, "pods"))
         finally:
             await kube.close()
+
+    async def _follow(self, kube: Any, api_error: type[Exception], what: str) -> None:
+        """List, then watch one kind (EndpointSlices, or the pool's pods for their draining
+        mark); on 410 Gone, a dropped stream or the server's watch timeout, list again."""
+        if what == "slices":
+            api_version, kind, selector = SLICE_API, "EndpointSlice", label_selector(self.pool)
+        else:
+            api_version, kind, selector = "v1", "Pod", f"{POOL_LABEL}={self.pool}"
+        while True:
+            try:
+                items, rv = await kube.list_with_version(
+                    api_version, kind, self.namespace, label_selector=selector)
+                if what == "slices":
+                    self._slices = {item["metadata"]["name"]: item for item in items}
+                else:
+                    self._pods = {item["metadata"]["name"]: _slim(item) for item in items}
+                if what == "slices" or self.synced.is_set():
+                    self._emit()
+                async for event, obj in kube.watch(
+                    api_version, kind, self.namespace, resource_version=rv,
+                    label_selector=selector, timeout_seconds=self.watch_timeout_s,
+                ):
+                    (self._apply if what == "slices" else self._apply_pod)(event, obj)
+            except api_error as exc:
+                # 410 Gone (too old a resourceVersion), no answer, a refused request.
+                status = getattr(exc, "status", None)
+                level = (logging.INFO if getattr(exc, "transient", False) or status == 410
+                         else logging.ERROR)
+                log.log(level, "%s watch: %s; relisting", kind.lower(), exc)
+            await asyncio.sleep(self.relist_delay_s)
+
+    def _apply_pod(self, kind: str, obj: Mapping[str, Any]) -> None:
+        if kind not in ("ADDED", "MODIFIED", "DELETED"):
+            return
+        name = obj["metadata"]["name"]
+        before = self._pods.get(name)
+        if kind == "DELETED":
+            self._pods.pop(name, None)
+        else:
+            self._pods[name] = _slim(obj)
+        after = self._pods.get(name)
+        if draining_pods([before or {}]) != draining_pods([after or {}]) and self.synced.is_set():
+            self._emit()
 
     def _apply(self, kind: str, obj: Mapping[str, Any]) -> None:
         if kind not in ("ADDED", "MODIFIED", "DELETED"):
@@ -142,3 +189,9 @@ class KubernetesDiscovery:
         else:
             self._slices[name] = dict(obj)
         self._emit()
+
+
+def _slim(pod: Mapping[str, Any]) -> dict[str, Any]:
+    """What discovery keeps of a pod: its name and annotations."""
+    meta = pod.get("metadata") or {}
+    return {"metadata": {"name": meta.get("name"), "annotations": meta.get("annotations") or {}}}

@@ -95,7 +95,8 @@ def plan_replicas(deployment: Mapping[str, Any], pods: Sequence[Mapping[str, Any
 
     Pods on an old template are replaced surge-first (as maxUnavailable 0): a new pod is made,
     and an old one goes only once enough current pods are ready. Scale-down removes not-ready
-    pods first, then the newest, as the ReplicaSet controller does.
+    pods first, then the lowest pod-deletion-cost, then the newest, as the ReplicaSet
+    controller does.
     """
     want = int(deployment["spec"].get("replicas", 1))
     h = template_hash(deployment["spec"]["template"])
@@ -110,6 +111,7 @@ def plan_replicas(deployment: Mapping[str, Any], pods: Sequence[Mapping[str, Any
             current,
             key=lambda p: (
                 bool(ready.get(p["metadata"]["name"])),
+                deletion_cost(p),
                 _negated(p["metadata"].get("creationTimestamp", "")),
             ),
         )
@@ -118,6 +120,19 @@ def plan_replicas(deployment: Mapping[str, Any], pods: Sequence[Mapping[str, Any
     removable = len(old) if want == 0 else max(0, current_ready + len(old) - want)
     delete += [p["metadata"]["name"] for p in old[:removable]]
     return PodPlan(create=create, delete=delete)
+
+
+DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
+
+
+def deletion_cost(pod: Mapping[str, Any]) -> int:
+    """The pod's `controller.kubernetes.io/pod-deletion-cost` (0 when unset or not an int, as
+    the ReplicaSet controller reads it): among ready pods, the lowest goes first."""
+    value = ((pod.get("metadata") or {}).get("annotations") or {}).get(DELETION_COST)
+    try:
+        return int(value) if value is not None else 0
+    except (TypeError, ValueError):
+        return 0
 
 
 def _negated(stamp: str) -> tuple[int, ...]:

@@ -38,10 +38,11 @@ a verb no call used. Server-side apply is a PATCH, and `create` when it makes th
 - apiGroups: [rbac.authorization.k8s.io]
   resources: [roles, rolebindings]
   verbs: [get, create, patch, delete]
-# Pod phases and reasons feed the pool's conditions (PodsPending, Unschedulable, ...).
+# Pod phases and reasons feed the pool's conditions (PodsPending, Unschedulable, ...);
+# watch: granted to each router (its discovery follows the pods' draining mark).
 - apiGroups: [""]
   resources: [pods]
-  verbs: [list]
+  verbs: [list, watch]
 - apiGroups: [""]
   resources: [events]
   verbs: [create]
@@ -88,10 +89,11 @@ a verb no call used. Server-side apply is a PATCH, and `create` when it makes th
 - apiGroups: [apps]
   resources: [deployments/scale]
   verbs: [patch]
-# Ready, Pending and Unschedulable pods count as capacity on the way or ScalingLimited.
+# Ready, Pending and Unschedulable pods count as capacity on the way or ScalingLimited;
+# before a scale-down the pods that go are annotated (pod-deletion-cost, draining).
 - apiGroups: [""]
   resources: [pods]
-  verbs: [list, watch]
+  verbs: [list, watch, patch]
 - apiGroups: [""]
   resources: [events]
   verbs: [create]
