@@ -276,3 +276,31 @@ def test_local_prefill_on_a_decode_engine_uses_that_engines_cache() -> None:
                 hash_block_tokens=HASH_BLOCK_TOKENS)
     n, _ = _prefill(eng, local)
     assert local.prefix_hit == 1984 and n == 16
+
+
+pool_reqs = st.lists(
+    st.tuples(st.floats(0, 5), st.integers(0, 3), st.integers(0, 12), st.integers(1, 1500),
+              st.integers(1, 300)),
+    min_size=1, max_size=40,
+)
+
+
+@settings(max_examples=30, deadline=None)
+@given(reqs=pool_reqs, mode=st.sampled_from(["aggregated", "disaggregated"]))
+def test_a_pool_under_kv_pressure_serves_everyone_and_gives_every_block_back(reqs, mode) -> None:
+    """Shared prefixes, a KV cache of ~23k tokens per engine (preemption and eviction), P/D
+    or aggregated: every request finishes and every engine ends with all blocks free."""
+    small = EngineConfig(gpu_memory_utilization=0.15)
+    sim = PoolSim(mode=mode, prefill_replicas=1, decode_replicas=2, engine_replicas=2,
+                  config=small)
+    for i, (t, tag, blocks, own, out) in enumerate(sorted(reqs)):
+        ids = _ids(tag, blocks) + (10**6 + i,) * (own > 0)
+        sim.submit(SimRequest(i, t, blocks * HASH_BLOCK_TOKENS + own, out, ids))
+    sim.run()
+    recs = sim.records()
+    assert len(recs) == len(reqs) and all(r.ok for r in recs)
+    for rep in sim.replicas.values():
+        sched = rep.engine.sched
+        assert sched.free_blocks == sched.num_blocks and sched.cache.pinned_blocks == 0
+        assert sched.cache.evictable_blocks <= sched.num_blocks
+        assert sched.prefix_hits <= sched.prefix_queries
