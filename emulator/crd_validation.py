@@ -16,6 +16,7 @@ import functools
 import json
 import math
 from collections.abc import Iterator
+from decimal import Decimal
 from typing import Any
 
 import celpy
@@ -23,6 +24,7 @@ import jsonschema
 from celpy import celtypes
 
 from poolpilot import re2
+from poolpilot.apitypes import quantity_value
 
 _ENV = celpy.Environment()
 _INT64 = (-(2**63), 2**63 - 1)
@@ -178,7 +180,31 @@ def _matches(text: Any, pattern: Any) -> celtypes.BoolType:
     return celtypes.BoolType(re2.search(str(pattern), str(text)))
 
 
-_FUNCTIONS: dict[str, Any] = {"matches": _matches}
+class _Quantity(celtypes.StringType):
+    """A value of Kubernetes' CEL quantity library (`quantity("500m")`)."""
+
+    amount: Decimal
+
+
+def _to_quantity(text: Any) -> _Quantity:
+    amount = quantity_value(str(text))
+    if amount is None:
+        raise ValueError(f"quantity: {text!r} is not a quantity")  # celpy: an evaluation error
+    q = _Quantity(str(text))
+    q.amount = amount
+    return q
+
+
+def _is_greater_than(a: _Quantity, b: _Quantity) -> celtypes.BoolType:
+    return celtypes.BoolType(a.amount > b.amount)
+
+
+def _is_less_than(a: _Quantity, b: _Quantity) -> celtypes.BoolType:
+    return celtypes.BoolType(a.amount < b.amount)
+
+
+_FUNCTIONS: dict[str, Any] = {"matches": _matches, "quantity": _to_quantity,
+                              "isGreaterThan": _is_greater_than, "isLessThan": _is_less_than}
 
 
 @functools.lru_cache(maxsize=1024)

@@ -13,16 +13,15 @@
 from __future__ import annotations
 
 import asyncio
-import re
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
-from decimal import Decimal, InvalidOperation
 from typing import Any, Protocol, TypeVar
 
 from poolpilot.operator import builders
 from poolpilot.operator.kubeapi import ApiError, Discovered
 
 from poolpilot import api, names, workloads
+from poolpilot.apitypes import quantity_value
 
 Obj = dict[str, Any]
 T = TypeVar("T")
@@ -85,29 +84,12 @@ def stamped(obj: Obj) -> Obj:
 
 # --- comparison -------------------------------------------------------------------------------
 
-_QUANTITY = re.compile(r"^([+-]?[0-9.]+(?:[eE][+-]?[0-9]+)?)([KMGTPE]i|[numkMGTPE])?$")
-_SUFFIX: dict[str | None, Decimal | int] = {
-           None: 1, "n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3"),
-           "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18,
-           "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
-
-
-def _quantity(value: str) -> Decimal | None:
-    m = _QUANTITY.match(value)
-    if not m:
-        return None
-    try:
-        return Decimal(m.group(1)) * Decimal(_SUFFIX[m.group(2)])
-    except InvalidOperation:
-        return None
-
-
 def _same_scalar(want: Any, have: Any) -> bool:
     if want == have:
         return True
     if isinstance(want, str) and isinstance(have, str):
         # The API server canonicalizes quantities ("0.5" -> "500m", "1000Mi" stays).
-        a, b = _quantity(want), _quantity(have)
+        a, b = quantity_value(want), quantity_value(have)
         return a is not None and a == b
     return False
 

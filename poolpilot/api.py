@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 from pydantic_core import PydanticCustomError
 
+from poolpilot import re2
 from poolpilot.apitypes import (
     DNS1035_LABEL,
     DNS1123_LABEL,
@@ -34,6 +35,7 @@ from poolpilot.apitypes import (
     TrimmedString,
     cel_string,
     collecting_rule_failures,
+    quantity_value,
     spellings,
 )
 
@@ -64,10 +66,51 @@ def _resource_rules(field: str) -> Rule:
     )
 
 
+# A container resource: a standard one, or a name qualified by a domain (example.com/foo), as the
+# API server's validation of a Pod's container resources requires.
+RESOURCE_NAME = (
+    r"^(cpu|memory|ephemeral-storage|hugepages-[0-9]+([KMGTPE]i|[kMGTPE])?"
+    r"|[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
+    r"/[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)$"
+)
+
+
+def _resource_name_rule(field: str) -> Rule:
+    return Rule(
+        field=field,
+        cel=f"!has(self.{field}) || self.{field}.all(k, k.matches({cel_string(RESOURCE_NAME)}))",
+        message="resource names must be cpu, memory, ephemeral-storage, hugepages-<size> or "
+                "qualified by a domain (example.com/name)",
+        check=lambda s: all(re2.search(RESOURCE_NAME, k) for k in getattr(s, field)),
+    )
+
+
+def _requests_within_limits(s: Any) -> bool:
+    for name, request in s.requests.items():
+        if name in s.limits:
+            want, cap = quantity_value(request), quantity_value(s.limits[name])
+            if want is not None and cap is not None and want > cap:
+                return False
+    return True
+
+
 class ResourceRequirements(ApiModel):
     """CPU, memory and accelerator requests and limits, as in a container spec."""
 
-    rules = (_resource_rules("requests"), _resource_rules("limits"))
+    rules = (
+        _resource_rules("requests"), _resource_rules("limits"),
+        _resource_name_rule("requests"), _resource_name_rule("limits"),
+        # Kubernetes' CEL quantity library (API servers 1.29 and later).
+        Rule(
+            field="requests",
+            cel="!has(self.requests) || !has(self.limits) || self.requests.all(k, "
+                "!(k in self.limits) || !quantity(string(self.requests[k]))"
+                ".isGreaterThan(quantity(string(self.limits[k]))))",
+            message="each request must be at most its limit; lower the request or raise the "
+                    "limit",
+            check=_requests_within_limits,
+        ),
+    )
 
     requests: dict[str, Quantity] = Field(
         default_factory=dict,

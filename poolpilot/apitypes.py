@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
 from typing import Annotated, Any, ClassVar
 
 from pydantic import (
@@ -124,6 +125,29 @@ SecretKey = Annotated[str, Matching(
 TrimmedString = Annotated[str, Matching(
     r"^\S(.*\S)?$", "must not be empty or start or end with whitespace"
 )]
+
+
+_QUANTITY_PARTS = re.compile(r"^\+?([0-9.]+(?:[eE][+-]?[0-9.]+)?)([KMGTPE]i|[numkMGTPE])?$")
+_SUFFIX: dict[str | None, Decimal] = {
+    None: Decimal(1), "n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3"),
+    "k": Decimal(10**3), "M": Decimal(10**6), "G": Decimal(10**9), "T": Decimal(10**12),
+    "P": Decimal(10**15), "E": Decimal(10**18), "Ki": Decimal(2**10), "Mi": Decimal(2**20),
+    "Gi": Decimal(2**30), "Ti": Decimal(2**40), "Pi": Decimal(2**50), "Ei": Decimal(2**60),
+}
+
+
+def quantity_value(value: int | str) -> Decimal | None:
+    """The amount a Kubernetes quantity stands for ("500m" -> 0.5, "1Gi" -> 1073741824), or
+    None when it is not one."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return Decimal(value)
+    m = _QUANTITY_PARTS.match(str(value))
+    if not m:
+        return None
+    try:
+        return Decimal(m.group(1)) * _SUFFIX[m.group(2)]
+    except InvalidOperation:
+        return None
 
 
 def _quantity(value: Any) -> int | str:
