@@ -79,6 +79,10 @@ class PrefixCache:
         """References to unit `h` (0 for a cached free unit); KeyError if not cached."""
         return self._entries[h].refs
 
+    def blocks(self, hashes: Iterable[int]) -> int:
+        """KV blocks these cached units occupy."""
+        return sum(self._entries[h].blocks for h in hashes)
+
     def lru_order(self) -> list[int]:
         """The unreferenced units, the next to be evicted first."""
         return list(self._lru)

@@ -203,31 +203,30 @@ class Scheduler:
     def _unit(self, seq: Seq) -> int:
         return seq.hash_block_tokens or self.block_size
 
-    def _lookup(self, seq: Seq) -> bool:
+    def _lookup(self, seq: Seq) -> None:
         """Start `seq` from its longest cached prefix (before it allocates anything): its
-        first units are referenced and their tokens computed. False if the cached units it
-        would pin do not leave room for it (nothing changes then)."""
+        first units are referenced and their tokens computed (_unlookup undoes it)."""
         hashes = seq.block_hashes
         if not self.enable_prefix_caching or not hashes or seq.cached:
-            return True
+            return
+        seq.prefix_hit = 0  # a preempted sequence looks up again
         k = self.cache.match(hashes)
         if k == 0:
-            return True
+            return
         unit, bs = self._unit(seq), self.block_size
         # whole KV blocks, never the last prompt token
         hit = min(k * unit, seq.prompt, (seq.prompt - 1) // bs * bs)
         k = min(k, -(-hit // unit))
         if hit <= 0 or k <= 0:
-            return True
+            return
         use = hashes[:k]
         taken = self.cache.acquire(use)
         self.free_blocks -= taken
         seq.cached = list(use)
-        seq.shared_blocks = seq.blocks = blocks_for(min(k * unit, seq.prompt), bs)
+        seq.shared_blocks = seq.blocks = self.cache.blocks(use)
         seq.cache_next = k
         seq.computed = hit
         seq.prefix_hit = hit
-        return True
 
     def _unlookup(self, seq: Seq) -> None:
         """Undo _lookup for a sequence that could not be admitted after all."""
