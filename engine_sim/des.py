@@ -15,6 +15,13 @@ token) -> least-loaded ready decode replica: its blocks are allocated, the promp
 over the link (bytes / link bandwidth + latency), then decode runs; the user sees the first
 token when the decode engine samples it. Aggregated: one engine does both.
 
+Prefix caching: a request's `hash_ids` (a trace's 512-token blocks) are what each engine's
+prefix cache looks up and keeps (scheduler.py, prefix_cache.py): the prefill engine's cache
+serves a P/D prompt; the decode engine transfers only what its own cache lacks and caches the
+rest on arrival; a local prefill uses its decode engine's cache. `RequestRecord.
+prefix_hit_tokens` is what the prefilling engine found cached; `metrics()` carries vLLM's
+prefix_cache_queries/hits counters per role (and per engine with per_replica=True).
+
 Local prefill (`local_prefill=LocalPrefill(ttft_s, itl_s)`, disaggregated only): at each
 arrival the router's own rule, `poolpilot.router.local_prefill.decide`, chooses between the
 P/D path and prefilling on a decode engine (aggregated there: no KV transfer). It is fed what
