@@ -1,8 +1,10 @@
 """Thin Kopf handlers: one reconcile for create/update/resume and a timer for drift.
 
 Both parse the spec with pydantic, call the reconcile service, patch the operator's part of the
-status and post Events for transitions. Dependencies (the API client, discovery) live in Kopf's
-memo; a per-pool lock keeps the timer and the change handler from overlapping.
+status and post Events for transitions. Kopf's memo holds two typed objects: the process's
+(`Process`: the API client, discovery, the reconcile slots, the metrics), shared by every pool,
+and each pool's own (`PoolMemory`: its lock, which keeps the timer and the change handler from
+overlapping, its backoff and its last status write).
 
     registry = kopf.OperatorRegistry()
     register(registry, OperatorConfig(kubeconfig=..., drift_interval=30))
@@ -15,13 +17,15 @@ import datetime
 import logging
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
 from poolpilot.kubeclient import credentials
 from poolpilot.operator import builders, reconcile, retry, status
-from poolpilot.operator.kubeapi import ApiError, KubeApi
+from poolpilot.operator import metrics as opmetrics
+from poolpilot.operator.kubeapi import ApiError, Discovered, KubeApi
+from poolpilot.operator.metrics import OperatorMetrics
 
 from poolpilot import api, names
 from poolpilot.validate import InvalidPool, parse_spec
@@ -51,6 +55,40 @@ class OperatorConfig:
     permanent_backoff: tuple[float, float] = (retry.PERMANENT_FIRST_S, retry.PERMANENT_MAX_S)
 
 
+@dataclass
+class Process:
+    """What every pool's reconcile shares. Kopf gives each pool a shallow copy of the startup
+    memo, so this one object is seen, and updated (`closing`), by all of them."""
+
+    kube: KubeApi
+    discovered: Discovered
+    slots: asyncio.Semaphore  # --max-concurrent-reconciles
+    metrics: OperatorMetrics
+    closing: bool = False  # shutting down: the API client is closed
+
+
+@dataclass
+class PoolMemory:
+    """One pool's state between its reconciles."""
+
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    generation: int | None = None
+    failures: int = 0  # permanent API errors in a row (the backoff's exponent)
+    retry_at: float = 0.0  # monotonic time before which a permanent error is not retried
+    last_written: dict[str, Any] | None = None  # the pool as our last status write returned it
+    result: str = opmetrics.NO_OP  # how the last reconcile ended (the metrics' label)
+
+
+def _process(memo: kopf.Memo) -> Process:
+    process: Process = memo["process"]
+    return process
+
+
+def _pool_memory(memo: kopf.Memo) -> PoolMemory:
+    pool: PoolMemory = memo.setdefault("pool", PoolMemory())
+    return pool
+
+
 def configure(settings: kopf.OperatorSettings, config: OperatorConfig) -> None:
     settings.networking.request_timeout = config.request_timeout
     settings.networking.connect_timeout = config.request_timeout
@@ -78,24 +116,23 @@ def _rv(body: Any) -> int:
         return 0
 
 
-def _previous_status(body: kopf.Body, memo: kopf.Memo) -> dict[str, Any]:
+def _previous_status(body: kopf.Body, memory: PoolMemory) -> dict[str, Any]:
     """The freshest status we know: the watched body, or our own last write if newer (the
     watch event of that write may not have arrived yet; re-writing it would not be a no-op)."""
-    seen = memo.get("last_written")
+    seen = memory.last_written
     if seen is not None and _rv(seen) > _rv(body):
         return dict(seen.get("status") or {})
     return dict(body.get("status") or {})
 
 
-async def _write_status(
-    kube: KubeApi, body: kopf.Body, memo: kopf.Memo, new: dict[str, Any], previous: dict[str, Any]
-) -> None:
+async def _write_status(kube: KubeApi, body: kopf.Body, memory: PoolMemory,
+                        new: dict[str, Any], previous: dict[str, Any]) -> None:
     patch = status.merge_patch(previous, new)
     if patch is None:
         return
     written = await kube.patch_status(body["metadata"]["namespace"], body["metadata"]["name"],
                                       {"status": patch})
-    memo["last_written"] = written
+    memory.last_written = written
 
 
 def _post(body: kopf.Body, events: list[status.EventSpec]) -> None:
@@ -122,31 +159,51 @@ def _outcome_events(outcome: reconcile.Outcome) -> list[status.EventSpec]:
 async def handle(body: kopf.Body, memo: kopf.Memo, logger: logging.Logger | Any, *,
                  from_timer: bool, config: OperatorConfig) -> None:
     """Reconcile one pool: children, then status. Shared by the change handler and the timer."""
-    if memo.get("closing"):
+    process, memory = _process(memo), _pool_memory(memo)
+    if process.closing:
         return  # shutting down: the API client is closed
-    lock: asyncio.Lock = memo.setdefault("lock", asyncio.Lock())
-    async with lock, memo["slots"]:
-        await _handle_locked(body, memo, logger, from_timer=from_timer, config=config)
+    metrics = process.metrics
+    trigger = "timer" if from_timer else "change"
+    async with memory.lock:
+        metrics.queued.inc()
+        try:
+            await process.slots.acquire()
+        finally:
+            metrics.queued.dec()
+        metrics.active.inc()
+        start = time.monotonic()
+        memory.result = opmetrics.API_ERROR  # what an unexpected exception out of it means
+        try:
+            await _handle_locked(body, process, memory, logger, from_timer=from_timer,
+                                 config=config)
+        finally:
+            process.slots.release()
+            metrics.active.dec()
+            metrics.duration.labels(trigger).observe(time.monotonic() - start)
+            metrics.reconciles.labels(trigger, memory.result).inc()
 
 
-async def _handle_locked(body: kopf.Body, memo: kopf.Memo, logger: logging.Logger | Any, *,
-                         from_timer: bool, config: OperatorConfig) -> None:
-    kube: KubeApi = memo["kube"]
+async def _handle_locked(body: kopf.Body, process: Process, memory: PoolMemory,
+                         logger: logging.Logger | Any, *, from_timer: bool,
+                         config: OperatorConfig) -> None:
+    kube = process.kube
     meta = body["metadata"]
     name, namespace = meta["name"], meta["namespace"]
     if meta.get("deletionTimestamp"):
+        memory.result = opmetrics.POOL_GONE
         return  # being deleted: the collector removes the children, nothing to converge
     generation = int(meta.get("generation", 0))
-    if memo.get("generation") != generation:  # a new spec: no backoff carried over
-        memo.update(generation=generation, failures=0, retry_at=0.0)
-    wait = memo.get("retry_at", 0.0) - time.monotonic()
+    if memory.generation != generation:  # a new spec: no backoff carried over
+        memory.generation, memory.failures, memory.retry_at = generation, 0, 0.0
+    wait = memory.retry_at - time.monotonic()
     if wait > 0:  # backing off after a permanent API error
+        memory.result = opmetrics.BACKING_OFF
         if from_timer:
             return
         raise kopf.TemporaryError("backing off after a permanent API error", delay=wait)
-    previous = _previous_status(body, memo)
+    previous = _previous_status(body, memory)
     endpoint = names.router_endpoint(name, namespace)
-    caps = reconcile.capabilities(memo["discovered"], config.monitor_labels,
+    caps = reconcile.capabilities(process.discovered, config.monitor_labels,
                                   config.network_policies)
     try:
         spec = parse_spec(dict(body.get("spec") or {}))
@@ -155,12 +212,13 @@ async def _handle_locked(body: kopf.Body, memo: kopf.Memo, logger: logging.Logge
                                        previous=previous, endpoint=endpoint, now=_now(),
                                        invalid=exc.errors)
         try:
-            await _write_status(kube, body, memo, result.status, previous)
+            await _write_status(kube, body, memory, result.status, previous)
         except ApiError as err:
-            await _api_failed(err, body, memo, logger, None, caps, config,
+            await _api_failed(err, body, process, memory, logger, None, caps, config,
                               from_timer=from_timer, writing_status=True)
             return
-        _succeeded(memo)
+        _succeeded(memory)
+        memory.result = opmetrics.INVALID_SPEC
         _post(body, result.events)
         logger.warning("%s/%s: invalid spec, children left as they are: %s", namespace, name,
                        "; ".join(exc.errors))
@@ -179,9 +237,12 @@ async def _handle_locked(body: kopf.Body, memo: kopf.Memo, logger: logging.Logge
     except ApiError as exc:
         # Every write is an idempotent apply, so a retry finishes whatever a failed attempt
         # left half done.
-        await _api_failed(exc, body, memo, logger, pool, caps, config, from_timer=from_timer)
+        await _api_failed(exc, body, process, memory, logger, pool, caps, config,
+                          from_timer=from_timer)
         return
+    process.metrics.writes.inc(outcome.writes)
     if outcome.pool_gone:
+        memory.result = opmetrics.POOL_GONE
         logger.info("%s/%s: the pool is being deleted; nothing to do", namespace, name)
         return
     _post(body, _outcome_events(outcome))
@@ -199,20 +260,22 @@ async def _handle_locked(body: kopf.Body, memo: kopf.Memo, logger: logging.Logge
                                    previous=previous, endpoint=endpoint, now=_now(),
                                    stale_roles=stale, blocked=blocked)
     try:
-        await _write_status(kube, body, memo, result.status, previous)
+        await _write_status(kube, body, memory, result.status, previous)
     except ApiError as exc:
         exc.what = exc.what or "write the pool's status"
-        await _api_failed(exc, body, memo, logger, pool, caps, config, from_timer=from_timer,
-                          writing_status=True)
+        await _api_failed(exc, body, process, memory, logger, pool, caps, config,
+                          from_timer=from_timer, writing_status=True)
         return
-    _succeeded(memo)
+    _succeeded(memory)
+    memory.result = (opmetrics.NAME_CONFLICT if outcome.conflicts else
+                     opmetrics.CONVERGED if outcome.writes else opmetrics.NO_OP)
     _post(body, result.events)
     if outcome.waiting and not from_timer:
         raise kopf.TemporaryError(f"mode switch: {outcome.waiting}", delay=config.cutover_poll)
 
 
-def _succeeded(memo: kopf.Memo) -> None:
-    memo.update(failures=0, retry_at=0.0)
+def _succeeded(memory: PoolMemory) -> None:
+    memory.failures, memory.retry_at = 0, 0.0
 
 
 async def _pool_gone(kube: KubeApi, body: kopf.Body) -> bool:
@@ -225,7 +288,7 @@ async def _pool_gone(kube: KubeApi, body: kopf.Body) -> bool:
             or bool(live["metadata"].get("deletionTimestamp")))
 
 
-async def _api_failed(exc: ApiError, body: kopf.Body, memo: kopf.Memo,
+async def _api_failed(exc: ApiError, body: kopf.Body, process: Process, memory: PoolMemory,
                       logger: logging.Logger | Any, pool: builders.Pool | None,
                       caps: builders.Capabilities, config: OperatorConfig, *, from_timer: bool,
                       writing_status: bool = False) -> None:
@@ -233,47 +296,52 @@ async def _api_failed(exc: ApiError, body: kopf.Body, memo: kopf.Memo,
     quota): Degraded=True with the API's message, an Event, retries backing off from 5 s to
     5 min. A pool deleted meanwhile: nothing retried or reported, and children written for
     it after it was gone (its finalizer removed by hand) are deleted."""
-    kube: KubeApi = memo["kube"]
+    kube = process.kube
     meta = body["metadata"]
     where = f"{meta['namespace']}/{meta['name']}"
     if await _pool_gone(kube, body):
+        memory.result = opmetrics.POOL_GONE
         removed = await reconcile.remove_orphans(kube, pool, caps) if pool is not None else []
         logger.info("%s: deleted while being reconciled (%s); removed %s", where, exc,
                     ", ".join(removed) or "nothing")
         return
-    memo["failures"] = memo.get("failures", 0) + 1
+    memory.result = opmetrics.API_ERROR
+    process.metrics.api_errors.labels("transient" if exc.transient else "permanent").inc()
+    memory.failures += 1
     first, ceiling = config.permanent_backoff
-    wait = retry.delay(transient=exc.transient, failures=memo["failures"], first=first,
+    wait = retry.delay(transient=exc.transient, failures=memory.failures, first=first,
                        ceiling=ceiling)
     if exc.transient:
         logger.warning("%s: API error, retrying in %.0fs: %s", where, wait, exc)
         raise kopf.TemporaryError(f"API error: {exc}", delay=wait)
-    memo["retry_at"] = time.monotonic() + wait
+    memory.retry_at = time.monotonic() + wait
     blocked = status.api_failure(exc.status, exc.message, exc.what)
     logger.error("%s: the API server refused to %s (HTTP %d %s): %s; retrying in %.0fs",
                  where, exc.what or "answer", exc.status, exc.reason, exc.message, wait)
     reported = False
     if not writing_status:
-        previous = _previous_status(body, memo)
+        previous = _previous_status(body, memory)
         result = status.compute_status(
             generation=int(meta.get("generation", 0)), roles=[], pods=[], previous=previous,
             endpoint=names.router_endpoint(meta["name"], meta["namespace"]), now=_now(),
             blocked=blocked)
         try:
-            await _write_status(kube, body, memo, result.status, previous)
+            await _write_status(kube, body, memory, result.status, previous)
             _post(body, result.events)
             reported = True
         except ApiError as err:
             logger.error("%s: could not report it in the status either: %s", where, err)
-    if not reported and memo["failures"] == 1:
+    if not reported and memory.failures == 1:
         # The status cannot carry it: an Event is what `kubectl describe` still shows.
         _post(body, [status.EventSpec("Warning", blocked.reason, blocked.message)])
     if not from_timer:
         raise kopf.TemporaryError(f"{blocked.reason}: {blocked.message}", delay=wait)
 
 
-def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
+def register(registry: kopf.OperatorRegistry, config: OperatorConfig,
+             metrics: OperatorMetrics | None = None) -> None:
     """Register the operator's handlers into `registry` (no module-level state)."""
+    metrics = metrics or OperatorMetrics()
     group, version, plural = api.GROUP, api.VERSION, api.PLURAL
 
     @kopf.on.login(registry=registry)
@@ -292,22 +360,20 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
         kube = await KubeApi.connect(
             config.kubeconfig, timeout=config.request_timeout,
             user_agent=f"{names.FIELD_MANAGER}/{config.identity or 'main'}")
-        memo["kube"] = kube
-        # Shared by every pool's memo (each is a shallow copy of this one).
-        memo["slots"] = asyncio.Semaphore(config.max_concurrent_reconciles)
-        memo["discovered"] = await kube.discover()
+        memo["process"] = Process(kube, await kube.discover(),
+                                  asyncio.Semaphore(config.max_concurrent_reconciles), metrics)
 
     @kopf.on.cleanup(registry=registry)
     async def cleanup(memo: kopf.Memo, **_: Any) -> None:
-        memo["closing"] = True
-        kube = memo.get("kube")
-        if kube is not None:
-            await kube.close()
+        process: Process | None = memo.get("process")
+        if process is not None:
+            process.closing = True
+            await process.kube.close()
 
     @kopf.on.probe(id="api", registry=registry)
     async def probe(memo: kopf.Memo, **_: Any) -> int:
         """Liveness: the API is reachable (a wedged operator fails this and is restarted)."""
-        kube: KubeApi = memo["kube"]
+        kube = _process(memo).kube
         await kube.discover()
         return kube.writes
 

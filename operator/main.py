@@ -16,6 +16,8 @@ import kopf
 from poolpilot.kubeclient import NoCredentials, credentials
 from poolpilot.operator import labels, peering
 from poolpilot.operator.handlers import OperatorConfig, register
+from poolpilot.operator.metrics import OperatorMetrics
+from prometheus_client import start_http_server
 
 from poolpilot import gcpolicy
 
@@ -53,6 +55,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "pools whose spec.networkPolicy.enabled is not set")
     parser.add_argument("--max-concurrent-reconciles", type=int, default=16,
                         help="pools reconciled at once (bounds the load on the API server)")
+    parser.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
+                        help="serve the operator's own metrics (reconciles, their results and "
+                        "durations, writes, API errors, the queue) on this port (0: a free port)")
+    parser.add_argument("--metrics-host", default="0.0.0.0", metavar="HOST",
+                        help="address for --metrics-port (default 0.0.0.0)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -80,8 +87,14 @@ def run(args: argparse.Namespace) -> int:
         network_policies=args.network_policies,
     )
     gcpolicy.tune()  # Kopf keeps every pool's state alive (see poolpilot.gcpolicy)
+    metrics = OperatorMetrics()
+    if args.metrics_port is not None:
+        server, _ = start_http_server(args.metrics_port, addr=args.metrics_host,
+                                      registry=metrics.registry)
+        print(f"operator metrics on http://{args.metrics_host}:{server.server_address[1]}"
+              "/metrics", flush=True)
     registry = kopf.OperatorRegistry()
-    register(registry, config)
+    register(registry, config, metrics)
     priority = args.priority if args.priority is not None else random.randint(1, 1_000_000)
     kopf.run(
         registry=registry,

@@ -18,6 +18,7 @@ import yaml
 from kopf.testing import KopfRunner
 from poolpilot.operator import peering
 from poolpilot.operator.handlers import OperatorConfig, register
+from poolpilot.operator.metrics import OperatorMetrics
 
 from poolpilot import crd
 from poolpilot.polling import wait_for
@@ -127,11 +128,12 @@ def running_operator(
     priority: int = 0,
     namespaces: tuple[str, ...] = (),
     liveness: str | None = None,
+    metrics: OperatorMetrics | None = None,
 ) -> Iterator[KopfRunner]:
     """The operator in a thread (kopf.testing.KopfRunner), as `poolpilot operator` runs it."""
     os.environ["KUBECONFIG"] = str(kubeconfig)
     registry = kopf.OperatorRegistry()
-    register(registry, config)
+    register(registry, config, metrics)
     args = ["run", "--standalone" if standalone else f"--peering={config.peering_name}",
             f"--priority={priority}"]
     args += [f"--namespace={ns}" for ns in namespaces] or ["--all-namespaces"]

@@ -3,17 +3,16 @@
 Each component module exposes `add_arguments(parser)` and `run(args) -> int`; the table below
 maps subcommand names to those modules so that `poolpilot crd` never imports kopf or vLLM.
 Options every subcommand shares are added here, once: `--log-level` (with `-v` for DEBUG),
-and logging is configured here before the component runs.
+`--log-format text|json`, and logging is configured here before the component runs.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
-import logging
 import sys
 
-from poolpilot import __version__
+from poolpilot import __version__, logformat
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "crd": ("poolpilot.commands.crd", "print the InferencePool CRD generated from the models"),
@@ -43,7 +42,6 @@ TOOLS = frozenset({"engine-sim", "sim", "workload", "emulator", "perf", "sandbox
 INSTALL_TOOLS = "pip install -e '.[tools]' in a poolpilot source checkout (or ./dev setup)"
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
-LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
 # Long-running servers log their actions by default; commands that print a result (and the
 # sandbox, which draws its own progress) log only warnings.
 SERVERS = frozenset({"operator", "autoscaler", "router", "launch", "engine-sim", "emulator"})
@@ -56,6 +54,9 @@ def add_log_level(p: argparse.ArgumentParser, default: str) -> None:
                        help=f"{', '.join(LOG_LEVELS)} (case-insensitive; default {default})")
     group.add_argument("-v", "--verbose", dest="log_level", action="store_const",
                        const="DEBUG", help="the same as --log-level DEBUG")
+    group.add_argument("--log-format", choices=logformat.FORMATS, default="text",
+                       help="text (default) or json: one JSON object per line, for log "
+                       "pipelines")
 
 
 def missing_tool(command: str, exc: ModuleNotFoundError) -> str:
@@ -99,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = build_parser(argv)
     args = parser.parse_args(argv)
-    logging.basicConfig(level=args.log_level, format=LOG_FORMAT, stream=sys.stderr)
+    logformat.configure(args.log_level, args.log_format, sys.stderr)
     try:
         code: int = args.run(args)
     except ModuleNotFoundError as exc:  # a tool importing a plotting library when it draws

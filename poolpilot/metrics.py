@@ -86,6 +86,14 @@ AUTOSCALER_LIMITED = "poolpilot_autoscaler_scaling_limited"  # gauge {..,reason}
 AUTOSCALER_METRICS_AVAILABLE = "poolpilot_autoscaler_metrics_available"  # gauge {ns,pool,role}
 AUTOSCALER_LEADER = "poolpilot_autoscaler_leader"  # gauge: 1 on the replica that holds the lease
 
+# The operator's own metrics (`poolpilot operator --metrics-port`).
+OPERATOR_RECONCILES = "poolpilot_operator_reconciles_total"  # counter {trigger,result}
+OPERATOR_RECONCILE_DURATION = "poolpilot_operator_reconcile_duration_seconds"  # histogram
+OPERATOR_WRITES = "poolpilot_operator_writes_total"  # counter: API writes reconciles made
+OPERATOR_API_ERRORS = "poolpilot_operator_api_errors_total"  # counter {kind: transient|permanent}
+OPERATOR_ACTIVE = "poolpilot_operator_reconciles_active"  # gauge: reconciles running now
+OPERATOR_QUEUED = "poolpilot_operator_reconciles_queued"  # gauge: waiting for a free slot
+
 # Latency histogram buckets (vLLM's own buckets for TTFT and ITL, vLLM 0.3x).
 TTFT_BUCKETS = (
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,

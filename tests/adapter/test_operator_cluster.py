@@ -17,6 +17,7 @@ import pytest
 from poolpilot.emulator.server import KubeEmulator
 from poolpilot.emulator.testing import cluster_from_env
 from poolpilot.operator.handlers import OperatorConfig
+from poolpilot.operator.metrics import OperatorMetrics
 from poolpilot.operator.testing import Kubectl, install, running_operator
 
 from poolpilot import names
@@ -111,9 +112,18 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         yield c
 
 
+METRICS = OperatorMetrics()
+
+
+def reconciles(result: str, trigger: str = "change") -> float:
+    value = METRICS.registry.get_sample_value(
+        "poolpilot_operator_reconciles_total", {"trigger": trigger, "result": result})
+    return value or 0.0
+
+
 @pytest.fixture(scope="module")
 def operator(cluster: Cluster) -> Iterator[None]:
-    with running_operator(cluster.kubeconfig, CONFIG, standalone=True):
+    with running_operator(cluster.kubeconfig, CONFIG, standalone=True, metrics=METRICS):
         yield
 
 
@@ -154,8 +164,12 @@ def test_noop_reconcile_makes_zero_writes(cluster: Cluster, operator: None) -> N
     wait_for(lambda: cluster.settled(name), what="first reconcile")
     cluster.wait_reconciles(name, 1)  # let the create's follow-up events pass
     before = cluster.writes_for(name)
+    no_ops = reconciles("no_op", "timer")
     cluster.wait_reconciles(name, 3)
     assert cluster.writes_for(name) == before
+    # The operator's metrics tell the same: the timer's reconciles found nothing to write.
+    assert reconciles("no_op", "timer") >= no_ops + 3
+    assert reconciles("converged") >= 1
 
 
 def test_drift_is_repaired_within_a_timer_period_with_an_event(cluster: Cluster,
@@ -203,6 +217,7 @@ def test_invalid_spec_degrades_and_leaves_children_untouched(
     seen = f"ops/{name}: invalid spec"
     wait_for(lambda: sum(seen in r.getMessage() for r in caplog.records) >= 3,
              what="the timer to run over the invalid spec")
+    assert reconciles("invalid_spec", "timer") >= 2
     assert cluster.children(name) == before
     # Fixing the spec recovers.
     k.apply(cluster.pool(name, decode={"gpus": 0, "replicas": 2, "maxReplicas": 4}))
@@ -531,7 +546,10 @@ def test_names_taken_by_objects_not_the_pools_are_left_alone(cluster: Cluster,
         cond = cluster.condition(name, "Degraded")
         return cond if cond and cond.get("reason") == "NameConflict" else None
 
+    conflicts = reconciles("name_conflict") + reconciles("name_conflict", "timer")
     cond = wait_for(conflict, what="Degraded=NameConflict")
+    wait_for(lambda: reconciles("name_conflict") + reconciles("name_conflict", "timer")
+             > conflicts or None, what="the operator's metrics count the conflict")
     for obj in theirs:
         assert f"{obj['kind']}/{obj['metadata']['name']}" in cond["message"]
     wait_for(lambda: cluster.get("deployment", f"{name}-prefill"), what="the pool's own children")
