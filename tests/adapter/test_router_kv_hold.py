@@ -1,5 +1,5 @@
-"""The KV-pinning scenario (long prompts pinning prefill KV), on engine-sim (which models the prefill engine's KV
-hold and its lease like vLLM 0.32's NixlConnector).
+"""The KV-pinning scenario (long prompts pinning prefill KV), on engine-sim (which models the
+prefill engine's KV hold and its lease like vLLM 0.32's NixlConnector).
 
 The prefill engine has a small KV cache (8B on an H200 at 15% memory: 33,600 tokens), so
 each held 4,000-token prompt shows as ~0.12 of `vllm:kv_cache_usage_perc`. Its lease is
