@@ -95,9 +95,12 @@ class Ledger:
     def close(self, span: Span, t: float) -> None:
         span.gone_at = t
 
-    def gpu_hours(self, end: float) -> float:
+    def gpu_hours(self, end: float, role: str | None = None) -> float:
+        """GPU-hours billed over [0, end]; `role`: that role's pods only."""
         total = 0.0
         for s in self.spans:
+            if role is not None and s.role != role:
+                continue
             stop = end if s.gone_at is None else min(s.gone_at, end)
             total += max(0.0, stop - s.requested_at) * s.gpus
         return total / 3600.0

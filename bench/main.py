@@ -29,14 +29,15 @@ from poolpilot.bench.policies.base import Bounds, Policy
 from poolpilot.bench.policies.oracle import Oracle
 from poolpilot.bench.policies.static_peak import StaticPool, peak_sizes
 from poolpilot.bench.profile import SimCapacity
-from poolpilot.bench.replay import BenchConfig, RunResult, replay
+from poolpilot.bench.replay import DEFAULT_ROUTING, BenchConfig, RunResult, replay
 from poolpilot.bench.static_min import PASS_GOAL, Probe, search_static_min
 from poolpilot.bench.sweeps import parse_policy_spec, split_specs, variant_name, with_sweeps
 from poolpilot.bench.workload import first_seconds, scale_load
+from poolpilot.engine_sim.des import ROUTING
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from poolpilot.traces import FORMATS, TraceError, TraceRequest, load_trace
+from poolpilot.traces import FORMATS, TraceError, TraceRequest, ideal_prefix_hit_rate, load_trace
 from poolpilot.validate import InvalidPool, parse_spec
 
 POLICIES = ("poolpilot", "oracle", "static-min", "static-peak", "hpa", "keda-queue",
@@ -100,6 +101,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--local-prefill", choices=("on", "off"), default="on",
                    help="the router's local-prefill fallback: decode engines prefill requests "
                         "themselves while the prefill role is behind (on, as in the router)")
+    p.add_argument("--routing", choices=ROUTING, default=DEFAULT_ROUTING,
+                   help="how the simulated router picks prefill engines: prefix-aware (the "
+                        "router's default: its approximate prefix index, bounded load) or "
+                        "least-loaded; the same for every policy")
     p.add_argument("--seed", type=int, default=0, help="seed for --rate-scale copies (0)")
     p.add_argument("--jobs", type=int, default=1,
                    help="replays run in parallel processes (1)")
@@ -377,6 +382,7 @@ def run(args: argparse.Namespace) -> int:
                           min_replicas=max(1, args.min_replicas),
                           max_replicas=args.max_replicas,
                           local_prefill=args.local_prefill == "on",
+                          routing=args.routing,
                           # the SLO the autoscaler is given is the one the bench scores:
                           # --goal of the requests within the targets
                           quantile=args.goal)
@@ -430,6 +436,9 @@ def run(args: argparse.Namespace) -> int:
                    "target": opts.oracle_target or opts.goal},
         "poolpilot_autoscaling": opts.autoscaling,
         "wall_seconds": round(wall, 2),
+        # every request hits every block an earlier request had (an infinite cache reachable
+        # from anywhere): the most any routing could reach
+        "ideal_prefix_hit_rate": round(ideal_prefix_hit_rate(trace), 6),
     }
     doc = report.as_json(results, meta, opts.goal)
     if args.json_out:

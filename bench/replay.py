@@ -12,6 +12,8 @@ cold start and the same Prometheus emulation. The loop advances simulated time i
   its vLLM counters, histograms and gauges, labelled `role` and `pod`, plus its DCGM GPU
   utilization over the scrape interval. Starting pods export nothing, as a pod loading weights
   does not serve /metrics yet;
+- at every scrape, the load imbalance is sampled per role: the busiest ready engine's work in
+  flight (requests running and waiting at it) over the mean of the role's ready engines;
 - every `policy.interval`: the policy decides from the scraped picture and the pod counts;
   scale-ups add pods that become ready `cold_start` seconds later (billed from now), scale-downs
   remove a starting pod first, else drain the least-loaded ready one (billed until it leaves).
@@ -19,6 +21,11 @@ cold start and the same Prometheus emulation. The loop advances simulated time i
 GPU-hours are billed over the trace's span [0, last arrival]; requests still in flight then run
 to completion on the pool as it is (their latencies count, their extra GPU time does not),
 so a policy cannot lower its bill by leaving work unfinished.
+
+Prefix caching: the simulated engines keep vLLM's prefix cache, and the simulated router picks
+prefill engines (and local-prefill decode engines) by `BenchConfig.routing`: "prefix-aware"
+(the router's default: its approximate index, bounded load) or "least-loaded". A trace without
+hash ids (Azure) shares nothing, and both pick the least-loaded engine exactly as before.
 """
 
 from __future__ import annotations
@@ -29,14 +36,19 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 from poolpilot.bench.accounting import Ledger, Outcome, ScaleEvent, Span, Summary, summarize
 from poolpilot.bench.policies.base import ROLES, Policy, PoolView, RoleState
 from poolpilot.bench.scrape import Labels, PromView, labels_of
-from poolpilot.engine_sim.des import LocalPrefill, PoolSim, SimRequest
+from poolpilot.engine_sim.des import ROUTING, LocalPrefill, PoolSim, SimRequest
 from poolpilot.engine_sim.engine import EngineConfig
 
 from poolpilot import metrics as m
 from poolpilot.traces import TraceRequest
+
+DEFAULT_ROUTING = "prefix-aware"  # the router's default (approximate prefix index)
+# The load imbalance reported: this percentile over the run of (busiest / mean) per role.
+IMBALANCE_PERCENTILE = 99
 
 # Series the policies query (the rest of vLLM's histograms are not scraped, to save time).
 SCRAPED_HISTOGRAMS = (m.VLLM_TTFT, m.VLLM_ITL, m.VLLM_E2E)
@@ -61,6 +73,12 @@ class BenchConfig:
     max_replicas: int = 32
     engine: EngineConfig = field(default_factory=EngineConfig)
     local_prefill: bool = False  # the router's local-prefill fallback (PoolSim.local_prefill)
+    routing: str = DEFAULT_ROUTING  # the router's pick of prefill engines (ROUTING)
+
+    def __post_init__(self) -> None:
+        if self.routing not in ROUTING:
+            raise ValueError(f"routing must be one of {', '.join(ROUTING)}, "
+                             f"got {self.routing!r}")
 
 
 @dataclass
@@ -85,11 +103,13 @@ class RunResult:
     local_prefill_requests: int | None = None  # served by the fallback (None: it was off)
     info: dict[str, Any] = field(default_factory=dict)  # what a policy reports about itself
     aborted_at: float | None = None  # stopped early: the miss budget was spent by then
+    cache: dict[str, Any] = field(default_factory=dict)  # prefix_hit_rate, ... (see _cache)
 
     def as_json(self) -> dict[str, Any]:
         d: dict[str, Any] = dict(self.summary.as_json())
         d["scale_reasons"] = self.reasons
         d["local_prefill_requests"] = self.local_prefill_requests
+        d.update(self.cache)
         if self.info:
             d["info"] = self.info
         return d
@@ -100,7 +120,7 @@ def new_pool_sim(cfg: BenchConfig, sim_class: type[PoolSim] = PoolSim) -> PoolSi
     local = LocalPrefill(cfg.slo_ttft, cfg.slo_itl) if cfg.local_prefill else None
     return sim_class(cfg.model, cfg.gpu, cfg.tensor_parallel, mode="disaggregated",
                      prefill_replicas=0, decode_replicas=0, config=cfg.engine,
-                     local_prefill=local)
+                     local_prefill=local, routing=cfg.routing)
 
 
 def meets_slo(rec: Any, slo_ttft: float, slo_itl: float) -> bool:
@@ -113,7 +133,7 @@ def meets_slo(rec: Any, slo_ttft: float, slo_itl: float) -> bool:
 
 
 def to_sim_requests(trace: Sequence[TraceRequest]) -> list[SimRequest]:
-    return [SimRequest(i, r.arrival_s, r.input_tokens, r.output_tokens)
+    return [SimRequest(i, r.arrival_s, r.input_tokens, r.output_tokens, r.hash_ids)
             for i, r in enumerate(trace)]
 
 
@@ -156,6 +176,7 @@ class Replay:
         self.end = trace[-1].arrival_s if trace else 0.0
         self._checked = self._misses = 0  # records already counted, and their misses
         self._arrivals = sorted(r.arrival_s for r in trace)
+        self.imbalance: dict[str, list[float]] = {r: [] for r in ROLES}
 
     # ---- pods ----
     def _add(self, role: str, t: float, ready_at: float) -> None:
@@ -210,6 +231,21 @@ class Replay:
         self.busy.clear()
         self.samples.clear()
         self.prom.scrape(t, samples)
+        self._sample_imbalance()
+
+    def _sample_imbalance(self) -> None:
+        """Per role: the busiest ready engine's requests in flight over the role's mean (no
+        sample while the role has nothing in flight)."""
+        now = self.sim.now
+        loads: dict[str, list[int]] = {r: [] for r in ROLES}
+        for rep in self.sim.replicas.values():
+            if rep.removed_at is None and not rep.draining and rep.is_ready(now) \
+                    and rep.role in loads:
+                loads[rep.role].append(rep.engine.load())
+        for role, xs in loads.items():
+            mean = sum(xs) / len(xs) if xs else 0.0
+            if mean > 0:
+                self.imbalance[role].append(max(xs) / mean)
 
     # ---- policy ----
     def _decide(self, t: float) -> None:
@@ -306,7 +342,40 @@ class Replay:
         local = sum(self.sim.local_prefill_total.values()) if cfg.local_prefill else None
         info = dict(getattr(self.policy, "info", None) or {})
         return RunResult(self.policy.name, summary, outcomes, self.ledger, self.timeline,
-                         self.reasons, self.sim.events_processed, local, info, aborted_at)
+                         self.reasons, self.sim.events_processed, local, info, aborted_at,
+                         self._cache(duration))
+
+    def _cache(self, duration: float) -> dict[str, Any]:
+        """The prefix cache's effect and the load's spread, for the JSON:
+
+        - `prefix_hit_rate`: prompt tokens served from a prefix cache over all prompt tokens
+          prefilled, over the run (each request's hit tokens at the engine that prefilled it:
+          what the prefill engines' `vllm:prefix_cache_hits_total` and the decode engines'
+          local prefills add up to, without the decode engines' lookups of KV they received);
+        - `prefix_hit_rate_by_role`: each role's engines' own counters, hits / queries;
+        - `gpu_hours_by_role`; `load_imbalance`: per role, the IMBALANCE_PERCENTILE of the
+          scrape-time samples of busiest / mean requests in flight (None: never loaded)."""
+        recs = self.sim.records()
+        prompt = sum(r.prompt_tokens for r in recs)
+        hits = sum(r.prefix_hit_tokens for r in recs)
+        by_role: dict[str, float | None] = {}
+        for role in ROLES:
+            q = h = 0.0
+            for rep in self.sim.replicas.values():
+                if rep.role == role:
+                    c = rep.engine.snapshot().counters
+                    q += c.get(m.VLLM_PREFIX_CACHE_QUERIES, 0.0)
+                    h += c.get(m.VLLM_PREFIX_CACHE_HITS, 0.0)
+            by_role[role] = round(h / q, 6) if q > 0 else None
+        return {
+            "prefix_hit_rate": round(hits / prompt, 6) if prompt else None,
+            "prefix_hit_rate_by_role": by_role,
+            "gpu_hours_by_role": {r: self.ledger.gpu_hours(duration, r) for r in ROLES},
+            "load_imbalance": {
+                r: (round(float(np.percentile(xs, IMBALANCE_PERCENTILE)), 4) if xs else None)
+                for r, xs in self.imbalance.items()},
+            "routing": self.cfg.routing,
+        }
 
 
 def replay(trace: Sequence[TraceRequest], policy: Policy, cfg: BenchConfig,

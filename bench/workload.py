@@ -6,7 +6,8 @@ own. Each request is replayed floor(X) times, plus once more with probability fr
 copy after the first is shifted by a uniform offset in [-0.5, 0.5) s (seeded), so copies do
 not arrive in lock-step. (Compressing time instead, as `poolpilot.traces.scale_rate` does for
 the sandbox, would turn a 5-minute burst into a 1-minute one and change what autoscaling is
-up against.) X < 1 thins the trace the same way.
+up against.) X < 1 thins the trace the same way. Hash ids (prefix blocks) are kept; each copy
+after the first shares prefixes only with its own kind (see scale_load).
 """
 
 from __future__ import annotations
@@ -23,12 +24,16 @@ def scale_load(trace: Sequence[TraceRequest], x: float, seed: int = 0) -> list[T
         raise ValueError(f"--rate-scale must be > 0, got {x}")
     rng = np.random.default_rng(seed)
     whole, frac = int(x), x - int(x)
+    # Copy k's prompts share prefixes among themselves (its hash ids offset by k x the
+    # trace's id span), never with another copy's: another user's conversation.
+    span = 1 + max((h for r in trace for h in r.hash_ids), default=-1)
     out: list[TraceRequest] = []
     for r in trace:
         copies = whole + (1 if frac and rng.random() < frac else 0)
         for k in range(copies):
             t = r.arrival_s if k == 0 else max(0.0, r.arrival_s + float(rng.random()) - 0.5)
-            out.append(TraceRequest(round(t, 6), r.input_tokens, r.output_tokens))
+            out.append(TraceRequest(round(t, 6), r.input_tokens, r.output_tokens,
+                                    tuple(h + k * span for h in r.hash_ids)))
     out.sort()
     return out
 

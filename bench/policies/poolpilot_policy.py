@@ -10,6 +10,7 @@ autoscaler loop does. Cadence: the spec's `autoscaling.intervalSeconds`.
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from typing import Any
 
@@ -59,6 +60,14 @@ def profile_targets(load: MinuteLoad, cap: Capacity) -> dict[str, float]:
         "decodeTokensPerSecondPerReplica": round(
             cap.decode_tokens_per_s(load.mean_isl + load.mean_osl / 2), 1),
     }
+
+
+def hit_rate(prom: Any, window: float, by: tuple[str, ...]) -> dict[tuple[str, ...], float]:
+    """`sum by (role) (rate(hits[w])) / sum by (role) (rate(queries[w]))`, NaN where nothing
+    was looked up; no group where the engines export no such counters."""
+    hits = prom.rate(m.VLLM_PREFIX_CACHE_HITS, window, by=by)
+    queries = prom.rate(m.VLLM_PREFIX_CACHE_QUERIES, window, by=by)
+    return {g: (hits[g] / qv if qv > 0 else math.nan) for g, qv in queries.items() if g in hits}
 
 
 class PoolpilotPolicy:
@@ -115,6 +124,8 @@ class PoolpilotPolicy:
             q.PROMPT_RATE: grouped(prom.rate(m.VLLM_PROMPT_TOKENS, w, by=by)),
             q.GENERATION_RATE: grouped(prom.rate(m.VLLM_GENERATION_TOKENS, w, by=by)),
             q.REQUEST_RATE: grouped(prom.rate(m.VLLM_REQUEST_SUCCESS, w, by=by)),
+            # the engines' prefix-cache hit rate: hit tokens over queried tokens, per role
+            q.PREFIX_HIT_RATE: grouped(hit_rate(prom, w, by)),
             q.ttft_key(qt): grouped(prom.histogram_quantile(qt, m.VLLM_TTFT, w, by=by)),
             q.itl_key(qt): grouped(prom.histogram_quantile(qt, m.VLLM_ITL, w, by=by)),
             # the router's (by pool): requests it prefilled on decode engines, failed handoffs

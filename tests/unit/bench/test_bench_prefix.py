@@ -1,0 +1,101 @@
+"""The bench on prefix-sharing traffic: `--routing`, the JSON's prefix_hit_rate,
+gpu_hours_by_role, load_imbalance and ideal_prefix_hit_rate, and a trace without hash ids
+(Azure) replayed exactly as before whatever the routing."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from poolpilot.bench.replay import BenchConfig, replay
+from poolpilot.bench.workload import scale_load
+from poolpilot.engine_sim.workloads import defaults, generate_sessions
+
+from poolpilot.cli import main as cli_main
+from poolpilot.traces import TraceRequest, write_csv, write_mooncake
+
+CFG = BenchConfig(model="llama-3.1-8b", gpu="h200", cold_start=20.0, max_replicas=4)
+
+
+@pytest.fixture(scope="module")
+def chat() -> list[TraceRequest]:
+    """Two minutes of chat sessions: later turns extend earlier ones, system prompts shared."""
+    params = replace(defaults("chat"), rate=2.0, duration=120.0, seed=3, sessions=400)
+    return generate_sessions(params)
+
+
+@pytest.fixture(scope="module")
+def doc(chat: list[TraceRequest], tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
+    d = tmp_path_factory.mktemp("prefix")
+    path = d / "chat.jsonl"
+    write_mooncake(chat, path)
+    out = d / "r.json"
+    assert cli_main(["bench", "--trace", str(path), "--cold-start", "30", "--max-replicas", "4",
+                     "--policies", "poolpilot,static-peak", "--json", str(out)]) == 0
+    return dict(json.loads(out.read_text()))
+
+
+def test_the_json_reports_the_cache_the_cost_by_role_and_the_spread(
+        doc: dict[str, object]) -> None:
+    ideal = doc["ideal_prefix_hit_rate"]
+    assert isinstance(ideal, float) and 0.3 < ideal < 1
+    assert doc["config"]["routing"] == "prefix-aware"  # type: ignore[index]
+    for name, res in doc["policies"].items():  # type: ignore[attr-defined]
+        assert 0 < res["prefix_hit_rate"] <= ideal + 1e-9, name
+        by_role = res["gpu_hours_by_role"]
+        assert set(by_role) == {"prefill", "decode"}
+        assert sum(by_role.values()) == pytest.approx(res["gpu_hours"])
+        assert set(res["load_imbalance"]) == {"prefill", "decode"}
+        for v in res["load_imbalance"].values():
+            assert v is None or v >= 1.0  # the busiest is never below the mean
+        assert res["prefix_hit_rate_by_role"]["prefill"] is not None
+
+
+def test_prefix_aware_routing_hits_more_than_least_loaded(chat: list[TraceRequest]) -> None:
+    """On a fixed 3+1 pool: prefix-aware keeps each conversation where its history is."""
+    from poolpilot.bench.policies.static_peak import StaticPool
+
+    hit = {}
+    for routing in ("least-loaded", "prefix-aware"):
+        cfg = replace(CFG, routing=routing)
+        res = replay(chat, StaticPool({"prefill": 3, "decode": 1}), cfg).as_json()
+        assert res["routing"] == routing
+        hit[routing] = res["prefix_hit_rate"]
+    assert hit["prefix-aware"] > hit["least-loaded"] > 0
+
+
+def test_a_trace_without_hash_ids_replays_the_same_under_either_routing(tmp_path: Path) -> None:
+    """Azure traces share nothing: prefix-aware picks exactly the least-loaded engine, so every
+    number but the routing's name is the same."""
+    reqs = [TraceRequest(i * 0.5, 800 + 37 * (i % 9), 30) for i in range(120)]
+    reqs += [TraceRequest(60 + i * 0.04, 2500, 40) for i in range(300)]
+    reqs = scale_load(reqs, 1.5, seed=1)
+    docs = []
+    for routing in ("least-loaded", "prefix-aware"):
+        path = tmp_path / "t.csv"
+        write_csv(reqs, path)
+        out = tmp_path / f"{routing}.json"
+        assert cli_main(["bench", "--trace", str(path), "--cold-start", "30",
+                         "--max-replicas", "6", "--policies", "poolpilot,oracle,static-min",
+                         "--routing", routing, "--json", str(out)]) == 0
+        d = json.loads(out.read_text())
+        d.pop("wall_seconds")
+        d["config"].pop("routing")
+        for res in d["policies"].values():
+            assert res.pop("routing") == routing
+            assert res["prefix_hit_rate"] == 0.0
+        docs.append(d)
+    assert docs[0] == docs[1]
+    assert docs[0]["ideal_prefix_hit_rate"] == 0.0
+
+
+def test_rate_scale_copies_share_prefixes_only_among_themselves(
+        chat: list[TraceRequest]) -> None:
+    span = 1 + max(h for r in chat for h in r.hash_ids)
+    doubled = scale_load(chat, 2.0, seed=0)
+    assert len(doubled) == 2 * len(chat)
+    kinds = [{h // span for h in r.hash_ids} for r in doubled if r.hash_ids]
+    assert all(len(k) == 1 for k in kinds)  # each request's blocks are all of one copy
+    assert sum(k == {1} for k in kinds) == sum(k == {0} for k in kinds)
