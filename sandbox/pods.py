@@ -295,9 +295,13 @@ def _engine_command(rest: list[str], ip: str, mapping: EngineMapping,
             "--speed", f"{mapping.speed:g}",
             "--served-name", served,
         ]  # fmt: skip
-        max_len = engine_arg_map(rest).get("max-model-len")
+        engine_args = engine_arg_map(rest)
+        max_len = engine_args.get("max-model-len")
         if max_len:
             cmd += ["--max-model-len", max_len]
+        # vLLM's flag as the pool sets it (on by default there and in the simulator).
+        if engine_args.get("enable-prefix-caching", "").lower() == "false":
+            cmd += ["--no-enable-prefix-caching"]
         if itl_budget is not None and role == "decode":
             cmd += ["--itl-budget", f"{itl_budget:g}"]
         return cmd

@@ -132,6 +132,14 @@ COMMANDS = [
          "--served-name", "llama", "--max-model-len", "8192"],
     ),
     CommandCase(
+        "sim-without-the-prefix-cache-when-the-pool-turns-it-off",
+        [*LAUNCH, "--engine-arg", "enablePrefixCaching=false"],
+        P.EngineMapping(speed=4, sim_gpu="a100"),
+        [*PY, "engine-sim", "--role", "prefill", "--model", "llama-3.1-8b", "--gpu", "a100",
+         "--tensor-parallel", "1", "--host", "127.0.0.7", "--port", "8000", "--speed", "4",
+         "--served-name", "llama", "--max-model-len", "8192", "--no-enable-prefix-caching"],
+    ),
+    CommandCase(
         "sim-decode-keeps-a-local-prefill-within-the-itl-target",
         [("decode" if a == "prefill" else a) for a in LAUNCH],
         P.EngineMapping(speed=4, sim_gpu="a100"),
