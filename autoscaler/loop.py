@@ -133,7 +133,8 @@ class Autoscaler:
                 log.warning("skipping %s/%s: invalid spec: %s", meta.get("namespace"),
                             meta.get("name"), exc)
                 continue
-            if parsed.spec.autoscaling.enabled:
+            auto = parsed.spec.autoscaling
+            if auto.enabled and auto.mode != api.AutoscalingMode.EXTERNAL:  # else not ours
                 specs.append((obj, parsed))
         res.pools = len(specs)
         seen = {(o["metadata"]["namespace"], o["metadata"]["name"]) for o, _ in specs}

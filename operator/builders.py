@@ -153,11 +153,13 @@ def _scrape_annotations() -> dict[str, str]:
 
 
 def _replicas_enforced(spec: api.InferencePoolSpec, role: str) -> bool:
-    """The operator owns an engine role's size unless the autoscaler applies decisions."""
+    """The operator owns an engine role's size unless an autoscaler applies decisions: ours
+    (mode Apply) or another one (mode External)."""
     if role == "router":
         return True
     auto = spec.autoscaling
-    return not (auto.enabled and auto.mode == api.AutoscalingMode.APPLY)
+    return not (auto.enabled and auto.mode in (api.AutoscalingMode.APPLY,
+                                               api.AutoscalingMode.EXTERNAL))
 
 
 # ---------------------------------------------------------------------------------------------

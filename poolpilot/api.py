@@ -458,6 +458,7 @@ class SloSpec(ApiModel):
 class AutoscalingMode(StrEnum):
     APPLY = "Apply"
     ADVISORY = "Advisory"
+    EXTERNAL = "External"  # KEDA or an HPA sizes the roles; poolpilot's autoscaler stays out
 
 
 class ScalingBehavior(ApiModel):
@@ -538,7 +539,10 @@ class AutoscalingSpec(ApiModel):
     mode: AutoscalingMode = Field(
         default=AutoscalingMode.APPLY,
         strict=False,
-        description="Apply: scale the Deployments. Advisory: only report decisions in status.",
+        description="Apply: scale the Deployments. Advisory: only report decisions in status. "
+        "External: another autoscaler (a KEDA ScaledObject, an HPA) owns the engine roles' "
+        "replicas; the operator sets the starting size once and never resets it, and "
+        "poolpilot's autoscaler leaves the pool alone.",
     )
     interval_seconds: Int32 = Field(default=15, ge=1, description="Seconds between decisions.")
     scale_up: ScalingBehavior = Field(

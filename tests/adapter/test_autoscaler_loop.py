@@ -62,6 +62,7 @@ PLAN = [
     Pool("as-dry", "dry"),
     Pool("as-fail", "flaky", up_cooldown=30),
     Pool("as-watch", "watched", mode="Advisory"),
+    Pool("as-external", "keda", mode="External"),
 ]
 
 
@@ -307,6 +308,20 @@ def test_advisory_writes_status_only_and_a_quiet_cycle_writes_nothing(env: Env) 
     if env.emu is not None:
         assert env.emu.count_writes("/apis/apps/v1/namespaces/as-advice/deployments/"
                                     "advice-prefill/scale") == 0
+
+
+def test_an_external_pool_is_left_to_its_own_autoscaler(env: Env) -> None:
+    """mode External: KEDA or an HPA sizes the roles; the same busy load makes poolpilot's
+    autoscaler decide, write and export nothing for the pool."""
+    met = AutoscalerMetrics()
+    first, second = run(two_cycles(env, "as-external", met))
+    assert (first.pools, first.decided, first.scaled, first.status_writes) == (0, 0, 0, 0)
+    assert (second.decided, second.scaled, second.status_writes) == (0, 0, 0)
+    labels = {"namespace": "as-external", "pool": "keda", "role": "prefill"}
+    assert met.registry.get_sample_value(m.AUTOSCALER_DESIRED, labels) is None
+    assert replicas(env, "as-external", "keda-prefill") == 1
+    prefill = (pool_obj(env, "as-external", "keda").get("status") or {}).get("prefill") or {}
+    assert "desiredReplicas" not in prefill and "reason" not in prefill
 
 
 def test_status_conflict_is_read_again_and_retried(env: Env) -> None:

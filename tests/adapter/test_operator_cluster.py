@@ -414,13 +414,17 @@ def test_mode_switch_creates_new_workloads_before_removing_old(cluster: Cluster,
     assert "engine" in status and "prefill" not in status
 
 
-@pytest.mark.parametrize("autoscaling,expected", [(True, 5), (False, 1)],
-                         ids=["autoscaling-on-leaves-replicas", "autoscaling-off-enforces-spec"])
+@pytest.mark.parametrize("autoscaling,expected", [
+    ({"enabled": True}, 5), ({"enabled": False}, 1), ({"enabled": True, "mode": "Advisory"}, 1),
+    # KEDA's ScaledObject (through its HPA) or a plain HPA writes the scale subresource.
+    ({"enabled": True, "mode": "External"}, 5),
+], ids=["autoscaling-on-leaves-replicas", "autoscaling-off-enforces-spec",
+        "advisory-enforces-spec", "external-leaves-replicas-to-keda"])
 def test_replicas_ownership_with_autoscaling(cluster: Cluster, operator: None,
-                                             autoscaling: bool, expected: int) -> None:
+                                             autoscaling: dict[str, Any], expected: int) -> None:
     name = next(_names)
     k = cluster.kubectl
-    k.apply(cluster.pool(name, autoscaling={"enabled": autoscaling}))
+    k.apply(cluster.pool(name, autoscaling=autoscaling))
     wait_for(lambda: cluster.settled(name), what="first reconcile")
     k("scale", f"deployment/{name}-decode", "--replicas=5", "-n", "ops")  # as the autoscaler
 
@@ -433,7 +437,7 @@ def test_replicas_ownership_with_autoscaling(cluster: Cluster, operator: None,
     else:
         wait_for(lambda: decode_replicas() == expected, what=f"decode replicas == {expected}")
     # A spec change re-applies the Deployment: the size stays where its owner put it.
-    k.apply(cluster.pool(name, autoscaling={"enabled": autoscaling},
+    k.apply(cluster.pool(name, autoscaling=autoscaling,
                          runtime={"engineArgs": {"maxModelLen": 1024}}))
     wait_for(lambda: "maxModelLen=1024" in (cluster.get("deployment", f"{name}-decode") or {})[
         "spec"]["template"]["spec"]["containers"][0]["command"], what="the new engine args")
