@@ -35,9 +35,11 @@ def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
 
 
 def render(values: dict[str, Any] | None = None, *, namespace: str = "poolpilot-system",
-           release: str = "pp", tmp: Path | None = None) -> list[dict[str, Any]]:
-    """`helm template` (with CRDs) -> the list of objects."""
-    args = ["template", release, str(CHART), "--namespace", namespace, "--include-crds",
+           release: str = "pp", tmp: Path | None = None,
+           chart: Path = CHART) -> list[dict[str, Any]]:
+    """`helm template` (with CRDs) of the chart (a directory or a packaged .tgz) -> the list
+    of objects."""
+    args = ["template", release, str(chart), "--namespace", namespace, "--include-crds",
             "--kube-version", K8S_VERSION]
     if values:
         assert tmp is not None
@@ -101,3 +103,35 @@ def pod_spec(obj: dict[str, Any]) -> dict[str, Any] | None:
         spec = obj["spec"]["template"]["spec"]
         return spec
     return None
+
+
+def manifest_errors(objs: list[dict[str, Any]]) -> list[str]:
+    """What the API server would refuse: built-in kinds against the Kubernetes schemas
+    (strict), monitoring.coreos.com objects against their structural schemas, Kopf's peering
+    objects against the CRD rendered with them."""
+    import jsonschema
+    import kubernetes_validate
+    from monitoring_schemas import SCHEMAS
+    from poolpilot.emulator import crd_validation
+
+    crds = {o["metadata"]["name"]: o for o in by_kind(objs, "CustomResourceDefinition")}
+    errors = []
+    for obj in objs:
+        name = f"{obj['kind']}/{obj['metadata']['name']}"
+        group = obj["apiVersion"].split("/")[0]
+        if group == "monitoring.coreos.com":
+            try:
+                jsonschema.validate(obj, SCHEMAS[obj["kind"]])
+            except jsonschema.ValidationError as exc:
+                errors.append(f"{name}: {exc.message}")
+        elif group == "kopf.dev":
+            crd = crds[f"{obj['kind'].lower()}s.kopf.dev"]
+            body = {k: v for k, v in obj.items() if k not in ("apiVersion", "kind", "metadata")}
+            _, problems = crd_validation.validate(crd, body)
+            errors += [f"{name}: {p}" for p in problems]
+        else:
+            try:
+                kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+            except kubernetes_validate.ValidationError as exc:
+                errors.append(f"{name}: {exc.message} at {list(exc.path)}")
+    return errors
