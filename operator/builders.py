@@ -32,6 +32,10 @@ PRESTOP_SLEEP_SECONDS = 10  # endpoint removal reaches the routers before SIGTER
 STARTUP_PROBE_PERIOD = 10
 STARTUP_PROBE_FAILURES = 180  # 30 minutes to download and load weights
 RUN_AS_USER = 1000
+# spec.router.prefixRouting Precise: each engine publishes its KV events (vLLM's ZMQ publisher)
+# on these ports of its pod IP, and the router subscribes there.
+KV_EVENTS_PORT = 5557
+KV_REPLAY_PORT = 5558
 
 Obj = dict[str, Any]
 
@@ -175,6 +179,18 @@ def model_location(spec: api.InferencePoolSpec) -> str:
     return f"{MODEL_PVC_DIR}/{sub}" if sub else MODEL_PVC_DIR
 
 
+def _precise(spec: api.InferencePoolSpec) -> bool:
+    return spec.router.prefix_routing == api.PrefixRouting.PRECISE
+
+
+def _engine_ports(spec: api.InferencePoolSpec) -> list[Obj]:
+    ports: list[Obj] = [{"name": "http", "containerPort": names.ENGINE_PORT, "protocol": "TCP"}]
+    if _precise(spec):
+        ports += [{"name": "kv-events", "containerPort": KV_EVENTS_PORT, "protocol": "TCP"},
+                  {"name": "kv-replay", "containerPort": KV_REPLAY_PORT, "protocol": "TCP"}]
+    return ports
+
+
 def launch_command(spec: api.InferencePoolSpec, role: str) -> list[str]:
     """The engine container's command (the launcher contract of the runtime image)."""
     role_spec = spec.role(role)
@@ -194,6 +210,8 @@ def launch_command(spec: api.InferencePoolSpec, role: str) -> list[str]:
         # The prefill's KV hold covers the router's handoff (its connect timeout x attempts).
         cmd += ["--kv-lease-seconds", str(handoff.kv_lease_seconds())]
     cmd += ["--tensor-parallel", str(role_spec.tensor_parallel_size)]
+    if _precise(spec):
+        cmd += ["--kv-events-port", str(KV_EVENTS_PORT), "--kv-replay-port", str(KV_REPLAY_PORT)]
     args = {**spec.runtime.engine_args, **role_spec.engine_args}
     for key in sorted(args):
         cmd += ["--engine-arg", f"{key}={_engine_args_value(args[key])}"]
@@ -270,7 +288,7 @@ def build_engine_deployment(pool: Pool, role: str, caps: Capabilities | None = N
         "image": spec.runtime.image,
         "imagePullPolicy": spec.runtime.image_pull_policy,
         "command": launch_command(spec, role),
-        "ports": [{"name": "http", "containerPort": names.ENGINE_PORT, "protocol": "TCP"}],
+        "ports": _engine_ports(spec),
         "env": _engine_env(pool, role),
         "resources": _merged_resources(spec.runtime.resources, role_spec.resources, role_spec.gpus),
         "readinessProbe": _http_probe(period=5, failures=3),
@@ -413,6 +431,9 @@ def build_router_deployment(pool: Pool, caps: Capabilities | None = None) -> Obj
             *("--discover", "kubernetes", "--namespace", pool.namespace, "--pool", pool.name),
             *(("--api-key-file", f"{ROUTER_KEYS_DIR}/{ROUTER_KEYS_FILE}")
               if spec.router.api_key_secret else ()),
+            "--prefix-routing", str(spec.router.prefix_routing).lower(),
+            *(("--kv-events-port", str(KV_EVENTS_PORT), "--kv-replay-port", str(KV_REPLAY_PORT))
+              if _precise(spec) else ()),
         ],
         "env": [
             {"name": "POOLPILOT_ROUTER_CONFIG", "value": f"{ROUTER_CONFIG_DIR}/{ROUTER_CONFIG_KEY}"}

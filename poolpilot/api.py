@@ -411,6 +411,12 @@ class EngineRoleSpec(ApiModel):
     )
 
 
+class PrefixRouting(StrEnum):
+    APPROXIMATE = "Approximate"
+    PRECISE = "Precise"
+    OFF = "Off"
+
+
 class RouterSpec(ApiModel):
     """The OpenAI-compatible router in front of the engines."""
 
@@ -426,6 +432,16 @@ class RouterSpec(ApiModel):
         description="Secret key holding the API keys clients must send (Authorization: Bearer "
         "KEY), one per line; unset: no authentication. Rotating the Secret takes effect "
         "without a restart.",
+    )
+    prefix_routing: PrefixRouting = Field(
+        default=PrefixRouting.APPROXIMATE,
+        strict=False,
+        description="How the router picks prefill and aggregated engines (and decode engines "
+        "for a local prefill) by the prompt prefix they hold in their prefix cache, against "
+        "their load. Approximate: from the router's own record of the prompts it sent where "
+        "(works with any engine). Precise: from the engines' own KV-cache events (the "
+        "engines are started publishing them on ports 5557 and 5558; the router tokenizes "
+        "each prompt with an engine's /tokenize). Off: by load only.",
     )
 
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -189,6 +191,55 @@ def test_launch_command(case: CommandCase) -> None:
     assert dep["spec"]["template"]["spec"]["containers"][0]["command"] == case.expected
 
 
+@dataclass(frozen=True)
+class PrefixCase:
+    id: str
+    spec: dict[str, Any]
+    router_flags: list[str]  # after --prefix-routing
+    events: bool  # the engines publish KV events (launcher flags and container ports)
+
+
+_EVENTS = ["--kv-events-port", "5557", "--kv-replay-port", "5558"]
+PREFIX_CASES = [
+    PrefixCase("default approximate", {"model": {"name": "m"}}, ["approximate"], False),
+    PrefixCase("precise, disaggregated",
+               {"model": {"name": "m"}, "router": {"prefixRouting": "Precise"}},
+               ["precise", *_EVENTS], True),
+    PrefixCase("precise, aggregated",
+               {"model": {"name": "m"}, "mode": "Aggregated",
+                "router": {"prefixRouting": "Precise"}}, ["precise", *_EVENTS], True),
+    PrefixCase("off", {"model": {"name": "m"}, "router": {"prefixRouting": "Off"}}, ["off"],
+               False),
+]
+
+
+@pytest.mark.parametrize("case", PREFIX_CASES, ids=[c.id for c in PREFIX_CASES])
+def test_prefix_routing_configures_router_and_engines(case: PrefixCase) -> None:
+    pool = _pool(case.spec)
+    router = _container(builders.build_router_deployment(pool))["command"]
+    assert router[router.index("--prefix-routing") + 1:] == case.router_flags
+    for role in pool.spec.engine_roles():
+        engine = _container(builders.build_engine_deployment(pool, role))
+        cmd = engine["command"]
+        assert (cmd[cmd.index("--tensor-parallel") + 2:][:4] == _EVENTS) == case.events
+        ports = {p["name"]: p["containerPort"] for p in engine["ports"]}
+        expected = {"http": 8000, "kv-events": 5557, "kv-replay": 5558} if case.events \
+            else {"http": 8000}
+        assert ports == expected
+
+
+def test_a_bad_prefix_routing_names_the_field_and_the_choices(tmp_path: Path) -> None:
+    bad = tmp_path / "pool.yaml"
+    bad.write_text("apiVersion: poolpilot.dev/v1alpha1\nkind: InferencePool\n"
+                   "metadata: {name: p}\n"
+                   "spec: {model: {name: m}, router: {prefixRouting: Exact}}\n")
+    out = subprocess.run([str(Path(sys.executable).parent / "poolpilot"), "validate", str(bad)],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1
+    assert "spec.router.prefixRouting: Input should be 'Approximate', 'Precise' or 'Off'" \
+        in out.stdout + out.stderr
+
+
 def _container(dep: dict[str, Any]) -> dict[str, Any]:
     c: dict[str, Any] = dep["spec"]["template"]["spec"]["containers"][0]
     return c
@@ -234,6 +285,7 @@ def test_router_pod_contract() -> None:
     assert c["command"] == [
         "poolpilot", "router", "--host", "0.0.0.0", "--port", "8000",
         "--discover", "kubernetes", "--namespace", "ns", "--pool", "p",
+        "--prefix-routing", "approximate",
     ]  # fmt: skip
     config = json.loads(builders.build_router_configmap(pool)["data"]["router.json"])
     assert config["mode"] == "Disaggregated" and config["model"] == "m"
