@@ -60,6 +60,9 @@ import msgspec
 import zmq
 import zmq.asyncio
 from poolpilot.router.prefix_source import PromptKeys
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 from zmq.utils.monitor import parse_monitor_message
 
 log = logging.getLogger("poolpilot.router.kv_events")
@@ -72,6 +75,8 @@ TOKENIZE_TIMEOUT_S = 2.0
 REPLAY_TIMEOUT_S = 5.0
 RECENT_BATCHES = 4096  # (seq -> ts) remembered to tell a duplicate from a restart
 END_SEQ = -1  # the replay's end marker (8 signed bytes)
+# The router's view of each engine's KV events (a gauge, on the router's /metrics).
+KV_EVENTS_BLOCKS = "poolpilot_router_kv_events_blocks"
 
 # -------------------------------------------------------------------------------------------
 # Wire format (pure)
@@ -538,10 +543,14 @@ class KvEventsSource:
         self._sync_task: asyncio.Task[None] | None = None
 
     def attach(self, session: Callable[[], aiohttp.ClientSession | None],
-               urls: Callable[[], Iterable[str]], sync_interval_s: float = 1.0) -> None:
+               urls: Callable[[], Iterable[str]], sync_interval_s: float = 1.0,
+               registry: CollectorRegistry | None = None, pool: str = "default") -> None:
         """Use the router's session (for /tokenize) and follow its engines; call it in the
-        router's event loop (it subscribes every `sync_interval_s` to new engines)."""
+        router's event loop (it subscribes every `sync_interval_s` to new engines). With a
+        `registry`, export each engine's indexed blocks there."""
         self._session, self._urls = session, urls
+        if registry is not None:
+            registry.register(_BlocksCollector(self, pool))
         self.sync()
         if sync_interval_s > 0:
             self._sync_task = asyncio.get_running_loop().create_task(
@@ -656,21 +665,22 @@ class KvEventsSource:
             sub.cancel()
 
 
-def add_arguments(group: argparse._ArgumentGroup) -> None:
-    """The router's flags for the precise source."""
-    group.add_argument("--kv-events-port", type=int, default=DEFAULT_EVENTS_PORT,
-                       help="precise: the port each engine publishes its KV events on, at "
-                       f"its own address (default {DEFAULT_EVENTS_PORT})")
-    group.add_argument("--kv-replay-port", type=int, default=DEFAULT_REPLAY_PORT,
-                       help="precise: the port each engine replays missed KV events on "
-                       f"(default {DEFAULT_REPLAY_PORT})")
+class _BlocksCollector(Collector):
+    def __init__(self, source: KvEventsSource, pool: str) -> None:
+        self.source, self.pool = source, pool
+
+    def collect(self) -> Iterable[Metric]:
+        gauge = GaugeMetricFamily(
+            KV_EVENTS_BLOCKS, "Prefix-cache blocks each engine's KV events say it holds "
+            "(precise prefix routing; blocks the router cannot key are not counted).",
+            labels=["pool", "endpoint"])
+        for url, sub in sorted(self.source.subscribers.items()):
+            gauge.add_metric([self.pool, url], len(sub.index.by_hash))
+        yield gauge
 
 
 def source_from_args(args: argparse.Namespace, config: object) -> KvEventsSource:
-    """The precise source for `poolpilot router --prefix-routing precise`."""
-    ports = EventPorts(getattr(args, "kv_events_port", DEFAULT_EVENTS_PORT),
-                       getattr(args, "kv_replay_port", DEFAULT_REPLAY_PORT))
-    for flag, port in (("--kv-events-port", ports.events), ("--kv-replay-port", ports.replay)):
-        if not 0 < port < 65536:
-            raise ValueError(f"{flag} {port}: must be 1..65535")
-    return KvEventsSource(ports)
+    """The precise source for `poolpilot router --prefix-routing precise` (its flags
+    --kv-events-port and --kv-replay-port are router/main.py's)."""
+    return KvEventsSource(EventPorts(getattr(args, "kv_events_port", DEFAULT_EVENTS_PORT),
+                                     getattr(args, "kv_replay_port", DEFAULT_REPLAY_PORT)))

@@ -114,6 +114,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     pre.add_argument("--prefix-ttl", type=float, default=DEFAULT_TTL_S,
                      help="approximate: seconds a sent prefix counts as cached at its engine "
                      f"(default {DEFAULT_TTL_S:g})")
+    pre.add_argument("--kv-events-port", type=_port, default=5557,
+                     help="precise: the port each engine publishes its KV events on, at its "
+                     "own address (the launcher's --kv-events-port; default 5557)")
+    pre.add_argument("--kv-replay-port", type=_port, default=5558,
+                     help="precise: the port each engine replays missed KV events on "
+                     "(default 5558)")
     loc = parser.add_argument_group(
         "local prefill (disaggregated): a decode engine prefills a request itself while the "
         "prefill role would break the TTFT target"
@@ -137,6 +143,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="report latencies in simulated seconds: multiply by X (the sandbox runs engines "
         "X times faster than real time)",
     )
+
+
+def _port(text: str) -> int:
+    port = int(text)
+    if not 0 < port < 65536:
+        raise argparse.ArgumentTypeError(f"{port}: must be 1..65535")
+    return port
 
 
 def apply_config_file(args: argparse.Namespace) -> None:
@@ -290,7 +303,12 @@ async def serve(args: argparse.Namespace, config: RouterConfig, port: int | None
                 ready_fd: int | None = None) -> int:
     """Run one router process; with `ready_fd` (a worker of --workers), listen on the shared
     `port` with SO_REUSEPORT and report readiness on the fd instead of printing."""
-    router = Router(config, prefix_source=precise_source(args, config))
+    source = precise_source(args, config)
+    router = Router(config, prefix_source=source)
+    attach = getattr(source, "attach", None)
+    if attach is not None:  # the KV events source subscribes to the router's engines
+        attach(lambda: router.session, router.balancer.urls,
+               registry=router.metrics.registry, pool=config.pool)
     if not args.discover:
         for role in config.roles():
             router.set_endpoints(role, parse_urls(getattr(args, role)), initial=True)
