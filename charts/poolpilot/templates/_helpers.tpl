@@ -188,7 +188,8 @@ when set (it replaces minAvailable), else minAvailable. With one replica and no
 maxUnavailable there is none: minAvailable 1 of 1 would block every node drain.
 (dict "ctx" $ "component" "operator"). */}}
 {{- define "poolpilot.pdbSpec" -}}
-{{- $pdb := (index .ctx.Values .component).podDisruptionBudget -}}
+{{- /* A release upgraded with --reuse-values from a chart without this key keeps its budget. */ -}}
+{{- $pdb := (index .ctx.Values .component).podDisruptionBudget | default (dict "enabled" true "minAvailable" 1) -}}
 {{- $replicas := int (include "poolpilot.replicas" .) -}}
 {{- if $pdb.enabled -}}
 {{- if not (kindIs "invalid" $pdb.maxUnavailable) -}}

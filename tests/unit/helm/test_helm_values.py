@@ -7,6 +7,7 @@ manifests, and the schema or the templates refuse a wrong one by its name."""
 from __future__ import annotations
 
 import fnmatch
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -671,3 +672,55 @@ def test_set_flags_reach_the_new_keys(tmp_path: Path) -> None:
     assert one(objs, "Deployment", "-operator")["spec"]["replicas"] == 3
     assert one(objs, "PodDisruptionBudget", "-autoscaler")["spec"]["maxUnavailable"] == "50%"
     assert all(o["metadata"]["labels"]["team"] == "ml" for o in by_kind(objs, "Deployment"))
+
+
+# The keys this chart added to values.yaml after its first release.
+ADDED_KEYS = (
+    "global",
+    "enabled",
+    "image.digest",
+    "namespaceOverride",
+    "commonLabels",
+    "podAnnotations",
+    "monitoring.serviceMonitor.additionalLabels",
+    "monitoring.podMonitor.additionalLabels",
+    "prometheusRule.additionalLabels",
+    *(
+        f"{component}.{key}"
+        for component in ("operator", "autoscaler")
+        for key in (
+            "replicaCount",
+            "topologySpreadConstraints",
+            "podSecurityContext",
+            "securityContext",
+            "extraEnv",
+            "extraVolumes",
+            "extraVolumeMounts",
+            "podDisruptionBudget",
+        )
+    ),
+)
+
+
+@pytest.mark.parametrize(
+    "values",
+    [{}, MONITORS_ON, {"operator": {"replicas": 1}, "autoscaler": {"replicas": 3}}],
+    ids=["defaults", "monitors-on", "old-replicas-key"],
+)
+def test_a_release_from_before_these_keys_upgrades_with_reuse_values(
+    values: dict[str, Any], tmp_path: Path
+) -> None:
+    """`helm upgrade --reuse-values` renders the new templates with the values.yaml of the
+    chart the release was installed from, which has none of the added keys: the render must
+    be what the new defaults give."""
+    old_chart = tmp_path / "poolpilot"
+    shutil.copytree(CHART, old_chart)
+    old_values = yaml.safe_load((CHART / "values.yaml").read_text())
+    for dotted in ADDED_KEYS:
+        *parents, last = dotted.split(".")
+        node = old_values
+        for part in parents:
+            node = node[part]
+        del node[last]
+    (old_chart / "values.yaml").write_text(yaml.safe_dump(old_values))
+    assert render(values, tmp=tmp_path, chart=old_chart) == render(values, tmp=tmp_path)
