@@ -59,6 +59,7 @@ import aiohttp
 import msgspec
 import zmq
 import zmq.asyncio
+from poolpilot.router.discovery import parse_urls
 from poolpilot.router.prefix_source import PromptKeys
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -383,15 +384,35 @@ def tokenize_body(path: str, body: dict[str, Any]) -> dict[str, Any] | list[int]
 
 @dataclass(frozen=True)
 class EventPorts:
-    """Where an engine publishes: its pod's address, these ports."""
+    """Where an engine publishes: its pod's address, these ports (or, for an engine in
+    `per_engine`, its own: engines sharing one host cannot share a port)."""
 
     events: int = DEFAULT_EVENTS_PORT
     replay: int = DEFAULT_REPLAY_PORT
+    per_engine: dict[str, tuple[int, int]] = field(default_factory=dict)  # url -> ports
 
     def endpoints(self, url: str) -> tuple[str, str]:
         host = urlsplit(url).hostname or "127.0.0.1"
         host = f"[{host}]" if ":" in host else host
-        return f"tcp://{host}:{self.events}", f"tcp://{host}:{self.replay}"
+        events, replay = self.per_engine.get(url, (self.events, self.replay))
+        return f"tcp://{host}:{events}", f"tcp://{host}:{replay}"
+
+
+def parse_engine_ports(items: Iterable[str]) -> dict[str, tuple[int, int]]:
+    """['URL=5557:5558', 'URL=6000'] -> {url: (events, replay)} (replay: events + 1)."""
+    out: dict[str, tuple[int, int]] = {}
+    for item in items:
+        url, sep, ports = item.rpartition("=")
+        events, _, replay = ports.partition(":")
+        try:
+            pair = (int(events), int(replay) if replay else int(events) + 1)
+        except ValueError:
+            pair = (0, 0)
+        if not sep or not url or not all(0 < p < 65536 for p in pair):
+            raise ValueError(f"--kv-events-ports {item!r}: expected URL=PORT[:REPLAY_PORT], "
+                             "ports 1..65535")
+        out[parse_urls(url)[0]] = pair
+    return out
 
 
 class Subscriber:
@@ -681,6 +702,9 @@ class _BlocksCollector(Collector):
 
 def source_from_args(args: argparse.Namespace, config: object) -> KvEventsSource:
     """The precise source for `poolpilot router --prefix-routing precise` (its flags
-    --kv-events-port and --kv-replay-port are router/main.py's)."""
-    return KvEventsSource(EventPorts(getattr(args, "kv_events_port", DEFAULT_EVENTS_PORT),
-                                     getattr(args, "kv_replay_port", DEFAULT_REPLAY_PORT)))
+    --kv-events-port, --kv-replay-port and --kv-events-ports are router/main.py's; the last
+    is checked there with parse_engine_ports)."""
+    return KvEventsSource(EventPorts(
+        getattr(args, "kv_events_port", DEFAULT_EVENTS_PORT),
+        getattr(args, "kv_replay_port", DEFAULT_REPLAY_PORT),
+        parse_engine_ports(getattr(args, "kv_events_ports", None) or ())))

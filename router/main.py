@@ -120,6 +120,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     pre.add_argument("--kv-replay-port", type=_port, default=5558,
                      help="precise: the port each engine replays missed KV events on "
                      "(default 5558)")
+    pre.add_argument("--kv-events-ports", action="append", default=[],
+                     metavar="URL=PORT[:REPLAY_PORT]",
+                     help="precise: an engine that publishes on ports of its own (engines "
+                     "sharing one host); repeatable")
     loc = parser.add_argument_group(
         "local prefill (disaggregated): a decode engine prefills a request itself while the "
         "prefill role would break the TTFT target"
@@ -225,6 +229,11 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
         raise UsageError(f"--prefix-max-entries {args.prefix_max_entries}: must be >= 1")
     if not args.prefix_ttl > 0:
         raise UsageError(f"--prefix-ttl {args.prefix_ttl}: must be > 0 seconds")
+    try:  # the precise source's per-engine ports (router/kv_events.py)
+        importlib.import_module("poolpilot.router.kv_events").parse_engine_ports(
+            args.kv_events_ports)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from exc
     if args.max_concurrent_per_client < 0:
         raise UsageError("--max-concurrent-per-client: must be >= 0 (0: no limit)")
     keys = [*args.api_key]

@@ -185,8 +185,8 @@ def resolve_connector(role: str, connector: str | None) -> str | None:
 
 
 def kv_events_config(spec: LaunchSpec) -> dict[str, Any] | None:
-    """vLLM's --kv-events-config for a spec: a ZMQ publisher bound on the engine's own address
-    (every address for 0.0.0.0), with a replay endpoint; None when events are off."""
+    """vLLM's --kv-events-config for a spec: a ZMQ publisher bound on every address of the pod,
+    with a replay endpoint; None when events are off."""
     if spec.kv_events_port is None:
         if spec.kv_replay_port is not None:
             raise LaunchError("--kv-replay-port: only with --kv-events-port")
@@ -204,11 +204,11 @@ def kv_events_config(spec: LaunchSpec) -> dict[str, Any] | None:
         if kebab(key) == "enable-prefix-caching" and parse_value(raw) is False:
             raise LaunchError(f"--engine-arg {pair}: --kv-events-port publishes the prefix "
                               "cache's changes; it needs prefix caching on")
-    host = "*" if spec.host in ("", "0.0.0.0", "::") else spec.host
-    host = f"[{host}]" if ":" in host else host
+    # Every address: vLLM binds its PUB socket only for a wildcard endpoint (tcp://*:P); given
+    # an address it connects to it instead, and no subscriber could reach it.
     return {"enable_kv_cache_events": True, "publisher": "zmq",
-            "endpoint": f"tcp://{host}:{spec.kv_events_port}",
-            "replay_endpoint": f"tcp://{host}:{replay}", "topic": ""}
+            "endpoint": f"tcp://*:{spec.kv_events_port}",
+            "replay_endpoint": f"tcp://*:{replay}", "topic": ""}
 
 
 def build_command(spec: LaunchSpec) -> list[str]:
@@ -308,7 +308,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--kv-events-port", type=int,
         help="publish vLLM's KV events (its prefix cache's changes, for the router's precise "
-        "prefix routing) on this port of the engine's address (default: off)",
+        "prefix routing) on this port, every address (default: off)",
     )
     parser.add_argument(
         "--kv-replay-port", type=int,

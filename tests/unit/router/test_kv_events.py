@@ -334,10 +334,21 @@ def test_tokenize_body(case: TokenizeCase) -> None:
 
 
 def test_events_endpoints_from_the_engine_url() -> None:
-    ports = kv.EventPorts(6001, 6002)
+    ports = kv.EventPorts(6001, 6002, kv.parse_engine_ports(["127.0.0.1:9000=7000",
+                                                             "http://h:1=7100:7200"]))
     assert ports.endpoints("http://10.1.2.3:8000") == ("tcp://10.1.2.3:6001",
                                                         "tcp://10.1.2.3:6002")
     assert ports.endpoints("http://[fd00::5]:8000")[0] == "tcp://[fd00::5]:6001"
+    assert ports.endpoints("http://127.0.0.1:9000") == ("tcp://127.0.0.1:7000",
+                                                         "tcp://127.0.0.1:7001")
+    assert ports.endpoints("http://h:1") == ("tcp://h:7100", "tcp://h:7200")
+
+
+@pytest.mark.parametrize("item", ["http://h:1", "=5557", "http://h:1=x", "http://h:1=0",
+                                  "http://h:1=5557:70000"])
+def test_bad_per_engine_ports(item: str) -> None:
+    with pytest.raises(ValueError, match="expected URL=PORT"):
+        kv.parse_engine_ports([item])
 
 
 # -- real sockets: a publisher with vLLM's framing ---------------------------------------------
