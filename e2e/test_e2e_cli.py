@@ -90,7 +90,8 @@ PANEL_SERIES = {
     "autoscaler decisions by reason": [("role", "prefill"), ("role", "decode")],
     "engine prefix-cache hit rate per role": [("role", "prefill")],
 }
-LINK = re.compile(r"^ +(?P<label>[A-Za-z0-9 :.]+): (?P<url>http://\S+/classic/graph\?\S+)$", re.M)
+LINK = re.compile(r"^ +(?P<label>[A-Za-z0-9 :.-]+): (?P<url>http://\S+/classic/graph\?\S+)$",
+                  re.M)
 
 
 def graph_links(output: str) -> dict[str, str]:
