@@ -8,9 +8,9 @@ The bare command applies the shipped sandbox pool and replays the longest busy p
 Azure code trace, then idles so the scale-down shows: a few minutes in all. `--workload`
 replays a generated session workload instead, whose prompts share prefixes as text (the
 engines' prefix caches and the router's prefix keys see the reuse); the report then shows the
-prefix-cache hit rate beside TTFT. Every time-like setting
-is in simulated seconds; the whole world runs --speed times faster (one clock). Links into
-Prometheus's graph page, one per key dashboard panel, are printed once the pool is applied;
+prefix-cache hit rate beside TTFT. Every time-like setting is in simulated seconds; the whole
+world runs --speed times faster (one clock). Links into Prometheus's graph page, one per key
+dashboard panel and one for the prefix-cache hit rate, are printed once the pool is applied;
 with --keep everything stays up after the report until Ctrl-C.
 
 POOLPILOT_SANDBOX_DURATION (simulated seconds), when set, is the default of --duration: the
@@ -60,9 +60,9 @@ from .supervisor import (
 console = Console(stderr=True, soft_wrap=True)  # error lines stay whole (FILE:LINE: ...)
 
 # `--workload NAME`: the session generator's kind for each name, and the size of the run: a
-# few minutes at speed 4 like the default trace (about 2,000 requests, 2,900 prompt tokens
-# each on average, ~65% of them a prefix an earlier request had), contexts within the
-# sandbox pool's maxModelLen.
+# few minutes at speed 4 like the default trace (sessions: 2,117 requests, 3,026 prompt tokens
+# each on average, 66% of them in blocks an earlier request had), contexts within the pool's
+# maxModelLen.
 WORKLOADS = {"sessions": "mixed", "chat": "chat", "agent": "agent"}
 WORKLOAD_SECONDS, WORKLOAD_RATE, WORKLOAD_SEED = 300.0, 3.0, 0
 
