@@ -238,6 +238,36 @@ def _rate_by(by: str, metric: str, *matchers: str) -> str:
     return f"sum by ({by}) ({rate(metric, W, *matchers)})"
 
 
+# The router labels its prefix counters by the engine's URL (`endpoint`, http://IP:PORT);
+# Prometheus labels the engine's own series by its target (`instance`, IP:PORT).
+BY_ENDPOINT = f"{BY_POOL}, instance"
+
+
+def _as_instance(expr: str) -> str:
+    return f'label_replace({expr}, "instance", "$1", "endpoint", "https?://(.+)")'
+
+
+def _prefix_hit_panel(f: tuple[str, ...]) -> Panel:
+    """What the router expected each engine to serve from its prefix cache, beside what the
+    engine reports it served."""
+    expected = _as_instance(rate(m.ROUTER_PREFIX_EXPECTED_HITS, W, *f))
+    routed = _as_instance(rate(m.ROUTER_PREFIX_ROUTED, W, *f))
+    hits = rate(m.VLLM_PREFIX_CACHE_HITS, W, *f, ENGINE_ROLES)
+    queries = rate(m.VLLM_PREFIX_CACHE_QUERIES, W, *f, ENGINE_ROLES)
+    return Panel("Prefix-cache hit rate per engine: expected by the router vs the engine's", [
+        Query(f"sum by ({BY_ENDPOINT}) ({expected}) / sum by ({BY_ENDPOINT}) ({routed})",
+              "{{pool}} {{instance}} expected by the router"),
+        Query(f"sum by ({BY_ENDPOINT}) ({hits}) / sum by ({BY_ENDPOINT}) ({queries})",
+              "{{pool}} {{instance}} engine"),
+    ], unit="percentunit", width=24, dashed=".*expected by the router",
+        description="Share of the prompt tokens sent to each engine that its prefix cache "
+        "served. Dashed: what the router expected when it chose the engine (prefix-aware "
+        "routing: spec.router.prefixRouting; summed over the router replicas). Solid: the "
+        "engine's own vllm:prefix_cache_hits_total over vllm:prefix_cache_queries_total. "
+        "Expected well above the engine's: the router's record (Approximate) outlives what "
+        "the engine keeps (it evicted blocks), or the router's token estimate is off.")
+
+
 def pool_dashboard() -> Json:
     f = (NS, POOL)
     items: list[Panel | Row] = [
@@ -294,6 +324,8 @@ def pool_dashboard() -> Json:
                        "prefill_failed, a prefill that failed on every prefill engine (or "
                        "found none) retried locally. A pool living on prefill_behind needs "
                        "prefill replicas."),
+        Row("Prefix cache"),
+        _prefix_hit_panel(f),
         Row("Replicas"),
         Panel("Desired vs ready replicas per role", [
             Query(_by("sum", BY_ROLE, m.AUTOSCALER_DESIRED, *f), "{{pool}} {{role}} desired"),
