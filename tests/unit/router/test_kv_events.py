@@ -552,3 +552,16 @@ async def test_no_keys_before_any_engine_stored_a_block() -> None:
     assert await source.prompt_keys("/v1/completions", {"model": "m", "prompt": [1] * 99}) \
         is None
     assert source.matched_blocks(PromptKeys((1, 2), BS), ["http://e:8000"], 0.0) == [0]
+
+
+def test_the_blocks_each_engine_holds_are_exported() -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    registry = CollectorRegistry()
+    source = kv.KvEventsSource()
+    source.attach(lambda: None, lambda: (), sync_interval_s=0, registry=registry, pool="p")
+    sub = kv.Subscriber("http://e:8000", source.ports)
+    sub.index.apply(_decoded(stored([1, 2, 3], PROMPT)))
+    source.subscribers[sub.url] = sub
+    page = generate_latest(registry).decode()
+    assert f'{kv.KV_EVENTS_BLOCKS}{{endpoint="http://e:8000",pool="p"}} 3.0' in page
