@@ -50,6 +50,7 @@ HITS = "vllm:prefix_cache_hits_total"
 QUERIES = "vllm:prefix_cache_queries_total"
 BLOCKS = "poolpilot_router_kv_events_blocks"
 EXPECTED_HITS = "poolpilot_router_prefix_expected_hit_tokens_total"
+CHOICES = "poolpilot_router_prefix_choices_total"
 
 
 @dataclass
@@ -127,6 +128,10 @@ class Pool:
     def expected_hits(self, engine: Engine) -> float:
         return self.router_metric(EXPECTED_HITS, engine)
 
+    def prefix_choices(self) -> float:
+        page = httpx.get(self.router.url + "/metrics", timeout=10).text
+        return metric_value(page, CHOICES, {"reason": "prefix"})
+
 
 @pytest.fixture(scope="module")
 def pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pool]:
@@ -178,13 +183,14 @@ def test_a_shared_prefix_goes_to_the_engine_holding_it(pool: Pool, case: Case) -
     wait_until(lambda: pool.indexed_blocks(holder) >= held + SHARED_BLOCKS, 30,
                f"the router to index {holder.url}'s blocks")
     hits, other_queries = holder.metric(HITS), other.metric(QUERIES)
-    expected = pool.expected_hits(holder)
+    expected, by_prefix = pool.expected_hits(holder), pool.prefix_choices()
 
     out = case.request.send(pool.router.url)
 
     assert holder.metric(HITS) - hits >= SHARED_BLOCKS * BLOCK  # served from its cache
-    # ... as the router expected.
+    # ... as the router expected: it chose the engine for its prefix, not by load.
     assert pool.expected_hits(holder) - expected >= SHARED_BLOCKS * BLOCK
+    assert pool.prefix_choices() == by_prefix + 1
     assert other.metric(QUERIES) == other_queries  # the other engine never saw it
     # Greedy output as a cold engine computes it: the other one has none of this prefix.
     other_hits = other.metric(HITS)
