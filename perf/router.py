@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
 import re
@@ -165,6 +166,7 @@ class Result:
     errors: int = 0
     router_cpu_s: float | None = None
     engine_cpu_s: float | None = None  # the engines' processes, same window
+    client_cpu_s: float | None = None  # this process (the clients), same window
     engine_ttft_s: float | None = None  # the engines' own mean TTFT over the run (vLLM metric)
 
     @property
@@ -204,6 +206,7 @@ class Result:
             "requests": len(self.latencies), "ttft_samples": len(self.ttfts),
             "rps": self.rps, "tokens_per_s": self.tokens_per_s, "errors": self.errors,
             "router_cpu_seconds": self.router_cpu_s, "engine_cpu_seconds": self.engine_cpu_s,
+            "client_cpu_seconds": self.client_cpu_s,
             "engine_ttft_mean_ms": None if self.engine_ttft_s is None
             else self.engine_ttft_s * ms,
         }
@@ -270,6 +273,7 @@ async def _load(target: Target, streams: int, duration: float, warmup: float,
                 engine_pgids: list[int], engine_urls: list[str]) -> Result:
     start = time.monotonic() + warmup
     result = Result(start=start, stop=start + duration)
+    run_id = next(_RUNS)
     connector = aiohttp.TCPConnector(limit=0)
     timeout = aiohttp.ClientTimeout(total=duration + warmup + 120)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
@@ -278,8 +282,10 @@ async def _load(target: Target, streams: int, duration: float, warmup: float,
             i = 0
             while time.monotonic() < result.stop:
                 i += 1
-                # A distinct prompt per request: no prefix-cache effects between requests.
-                body = {"model": "bench", "prompt": f"{w}-{i} " + "hello " * prompt_tokens,
+                # A distinct prompt per request, in this run and every other one against the
+                # same engines: no prefix-cache hits between requests (engines cache prefixes).
+                body = {"model": "bench",
+                        "prompt": f"{run_id}-{w}-{i} " + "hello " * prompt_tokens,
                         "max_tokens": output_tokens, "stream": True, "ignore_eos": True}
                 sent = time.monotonic()
                 try:
@@ -296,7 +302,9 @@ async def _load(target: Target, streams: int, duration: float, warmup: float,
             await asyncio.sleep(max(0.0, result.start - time.monotonic()))
             before = group_cpu_seconds(router_pgid) if router_pgid is not None else 0.0
             engines_before = engines_cpu()
+            client_before = time.process_time()
             await asyncio.sleep(max(0.0, result.stop - time.monotonic()))
+            result.client_cpu_s = time.process_time() - client_before
             result.engine_cpu_s = engines_cpu() - engines_before
             if router_pgid is not None:
                 result.router_cpu_s = group_cpu_seconds(router_pgid) - before
@@ -313,6 +321,8 @@ async def _load(target: Target, streams: int, duration: float, warmup: float,
         result.engine_ttft_s = (ttft_after[0] - ttft_before[0]) / count if count > 0 else None
     return result
 
+
+_RUNS = itertools.count()  # numbers each load run, so no two runs send the same prompt
 
 TTFT_SUM = "vllm:time_to_first_token_seconds_sum"
 TTFT_COUNT = "vllm:time_to_first_token_seconds_count"
