@@ -72,7 +72,7 @@ DEFAULT_EVENTS_PORT = 5557
 DEFAULT_REPLAY_PORT = 5558
 PENDING_TTL_S = 10.0  # a sent prompt counts as cached at its engine until events confirm it
 PENDING_MAX_KEYS = 65536  # per engine
-TOKENIZE_TIMEOUT_S = 2.0
+TOKENIZE_TIMEOUT_S = 0.5  # a slow /tokenize costs TTFT: past this, route on load
 REPLAY_TIMEOUT_S = 5.0
 RECENT_BATCHES = 4096  # (seq -> ts) remembered to tell a duplicate from a restart
 END_SEQ = -1  # the replay's end marker (8 signed bytes)
@@ -444,6 +444,21 @@ class Subscriber:
             self._task.cancel()
 
     async def _run(self) -> None:
+        """Subscribe until cancelled; a failure (a ZMQ error, a bug) drops the index and
+        subscribes again a second later, so no engine is left with a stale index for good."""
+        while True:
+            try:
+                await self._subscribe()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.warning("kv events from %s: subscriber failed; its index is dropped and "
+                            "rebuilt", self.url, exc_info=True)
+                self.index.clear()
+                self.stream.reset()
+                await asyncio.sleep(1.0)
+
+    async def _subscribe(self) -> None:
         ctx = zmq.asyncio.Context.instance()
         sub = ctx.socket(zmq.SUB)
         sub.setsockopt(zmq.LINGER, 0)

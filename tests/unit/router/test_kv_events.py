@@ -565,3 +565,27 @@ def test_the_blocks_each_engine_holds_are_exported() -> None:
     source.subscribers[sub.url] = sub
     page = generate_latest(registry).decode()
     assert f'{kv.KV_EVENTS_BLOCKS}{{endpoint="http://e:8000",pool="p"}} 3.0' in page
+
+
+async def test_a_failing_subscriber_starts_over_with_an_empty_index(pub: Publisher) -> None:
+    sub = kv.Subscriber(pub.url, pub.ports())
+    sub.index.apply(_decoded(stored([1, 2, 3], P1)))  # from before the failure
+    failures = 0
+    subscribe = sub._subscribe  # the failure is injected there
+
+    async def failing_once() -> None:
+        nonlocal failures
+        if failures == 0:
+            failures += 1
+            raise zmq.ZMQError(zmq.EAGAIN, "injected")
+        await subscribe()
+
+    sub._subscribe = failing_once
+    sub.start()
+    try:
+        await eventually(lambda: failures == 1 and sub.index.matched(keys_of(P1)) == 0,
+                         "the index dropped")
+        await publish_until(pub, lambda: sub.index.matched(keys_of(P2)) == 3,
+                            "subscribed again", lambda: pub.publish(stored([7, 8, 9], P2)))
+    finally:
+        await sub.stop()
