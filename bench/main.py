@@ -170,6 +170,7 @@ def _build(name: str, params: dict[str, float], trace: Sequence[TraceRequest],
         return PoolpilotPolicy(bounds, initial, cfg.slo_ttft, cfg.slo_itl, cfg.quantile,
                                autoscaling=opts.autoscaling,
                                forecast=params.get("forecast", 1.0) > 0,
+                               hits=params.get("hits", 1.0) > 0,
                                profile=profile_targets(warmup_load(trace), cap))
     if name == "hpa":
         return HPAGpuUtil(bounds, initial, target_util=params.get("target", TARGET_UTIL))

@@ -30,7 +30,11 @@ class Knob:
 KNOBS: dict[str, tuple[Knob, ...]] = {
     # an ablation, not a sweep: poolpilot(forecast=0) sizes for the demand of now
     "poolpilot": (Knob("forecast", "1: look one cold start ahead (trend and recent rises); "
-                                   "0: size for the demand of now", 0.0, 1.0, inclusive=True),),
+                                   "0: size for the demand of now", 0.0, 1.0, inclusive=True),
+                  # and poolpilot(hits=0) sizes prefill for every prompt token, as if the
+                  # engines kept no prefix-cache counters
+                  Knob("hits", "1: size prefill for the prompt tokens the prefix cache does "
+                               "not serve; 0: for every prompt token", 0.0, 1.0, inclusive=True)),
     "hpa": (Knob("target", "target GPU utilization, percent (80)", 0.0, 100.0),),
     "keda-queue": (Knob("threshold", "waiting requests per replica (5)", 0.0),),
     "dynamo-sla": (

@@ -84,6 +84,7 @@ class PoolpilotPolicy:
         rate_window: float = RATE_WINDOW_S,
         profile: dict[str, float] | None = None,
         forecast: bool = True,
+        hits: bool = True,
     ) -> None:
         # A user who profiled the engine writes its per-replica throughputs into the spec's
         # targets (the same profile Dynamo's planner gets); explicit settings win.
@@ -94,6 +95,7 @@ class PoolpilotPolicy:
         spec = parse_spec(pool_spec(bounds, slo_ttft, slo_itl, quantile, given))
         self.policy = replace(ScalerPolicy.from_spec(spec), forecast=forecast)
         self.quantile = quantile
+        self.hits = hits  # False: the ablation that never sees the engines' hit rate
         self.interval = float(spec.autoscaling.interval_seconds)
         self.rate_window = rate_window
         # The autoscaler process starts with the pool: no scale-down before its window fills.
@@ -125,7 +127,7 @@ class PoolpilotPolicy:
             q.GENERATION_RATE: grouped(prom.rate(m.VLLM_GENERATION_TOKENS, w, by=by)),
             q.REQUEST_RATE: grouped(prom.rate(m.VLLM_REQUEST_SUCCESS, w, by=by)),
             # the engines' prefix-cache hit rate: hit tokens over queried tokens, per role
-            q.PREFIX_HIT_RATE: grouped(hit_rate(prom, w, by)),
+            q.PREFIX_HIT_RATE: grouped(hit_rate(prom, w, by)) if self.hits else {},
             q.ttft_key(qt): grouped(prom.histogram_quantile(qt, m.VLLM_TTFT, w, by=by)),
             q.itl_key(qt): grouped(prom.histogram_quantile(qt, m.VLLM_ITL, w, by=by)),
             # the router's (by pool): requests it prefilled on decode engines, failed handoffs
