@@ -555,23 +555,22 @@ def measure_need(role: str, obs: Observation, p: Policy, capacity: Mapping[str, 
         mem = replace(mem, tokens_per_request=tokens)
         if tokens is None:
             return None, mem
-        backlog = (_num(o.waiting) + _num(o.running)) * tokens
-        local = _num(obs.local_prefill_rate) * tokens
+        # Prefill is sized in the prompt tokens it computes: those its prefix cache does not
+        # serve (the learned capacity is measured in the same unit, see learn_capacity). The
+        # prompts prefilled on decode engines would have come here: prefill's hit rate.
+        miss = o.miss
+        served *= miss
+        backlog = (_num(o.waiting) + _num(o.running)) * tokens * miss
+        local = _num(obs.local_prefill_rate) * tokens * miss
         served += local
     elif role == DECODE:
         served, backlog = _num(o.generation_tokens_rate), 0.0
     else:
         return None, mem
+    # (the samples, and so the trend and the rises, are in computed tokens too: a pool whose
+    # hit rate falls as it grows sees that as a rise)
     rate = served + model.backlog_growth(mem.samples, now, backlog)
-    # The samples (the trend's and the rises' input) are the traffic: every prompt token.
     mem = model.remember(mem, now, rate, backlog, max(p.forecast_window, p.history_window))
-    # Prefill is sized in the prompt tokens it computes: those its prefix cache does not
-    # serve (the learned capacity is measured in the same unit, see learn_capacity; the
-    # prompts prefilled on decode engines would have come here: prefill's hit rate). What the
-    # demand may grow by within a cold start is counted in full: new demand is new sessions,
-    # served by replicas ordered for it that start with a cold cache.
-    miss = o.miss if role == PREFILL else 1.0
-    rate, backlog, local = rate * miss, backlog * miss, local * miss
     if not per_replica:
         return None, mem
     headroom = role_headroom(role, p, mem)
@@ -584,7 +583,7 @@ def measure_need(role: str, obs: Observation, p: Policy, capacity: Mapping[str, 
                 # queued: the backlog alone took a share of the target to prefill at some
                 # sample within the rate window (the queue of a burst is gone by the next
                 # scrape more often than not; its TTFT stays in the window's quantile)
-                p.dead_band, queued=max_backlog(mem, now, p.max_metric_age) * miss
+                p.dead_band, queued=max_backlog(mem, now, p.max_metric_age)
                 / (per_replica * o.ready_replicas) > QUEUED_SHARE * p.ttft_target)
             mem = replace(mem, headroom=headroom)
     horizon = mem.cold_start if mem.cold_start is not None else p.cold_start

@@ -83,21 +83,20 @@ def test_prefill_is_sized_for_the_tokens_the_cache_does_not_serve(c: Case) -> No
     assert (rd.replicas, rd.reason) == c.want, rd.message
 
 
-def test_growth_is_counted_in_full_as_new_sessions_meet_cold_replicas() -> None:
-    """Demand rising by 1,000 prompt tokens/s every 15 s: 8,000/s more within the cold start.
-    At a 50 % hit rate today's 16,000/s is 8,000 computed, but the rise is counted in full
-    (new sessions, on replicas that start cold): 16,000 / 6,400 -> 3 replicas kept; the
-    cache's half of the rise would have let one go."""
+def test_a_rising_demand_is_forecast_in_computed_tokens() -> None:
+    """Demand rising by 1,000 prompt tokens/s every 15 s, its samples in computed tokens (at a
+    50 % hit rate): 4,000/s more within the cold start on 8,000 computed now -> 12,000 / 6,400
+    -> 2 replicas (without the cache: 24,000 / 6,400 -> 4)."""
     from poolpilot.autoscaler import capacity as model
 
-    samples = tuple(model.Sample(NOW - 15.0 * (10 - i), 6_000.0 + 1000.0 * i, 0.0)
+    samples = tuple(model.Sample(NOW - 15.0 * (10 - i), 3_000.0 + 500.0 * i, 0.0)
                     for i in range(10))
     h = History(memory={"prefill": model.Memory(first_seen=0.0, samples=samples)})
     obs = Observation(roles={"prefill": pre(3, 16_000.0, hit=0.5, running=0.0),
                              "decode": dec()})
     rd = decide(obs, policy(), h, NOW).roles["prefill"]
-    assert rd.replicas == 3, rd.message
-    assert "may rise 8000/s" in rd.message and "in 120s 1.6e+04/s" in rd.message
+    assert rd.replicas == 2, rd.message
+    assert "in 120s 1.2e+04/s" in rd.message
 
 
 @pytest.mark.parametrize("hit", [None, math.nan, -0.1, math.inf, 0.0],
