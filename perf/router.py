@@ -14,16 +14,20 @@ aggregated engine; for disaggregated, the client itself does the P/D flow: the p
 then the decode request with the prefill's kv_transfer_params) and through the router.
 
 Per run: TTFT (request sent to the first streamed token), ITL (gaps between streamed chunks;
-tokens that arrive together count as gaps of 0, as the router's own histogram does), latency
-of the whole stream, completed requests and streamed tokens per second; and the router's CPU
-seconds (its process group, from /proc) during the measured window. The JSON (`--json`)
-holds, per mode and N, `added_ttft_p99_ms`, `added_itl_p99_ms` (routed - direct at p99),
-`throughput_ratio` (routed / direct streamed tokens per second), `router_cpu_seconds`, the
-p50s, the old latency/request fields (`added_p50_ms`, `added_p99_ms`, `rps_ratio`, ...), and
-the machine's load average before and after. Without `--router-cpus` everything shares the
-machine's cores, so the router competes with the clients and engines it is measured against;
-with it, the router gets cores of its own, as its pod would with a CPU request of its own on
-a node. Run it on a quiet machine if you can, and compare ratios measured in one run.
+tokens that arrive together count as gaps of 0, as the router's own histogram does), latency of
+the whole stream, completed requests and streamed tokens per second; and the router's CPU
+seconds (its process group, from /proc) during the measured window. The JSON (`--json`) holds,
+per mode and N, `added_ttft_p99_ms`, `added_itl_p99_ms` (routed - direct at p99),
+`throughput_ratio` (routed / direct streamed tokens per second), `router_cpu_seconds`,
+`added_outside_engine_ttft_p99_ms` (aggregated, engine-sim: per request the client's TTFT minus
+the engine's own from `/sim/requests`, routed - direct at p99: the router's share of TTFT
+whatever the engine's queue did; at saturation a closed loop's TTFT moves with how the engine's
+queue settles, which the router's hop can tip either way), the p50s, the old latency/request
+fields (`added_p50_ms`, `added_p99_ms`, `rps_ratio`, ...), and the machine's load average
+before and after. Without `--router-cpus` everything shares the machine's cores, so the router
+competes with the clients and engines it is measured against; with it, the router gets cores of
+its own, as its pod would with a CPU request of its own on a node. Run it on a quiet machine if
+you can, and compare ratios measured in one run.
 """
 
 from __future__ import annotations
@@ -167,6 +171,10 @@ class Result:
     router_cpu_s: float | None = None
     engine_cpu_s: float | None = None  # the engines' processes, same window
     client_cpu_s: float | None = None  # this process (the clients), same window
+    first_ids: dict[str, float] = field(default_factory=dict)  # engine's request id -> TTFT
+    # per request, the client's TTFT minus the engine's own (engine-sim's record of it): the
+    # time spent outside the engine, i.e. in the HTTP hops (and the router, when routed)
+    hops: list[float] = field(default_factory=list)
     engine_ttft_s: float | None = None  # the engines' own mean TTFT over the run (vLLM metric)
 
     @property
@@ -189,6 +197,9 @@ class Result:
     def latency(self, q: float) -> float:
         return self._pct(self.latencies, q)
 
+    def hop(self, q: float) -> float | None:
+        return self._pct(self.hops, q) if self.hops else None
+
     @property
     def rps(self) -> float:
         return len(self.latencies) / self.elapsed
@@ -207,6 +218,9 @@ class Result:
             "rps": self.rps, "tokens_per_s": self.tokens_per_s, "errors": self.errors,
             "router_cpu_seconds": self.router_cpu_s, "engine_cpu_seconds": self.engine_cpu_s,
             "client_cpu_seconds": self.client_cpu_s,
+            "outside_engine_ttft_p50_ms": _times(self.hop(50), ms),
+            "outside_engine_ttft_p99_ms": _times(self.hop(99), ms),
+            "outside_engine_samples": len(self.hops),
             "engine_ttft_mean_ms": None if self.engine_ttft_s is None
             else self.engine_ttft_s * ms,
         }
@@ -237,6 +251,9 @@ async def _read_stream(resp: aiohttp.ClientResponse, sent: float, out: Result) -
             if first:
                 if out.inside(sent):
                     out.ttfts.append(now - sent)
+                    m = _ID.search(chunk)
+                    if m:
+                        out.first_ids[m.group(1).decode()] = now - sent
             else:
                 out.gaps.append(now - last)
             # Tokens that arrive together reach the client together: gaps of 0.
@@ -247,6 +264,31 @@ async def _read_stream(resp: aiohttp.ClientResponse, sent: float, out: Result) -
     if done and out.inside(sent) and out.inside(last):
         out.latencies.append(last - sent)
     return done
+
+
+_ID = re.compile(rb'"id": ?"([^"]+)"')
+
+
+def _times(value: float | None, factor: float) -> float | None:
+    return None if value is None else value * factor
+
+
+async def _engine_ttfts(session: aiohttp.ClientSession, urls: list[str]) -> dict[str, float]:
+    """Request id -> the engine's own TTFT (first token - arrival), from engine-sim's record of
+    its finished requests (`/sim/requests`; other engines have none)."""
+    out: dict[str, float] = {}
+    for url in urls:
+        try:
+            async with session.get(url + "/sim/requests") as resp:
+                if resp.status != 200:
+                    continue
+                records = (await resp.json()).get("requests", [])
+        except (aiohttp.ClientError, ValueError):
+            continue
+        for r in records:
+            if r.get("first_token_at") is not None and r.get("arrival") is not None:
+                out[str(r["id"])] = float(r["first_token_at"]) - float(r["arrival"])
+    return out
 
 
 async def _one(session: aiohttp.ClientSession, target: Target, body: dict[str, Any],
@@ -317,6 +359,8 @@ async def _load(target: Target, streams: int, duration: float, warmup: float,
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         ttft_after = await _engine_ttft(session, engine_urls)
+        own = await _engine_ttfts(session, engine_urls)
+        result.hops = [ttft - own[rid] for rid, ttft in result.first_ids.items() if rid in own]
         count = ttft_after[1] - ttft_before[1]
         result.engine_ttft_s = (ttft_after[0] - ttft_before[0]) / count if count > 0 else None
     return result
@@ -364,6 +408,12 @@ def compare(mode: str, streams: int, direct: Result, routed: Result) -> dict[str
         "throughput_ratio": routed.tokens_per_s / direct.tokens_per_s
         if direct.tokens_per_s else float("nan"),
         "router_cpu_seconds": routed.router_cpu_s,
+        # The router's own share of TTFT, whatever the engine's queue did: per request, the
+        # client's TTFT minus the engine's own, routed against direct (aggregated: the engine
+        # that streams records both; P/D: None, the prefill step is not split out).
+        "added_outside_engine_ttft_p99_ms": None
+        if d["outside_engine_ttft_p99_ms"] is None or r["outside_engine_ttft_p99_ms"] is None
+        else added("outside_engine_ttft_p99_ms"),
         # The fields of the zero-time benchmark this replaces (whole-stream latency, req/s).
         "added_p50_ms": added("latency_p50_ms"), "added_p99_ms": added("latency_p99_ms"),
         "rps_ratio": routed.rps / direct.rps if direct.rps else float("nan"),
@@ -374,8 +424,9 @@ def compare(mode: str, streams: int, direct: Result, routed: Result) -> dict[str
 
 HEADER = ("| mode | streams | workers | TTFT p99 direct / routed ms | added TTFT p99 ms | "
           "ITL p99 direct / routed ms | added ITL p99 ms | tokens/s direct / routed | ratio | "
-          "router CPU s | engine's own TTFT mean direct / routed ms | errors |\n"
-          "|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "router CPU s | engine's own TTFT mean direct / routed ms | errors | "
+          "TTFT outside the engine p99 direct / routed ms |\n"
+          "|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 
 
 def row(c: dict[str, Any]) -> str:
@@ -387,11 +438,13 @@ def row(c: dict[str, Any]) -> str:
             f"| {c['added_itl_p99_ms']:+.2f} | {d['tokens_per_s']:.0f} / "
             f"{r['tokens_per_s']:.0f} | {c['throughput_ratio']:.3f} | "
             f"{'-' if cpu is None else f'{cpu:.2f}'} | {_ms(d['engine_ttft_mean_ms'])} / "
-            f"{_ms(r['engine_ttft_mean_ms'])} | {c['errors']} |")
+            f"{_ms(r['engine_ttft_mean_ms'])} | {c['errors']} | "
+            f"{_ms(d['outside_engine_ttft_p99_ms'], 1)} / "
+            f"{_ms(r['outside_engine_ttft_p99_ms'], 1)} |")
 
 
-def _ms(value: float | None) -> str:
-    return "-" if value is None else f"{value:.0f}"
+def _ms(value: float | None, digits: int = 0) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
 
 
 def _csv(text: str) -> list[str]:
