@@ -1,8 +1,8 @@
 # poolpilot control plane: operator, autoscaler, router (`poolpilot operator|autoscaler|router`).
 # Build: docker build -t ghcr.io/poolpilot/poolpilot:0.1.0 .
 # Every room in pyproject's package-dir is copied except the tool rooms ([tool.poolpilot]
-# dev-only: the emulator, perf harnesses, engine simulator, bench, sandbox and dashboard
-# generator); setup.py skips those, and only the runtime dependencies are installed.
+# dev-only: the emulator, perf harnesses, engine simulator, bench, sandbox, dashboard
+# generator and test kit); setup.py skips those, and only the runtime dependencies are installed.
 FROM python:3.11-slim AS build
 WORKDIR /src
 COPY pyproject.toml setup.py README.md ./

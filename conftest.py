@@ -2,7 +2,7 @@
 
 `--kubeconfig FILE` runs the cluster suites (operator, autoscaler loop, e2e where it makes
 sense) against a real cluster instead of the in-process Kubernetes API emulator; it sets
-KUBECONFIG_E2E, which poolpilot.emulator.testing.cluster_from_env() reads.
+KUBECONFIG_E2E, which poolpilot.testkit.cluster.cluster_from_env() reads.
 """
 
 from __future__ import annotations

@@ -26,10 +26,10 @@ from poolpilot.sandbox.data import BURST_TRACE
 from poolpilot.sandbox.loadgen import Replayer, RequestResult
 from poolpilot.sandbox.main import prepare_trace, write_outputs
 from poolpilot.sandbox.supervisor import AppliedPool, SandboxConfig
-from poolpilot.sandbox.testing import SandboxThread
+from poolpilot.testkit.polling import wait_for
+from poolpilot.testkit.sandbox import SandboxThread
 
 from poolpilot import workloads
-from poolpilot.polling import wait_for
 
 SEED = 4  # engines killed while the burst plays, Prometheus once it is over
 SPEED = 8.0

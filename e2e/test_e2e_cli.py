@@ -19,8 +19,7 @@ from typing import Any
 import browser
 import httpx
 from poolpilot.sandbox.data import DEFAULT_POOL
-
-from poolpilot.polling import wait_for
+from poolpilot.testkit.polling import wait_for
 
 SANDBOX = [sys.executable, "-m", "poolpilot.cli", "sandbox", "--no-progress"]
 

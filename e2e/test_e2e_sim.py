@@ -23,11 +23,11 @@ from poolpilot.sandbox.data import BURST_TRACE
 from poolpilot.sandbox.loadgen import Replayer, RequestResult
 from poolpilot.sandbox.report import attach_reasons
 from poolpilot.sandbox.supervisor import AppliedPool, SandboxConfig
-from poolpilot.sandbox.testing import SandboxThread
 from poolpilot.sandbox.timeline import ScaleChange
+from poolpilot.testkit.polling import wait_for
+from poolpilot.testkit.sandbox import SandboxThread
 
 from poolpilot import workloads
-from poolpilot.polling import wait_for
 from poolpilot.traces import load_trace
 
 SPEED = 4.0
@@ -183,7 +183,7 @@ def test_prometheus_outage_holds_replicas_then_recovers(sb: SandboxThread, burst
 def test_deleted_child_is_repaired_and_invalid_spec_degrades(
         sb: SandboxThread, burst: Burst, tmp_path: Path) -> None:
     """Scenario 4."""
-    from poolpilot.operator.testing import crd_without_validation_rules
+    from poolpilot.testkit.operator import crd_without_validation_rules
 
     pool = burst.pool
     old = kubectl_json(sb, "deployment", f"{pool.name}-decode", "-n", pool.namespace)

@@ -17,7 +17,7 @@ from poolpilot.sandbox import tinymodel
 from poolpilot.sandbox.data import VLLM_POOL
 from poolpilot.sandbox.loadgen import Replayer
 from poolpilot.sandbox.supervisor import SandboxConfig
-from poolpilot.sandbox.testing import SandboxThread
+from poolpilot.testkit.sandbox import SandboxThread
 
 from poolpilot.traces import TraceRequest
 

@@ -56,7 +56,7 @@ from poolpilot.autoscaler.loop import Autoscaler, CycleResult, Options
 from poolpilot.autoscaler.observe import PrometheusSource
 from poolpilot.autoscaler.shard import Shard
 from poolpilot.perf.procstat import cpu_seconds, load_average
-from poolpilot.sandbox.localprom import MetricsPage, PrometheusProcess, Target, duration
+from poolpilot.testkit.prometheus import MetricsPage, PrometheusProcess, Target, duration
 
 from poolpilot import api, gcpolicy, names
 from poolpilot import metrics as m

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 from poolpilot.engine_sim.des import PoolSim, SimRequest
 from poolpilot.engine_sim.engine import EngineConfig
-from poolpilot.engine_sim.testing import EngineSimProcess
+from poolpilot.testkit.engine_sim import EngineSimProcess
 
 NAME = "bench"
 
@@ -129,7 +129,7 @@ def bench_http(seconds: float, concurrency: int) -> dict[str, Any]:
     import subprocess
 
     import httpx
-    from poolpilot.sandbox.localprom import free_port
+    from poolpilot.testkit.prometheus import free_port
 
     body = {"model": NAME, "prompt": list(range(128)), "max_tokens": 16, "ignore_eos": True}
     port = free_port()

@@ -27,8 +27,13 @@ import httpx
 import yaml
 from poolpilot.autoscaler import recording
 from poolpilot.autoscaler.queries import QuerySet
-from poolpilot.sandbox import localprom
-from poolpilot.sandbox.localprom import PrometheusNotInstalled, PrometheusProcess, Target
+from poolpilot.testkit.prometheus import (
+    PrometheusNotInstalled,
+    PrometheusProcess,
+    Target,
+    duration,
+    free_port,
+)
 
 from poolpilot import names, workloads
 from poolpilot.api import InferencePoolSpec
@@ -166,7 +171,7 @@ class Sandbox:
         await self._wait_infra()
 
     async def _start_emulator(self) -> None:
-        port = self.cfg.api_port or localprom.free_port()
+        port = self.cfg.api_port or free_port()
         self.emulator = self.procs.start(
             "emulator",
             [*POOLPILOT, "emulator", "--host", "127.0.0.1", "--port", str(port),
@@ -236,7 +241,7 @@ class Sandbox:
         window = QuerySet(window_seconds=self.cfg.rate_window_s / self.cfg.speed).window()
         rules = workdir / "autoscaler-rules.yaml"
         rules.write_text(yaml.safe_dump(
-            {"groups": [recording.rule_group(window, localprom.duration(interval))]},
+            {"groups": [recording.rule_group(window, duration(interval))]},
             sort_keys=False))
         self.prometheus = PrometheusProcess(
             scrape_interval=interval, port=self.cfg.prometheus_port, workdir=workdir,
@@ -286,7 +291,7 @@ class Sandbox:
 
     def _start_operator(self) -> None:
         # One replica, no peering; drift checks on the sandbox's clock. A restart keeps the port.
-        self.operator_health_port = self.operator_health_port or localprom.free_port()
+        self.operator_health_port = self.operator_health_port or free_port()
         self.operator = self.procs.start(
             "operator",
             [*POOLPILOT, "operator", "--all-namespaces", "--standalone",
@@ -300,7 +305,7 @@ class Sandbox:
         # Intervals and windows are simulated seconds; --speed divides them all (one clock).
         # A restart keeps the port, so Prometheus's target stays the same.
         restart = bool(self.autoscaler_metrics_port)
-        self.autoscaler_metrics_port = self.autoscaler_metrics_port or localprom.free_port()
+        self.autoscaler_metrics_port = self.autoscaler_metrics_port or free_port()
         self.autoscaler = self.procs.start(
             "autoscaler",
             [*POOLPILOT, "autoscaler", "--prometheus", self.prometheus.url, "--all-namespaces",

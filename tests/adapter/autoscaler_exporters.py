@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from poolpilot.sandbox.localprom import MetricsPage, Target, free_port
+from poolpilot.testkit.prometheus import MetricsPage, Target, free_port
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,

@@ -207,7 +207,7 @@ def start_vllm(role: str, model: Path, scratch: Path, cpu: int, served_name: str
     """Start vLLM for a role through `poolpilot launch` (the runtime image's entrypoint).
     Returns once it is listening; call wait_vllm_ready() before use (start two, then wait)."""
     from poolpilot.runtime.launcher import vllm_cpu_env
-    from poolpilot.sandbox.localprom import free_port
+    from poolpilot.testkit.prometheus import free_port
 
     scratch.mkdir(parents=True, exist_ok=True)
     port = free_port()

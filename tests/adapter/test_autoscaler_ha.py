@@ -29,14 +29,14 @@ from poolpilot.autoscaler import queries as q
 from poolpilot.autoscaler.observe import PrometheusSource
 from poolpilot.autoscaler.shard import Shard
 from poolpilot.emulator.server import KubeEmulator
-from poolpilot.emulator.testing import cluster_from_env
 from poolpilot.kubeclient import KubeClient
-from poolpilot.sandbox.localprom import PrometheusProcess
+from poolpilot.testkit.cluster import cluster_from_env
+from poolpilot.testkit.polling import wait_for
+from poolpilot.testkit.prometheus import PrometheusProcess
 from rbac_calls import called, chart_rules, compare
 
 from poolpilot import api, names
 from poolpilot import metrics as m
-from poolpilot.polling import wait_for
 
 pytestmark = [pytest.mark.adapter, pytest.mark.cluster]
 

@@ -30,8 +30,8 @@ from poolpilot.autoscaler.metrics import AutoscalerMetrics
 from poolpilot.autoscaler.observe import PrometheusSource
 from poolpilot.autoscaler.shard import Shard
 from poolpilot.emulator.server import KubeEmulator
-from poolpilot.emulator.testing import cluster_from_env
-from poolpilot.sandbox.localprom import PrometheusProcess, Target
+from poolpilot.testkit.cluster import cluster_from_env
+from poolpilot.testkit.prometheus import PrometheusProcess, Target
 
 from poolpilot import api, names
 from poolpilot import metrics as m

@@ -21,7 +21,7 @@ from poolpilot.autoscaler import queries as q
 from poolpilot.autoscaler import recording
 from poolpilot.autoscaler.decide import History, Policy, decide
 from poolpilot.autoscaler.observe import PrometheusSource, RoleState, Snapshot, observation
-from poolpilot.sandbox.localprom import PrometheusProcess, Target, free_port
+from poolpilot.testkit.prometheus import PrometheusProcess, Target, free_port
 
 from poolpilot import metrics as m
 

@@ -30,9 +30,8 @@ from cryptography.x509.oid import NameOID
 from poolpilot.autoscaler import queries as q
 from poolpilot.autoscaler.observe import PrometheusSource, Snapshot
 from poolpilot.autoscaler.promaccess import PrometheusAccess
-from poolpilot.sandbox.localprom import PrometheusProcess
-
-from poolpilot.polling import wait_for
+from poolpilot.testkit.polling import wait_for
+from poolpilot.testkit.prometheus import PrometheusProcess
 
 pytestmark = pytest.mark.adapter
 

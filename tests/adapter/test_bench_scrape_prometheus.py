@@ -18,7 +18,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 from poolpilot.bench.scrape import PromView, labels_of
-from poolpilot.sandbox.localprom import (
+from poolpilot.testkit.prometheus import (
     MetricsPage,
     PrometheusNotInstalled,
     PrometheusProcess,

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 from poolpilot.emulator.server import KubeEmulator
-from poolpilot.operator.testing import Kubectl, install
+from poolpilot.testkit.operator import Kubectl, install
 
 pytestmark = pytest.mark.adapter
 ROOT = Path(__file__).resolve().parents[2]

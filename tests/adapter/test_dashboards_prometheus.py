@@ -31,10 +31,10 @@ import httpx
 import pytest
 import yaml
 from poolpilot.dashboards import grafana, rules
-from poolpilot.sandbox.localprom import PrometheusProcess, Target
+from poolpilot.testkit.polling import wait_for
+from poolpilot.testkit.prometheus import PrometheusProcess, Target
 
 from poolpilot import metrics as m
-from poolpilot.polling import wait_for
 
 pytestmark = pytest.mark.adapter
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from poolpilot.emulator.testing import ENV, cluster_from_env, real_kubeconfig
+from poolpilot.testkit.cluster import ENV, cluster_from_env, real_kubeconfig
 
 pytestmark = pytest.mark.adapter
 

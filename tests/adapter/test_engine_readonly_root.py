@@ -23,8 +23,8 @@ from typing import Any
 import httpx
 import pytest
 from poolpilot.operator import builders
-from poolpilot.sandbox.localprom import free_port
 from poolpilot.sandbox.tinymodel import ensure_tiny_model
+from poolpilot.testkit.prometheus import free_port
 from router_support import REPO, VLLM_PYTHON, VLLM_VENV, vllm_available
 
 from poolpilot.validate import parse_spec

@@ -12,8 +12,8 @@ import httpx
 import numpy as np
 import pytest
 from poolpilot.engine_sim.stats import histogram_quantile
-from poolpilot.engine_sim.testing import EngineSimProcess
-from poolpilot.sandbox.localprom import PrometheusProcess, Target
+from poolpilot.testkit.engine_sim import EngineSimProcess
+from poolpilot.testkit.prometheus import PrometheusProcess, Target
 
 from poolpilot import metrics as m
 

@@ -11,7 +11,7 @@ import httpx
 import openai
 import pytest
 from poolpilot.engine_sim.protocol import count_text_tokens
-from poolpilot.engine_sim.testing import EngineSimProcess
+from poolpilot.testkit.engine_sim import EngineSimProcess
 from prometheus_client.parser import text_string_to_metric_families
 
 from poolpilot import metrics as m

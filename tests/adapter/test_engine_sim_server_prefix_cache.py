@@ -10,8 +10,8 @@ from typing import Any
 
 import httpx
 import pytest
-from poolpilot.engine_sim.testing import EngineSimProcess
 from poolpilot.engine_sim.workloads import prompt_text
+from poolpilot.testkit.engine_sim import EngineSimProcess
 from prometheus_client.parser import text_string_to_metric_families
 
 from poolpilot import metrics as m

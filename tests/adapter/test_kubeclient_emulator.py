@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from poolpilot.emulator.server import KubeEmulator
 from poolpilot.kubeclient import ApiError, KubeClient
-from poolpilot.operator.testing import monitoring_crds
+from poolpilot.testkit.operator import monitoring_crds
 
 pytestmark = [pytest.mark.adapter]
 

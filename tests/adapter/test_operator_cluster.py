@@ -15,13 +15,13 @@ from typing import Any
 
 import pytest
 from poolpilot.emulator.server import KubeEmulator
-from poolpilot.emulator.testing import cluster_from_env
 from poolpilot.operator.handlers import OperatorConfig
 from poolpilot.operator.metrics import OperatorMetrics
-from poolpilot.operator.testing import Kubectl, install, running_operator
+from poolpilot.testkit.cluster import cluster_from_env
+from poolpilot.testkit.operator import Kubectl, install, running_operator
+from poolpilot.testkit.polling import wait_for
 
 from poolpilot import names
-from poolpilot.polling import wait_for
 
 pytestmark = [pytest.mark.adapter, pytest.mark.cluster]
 

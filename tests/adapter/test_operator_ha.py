@@ -9,12 +9,11 @@ from pathlib import Path
 import httpx
 import pytest
 from poolpilot.emulator.server import KubeEmulator
-from poolpilot.emulator.testing import cluster_from_env
 from poolpilot.operator.handlers import OperatorConfig
-from poolpilot.operator.testing import Kubectl, install, running_operator
-from poolpilot.sandbox.localprom import free_port
-
-from poolpilot.polling import wait_for
+from poolpilot.testkit.cluster import cluster_from_env
+from poolpilot.testkit.operator import Kubectl, install, running_operator
+from poolpilot.testkit.polling import wait_for
+from poolpilot.testkit.prometheus import free_port
 
 pytestmark = [pytest.mark.adapter, pytest.mark.cluster]
 

@@ -20,12 +20,12 @@ import pytest
 from poolpilot.emulator.server import KubeEmulator
 from poolpilot.operator import builders
 from poolpilot.operator.handlers import OperatorConfig
-from poolpilot.operator.testing import Kubectl, install, running_operator
 from poolpilot.router.discovery import KubernetesDiscovery
+from poolpilot.testkit.operator import Kubectl, install, running_operator
+from poolpilot.testkit.polling import wait_for
 from rbac_calls import called, chart_rules, compare
 
 from poolpilot import names
-from poolpilot.polling import wait_for
 
 pytestmark = [pytest.mark.adapter, pytest.mark.cluster]
 

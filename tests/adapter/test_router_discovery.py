@@ -95,7 +95,7 @@ def test_router_is_not_healthy_before_discovery_has_listed_the_engines(
     (its readiness probe) before its first list of EndpointSlices, went back behind its
     Service and refused the first requests with 503 "no prefill engine available"."""
     import yaml
-    from poolpilot.sandbox.localprom import free_port
+    from poolpilot.testkit.prometheus import free_port
 
     unreachable = tmp_path / "unreachable"
     config = yaml.safe_load(emulator.write_kubeconfig(unreachable, namespace=NS).read_text())

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from poolpilot.sandbox.localprom import free_port
 from poolpilot.sandbox.tinymodel import ensure_tiny_model
+from poolpilot.testkit.prometheus import free_port
 from router_support import (
     FAST,
     POOLPILOT,

@@ -24,7 +24,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from poolpilot.router import kv_events as kv
 from poolpilot.router.prefix_source import PromptKeys
-from poolpilot.sandbox.localprom import free_port
+from poolpilot.testkit.prometheus import free_port
 
 # -- vLLM's declarations (the wire contract) ---------------------------------------------------
 

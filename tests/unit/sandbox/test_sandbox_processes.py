@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 from poolpilot.sandbox.kubelet import AddressPool
-from poolpilot.sandbox.localprom import free_port
 from poolpilot.sandbox.processes import ProcessTable
 from poolpilot.sandbox.supervisor import SandboxError, check_port
+from poolpilot.testkit.prometheus import free_port
 
 # A parent that starts a grandchild and ignores SIGTERM: only the group kill ends both.
 STUBBORN = """

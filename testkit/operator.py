@@ -19,9 +19,9 @@ from kopf.testing import KopfRunner
 from poolpilot.operator import peering
 from poolpilot.operator.handlers import OperatorConfig, register
 from poolpilot.operator.metrics import OperatorMetrics
+from poolpilot.testkit.polling import wait_for
 
 from poolpilot import crd
-from poolpilot.polling import wait_for
 
 T = TypeVar("T")
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,6 +1,6 @@
 """Run a suite against the emulator, or against a real cluster when given a kubeconfig.
 
-    from poolpilot.emulator.testing import cluster_from_env
+    from poolpilot.testkit.cluster import cluster_from_env
 
     with cluster_from_env(tmp_path) as (kubeconfig, emu):
         ...  # emu is None on a real cluster: skip what needs emulator-only features (faults)

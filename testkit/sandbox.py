@@ -14,7 +14,7 @@ import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
-from .supervisor import Sandbox, SandboxConfig
+from poolpilot.sandbox.supervisor import Sandbox, SandboxConfig
 
 T = TypeVar("T")
 
