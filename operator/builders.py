@@ -10,9 +10,11 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any
 
 from poolpilot import api, handoff, names
+from poolpilot.apitypes import quantity_value
 
 ENGINE_CONTAINER = "engine"
 ROUTER_CONTAINER = "router"
@@ -26,9 +28,11 @@ ROUTER_CONFIG_KEY = "router.json"
 ROUTER_KEYS_DIR = "/etc/poolpilot/router-keys"  # spec.router.apiKeySecret, mounted
 ROUTER_KEYS_FILE = "api-keys"
 CONFIG_HASH_ANNOTATION = "poolpilot.dev/config-hash"
-ENGINE_GRACE_SECONDS = 120  # in-flight generations finish after the endpoint is removed
-ROUTER_GRACE_SECONDS = 60
+# Grace periods are per role (spec.<role>.terminationGracePeriodSeconds, default 120 s for
+# engines, 60 s for routers): the launcher gives vLLM what is left after the preStop as its
+# --shutdown-timeout, so in-flight generations finish after the endpoint is removed.
 PRESTOP_SLEEP_SECONDS = 10  # endpoint removal reaches the routers before SIGTERM
+ROUTER_PRESTOP_SECONDS = 5
 STARTUP_PROBE_PERIOD = 10
 STARTUP_PROBE_FAILURES = 180  # 30 minutes to download and load weights
 RUN_AS_USER = 1000
@@ -36,6 +40,11 @@ RUN_AS_USER = 1000
 # on these ports of its pod IP, and the router subscribes there.
 KV_EVENTS_PORT = 5557
 KV_REPLAY_PORT = 5558
+MULTUS_NETWORKS = "k8s.v1.cni.cncf.io/networks"
+# Routers get these unless spec.router.resources says otherwise (a request above the user's
+# limit is lowered to it).
+ROUTER_DEFAULT_RESOURCES = api.ResourceRequirements(
+    requests={"cpu": "500m", "memory": "512Mi"}, limits={"memory": "2Gi"})
 
 Obj = dict[str, Any]
 
@@ -60,8 +69,9 @@ class Capabilities:
     # (kube-prometheus-stack selects `release: <its release>`); the operator's --monitor-label.
     monitor_labels: tuple[tuple[str, str], ...] = ()
     networking: bool = True  # networking.k8s.io/v1 NetworkPolicy is served
-    # NetworkPolicies for pools whose spec.networkPolicy.enabled is unset (--network-policies).
-    network_policies: bool = False
+    # NetworkPolicies for pools whose spec.networkPolicy.enabled is unset: on unless the
+    # operator runs with --no-network-policies.
+    network_policies: bool = True
 
 
 # ---------------------------------------------------------------------------------------------
@@ -84,6 +94,25 @@ def _meta(pool: Pool, name: str, role: str) -> Obj:
     return meta
 
 
+def pod_labels(pool: Pool, role: str) -> dict[str, str]:
+    """Labels of the pods the operator creates: the object labels and, in a cluster, the
+    pool's uid, which nothing but the operator sets (a pod template may not)."""
+    labels = names.labels(pool.name, role)
+    if pool.uid:
+        labels[names.POOL_UID_LABEL] = pool.uid
+    return labels
+
+
+def pod_selector(pool: Pool, role: str) -> dict[str, str]:
+    """What Services, budgets and policies select a role's pods by: the Deployment's selector
+    and the pool's uid, so a stray pod labelled {pool, role} never receives traffic. (The
+    Deployment's own selector stays {pool, role}: selectors of Deployments are immutable.)"""
+    selector = names.selector(pool.name, role)
+    if pool.uid:
+        selector[names.POOL_UID_LABEL] = pool.uid
+    return selector
+
+
 def _engine_args_value(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
@@ -93,13 +122,33 @@ def _engine_args_value(value: Any) -> str:
 
 
 def _merged_resources(
-    base: api.ResourceRequirements, override: api.ResourceRequirements, gpus: int
+    *layers: api.ResourceRequirements, gpus: int = 0, extra: dict[str, str] | None = None,
+    defaults: api.ResourceRequirements | None = None,
 ) -> Obj:
-    requests = {**base.requests, **override.requests}
-    limits = {**base.limits, **override.limits}
+    """Requests and limits, later layers over earlier ones, then the GPUs and `extra` devices
+    (both request and limit); `defaults` fill what no layer sets, a default request lowered to
+    the user's limit where it would exceed it."""
+    requests: dict[str, Any] = {}
+    limits: dict[str, Any] = {}
+    for layer in layers:
+        requests.update(layer.requests)
+        limits.update(layer.limits)
+    if defaults is not None:
+        for key, value in defaults.limits.items():
+            limits.setdefault(key, value)
+        for key, value in defaults.requests.items():
+            if key in requests:
+                continue
+            cap = limits.get(key)
+            want, most = quantity_value(value), quantity_value(cap) if cap else None
+            requests[key] = cap if want is not None and most is not None and want > most \
+                else value
     if gpus > 0:
         requests["nvidia.com/gpu"] = str(gpus)
         limits["nvidia.com/gpu"] = str(gpus)
+    for key, value in (extra or {}).items():
+        requests[key] = value
+        limits[key] = value
     out: Obj = {}
     if requests:
         out["requests"] = dict(sorted(requests.items()))
@@ -108,10 +157,13 @@ def _merged_resources(
     return out
 
 
-def _container_security() -> Obj:
+def _container_security(add: list[str] | None = None) -> Obj:
+    capabilities: Obj = {"drop": ["ALL"]}
+    if add:
+        capabilities["add"] = sorted(set(add))
     return {
         "allowPrivilegeEscalation": False,
-        "capabilities": {"drop": ["ALL"]},
+        "capabilities": capabilities,
         "runAsNonRoot": True,
         "seccompProfile": {"type": "RuntimeDefault"},
     }
@@ -143,7 +195,7 @@ def _spread(pool: Pool, role: str) -> list[Obj]:
             "maxSkew": 1,
             "topologyKey": "kubernetes.io/hostname",
             "whenUnsatisfiable": "ScheduleAnyway",
-            "labelSelector": {"matchLabels": names.selector(pool.name, role)},
+            "labelSelector": {"matchLabels": pod_selector(pool, role)},
         }
     ]
 
@@ -183,8 +235,16 @@ def _precise(spec: api.InferencePoolSpec) -> bool:
     return spec.router.prefix_routing == api.PrefixRouting.PRECISE
 
 
+def _nixl(spec: api.InferencePoolSpec) -> bool:
+    return spec.mode == api.Mode.DISAGGREGATED and spec.kv_transfer.connector == api.Connector.NIXL
+
+
 def _engine_ports(spec: api.InferencePoolSpec) -> list[Obj]:
     ports: list[Obj] = [{"name": "http", "containerPort": names.ENGINE_PORT, "protocol": "TCP"}]
+    if _nixl(spec):
+        # NIXL's side channel: decode engines fetch a prefill engine's KV layout there.
+        ports.append({"name": "nixl", "containerPort": spec.kv_transfer.side_channel_port,
+                      "protocol": "TCP"})
     if _precise(spec):
         ports += [{"name": "kv-events", "containerPort": KV_EVENTS_PORT, "protocol": "TCP"},
                   {"name": "kv-replay", "containerPort": KV_REPLAY_PORT, "protocol": "TCP"}]
@@ -212,6 +272,9 @@ def launch_command(spec: api.InferencePoolSpec, role: str) -> list[str]:
     cmd += ["--tensor-parallel", str(role_spec.tensor_parallel_size)]
     if _precise(spec):
         cmd += ["--kv-events-port", str(KV_EVENTS_PORT), "--kv-replay-port", str(KV_REPLAY_PORT)]
+    # vLLM drains on SIGTERM for what the grace period leaves after the preStop.
+    cmd += ["--grace-seconds", str(role_spec.termination_grace_period_seconds),
+            "--prestop-seconds", str(PRESTOP_SLEEP_SECONDS)]
     args = {**spec.runtime.engine_args, **role_spec.engine_args}
     for key in sorted(args):
         cmd += ["--engine-arg", f"{key}={_engine_args_value(args[key])}"]
@@ -246,14 +309,23 @@ def _engine_env(pool: Pool, role: str) -> list[Obj]:
         )
     if spec.model.source.pvc is not None:
         env.append({"name": "HF_HUB_OFFLINE", "value": "1"})
-    env += [{"name": e.name, "value": e.value} for e in spec.runtime.env]
-    return env
+    if _nixl(spec):
+        env.append({"name": "VLLM_NIXL_SIDE_CHANNEL_PORT",
+                    "value": str(spec.kv_transfer.side_channel_port)})
+    rdma = spec.kv_transfer.rdma
+    if rdma is not None and _nixl(spec):
+        if rdma.ucx_tls:
+            env.append({"name": "UCX_TLS", "value": rdma.ucx_tls})
+        if rdma.ucx_net_devices:
+            env.append({"name": "UCX_NET_DEVICES", "value": rdma.ucx_net_devices})
+    return _merge_env(env, [{"name": e.name, "value": e.value} for e in spec.runtime.env])
 
 
 def _engine_volumes(spec: api.InferencePoolSpec, role: str) -> tuple[list[Obj], list[Obj]]:
-    """Every path the engine writes (its root filesystem is read-only)."""
-    volumes: list[Obj] = [{"name": "tmp", "emptyDir": {}},
-                          {"name": "compile-cache", "emptyDir": {}}]
+    """Every path the engine writes (its root filesystem is read-only), each bounded."""
+    size = spec.runtime.storage
+    volumes: list[Obj] = [{"name": "tmp", "emptyDir": {"sizeLimit": size.tmp}},
+                          {"name": "compile-cache", "emptyDir": {"sizeLimit": size.compile_cache}}]
     mounts: list[Obj] = [{"name": "tmp", "mountPath": "/tmp"},
                          {"name": "compile-cache", "mountPath": COMPILE_CACHE_DIR}]
     pvc = spec.model.source.pvc
@@ -266,14 +338,106 @@ def _engine_volumes(spec: api.InferencePoolSpec, role: str) -> tuple[list[Obj], 
         )
         mounts.append({"name": "model", "mountPath": MODEL_PVC_DIR, "readOnly": True})
     else:
-        volumes.append({"name": "model-cache", "emptyDir": {}})
+        volumes.append({"name": "model-cache", "emptyDir": {"sizeLimit": size.model_cache}})
         mounts.append({"name": "model-cache", "mountPath": MODEL_CACHE_DIR})
-    if spec.role(role).tensor_parallel_size > 1:
-        # Tensor-parallel ranks exchange tensors through shared memory; the default 64 MiB
-        # /dev/shm of a container is far too small.
-        volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory"}})
-        mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
+    # Tensor-parallel ranks, NCCL and torch's data loaders use shared memory; a container's
+    # default /dev/shm is 64 MiB. In memory, so it counts against the container's memory.
+    volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": size.shm}})
+    mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
     return volumes, mounts
+
+
+def _ephemeral_request(spec: api.InferencePoolSpec) -> str:
+    """What the disk-backed emptyDirs may hold: the scheduler places the pod where it fits."""
+    size = spec.runtime.storage
+    parts = [size.tmp, size.compile_cache]
+    if spec.model.source.pvc is None:
+        parts.append(size.model_cache)
+    total = sum(((quantity_value(q) or Decimal(0)) for q in parts), Decimal(0))
+    return _quantity(total)
+
+
+def _quantity(value: Decimal) -> str:
+    """Bytes as a Kubernetes quantity, in the largest binary unit that divides them."""
+    n = int(value)
+    for unit, power in (("Ti", 40), ("Gi", 30), ("Mi", 20), ("Ki", 10)):
+        if n and n % (1 << power) == 0:
+            return f"{n >> power}{unit}"
+    return str(n)
+
+
+# ---------------------------------------------------------------------------------------------
+# Pod templates (spec.podTemplate, spec.<role>.podTemplate): laid over what the operator
+# renders, as `kubectl patch --type strategic` would merge them: maps merged, lists of named
+# things merged by name (volume mounts by path), other lists appended, scalars replaced.
+
+
+def _merge_named(base: list[Obj], extra: list[Obj], key: str = "name") -> list[Obj]:
+    out = {item[key]: item for item in base}
+    for item in extra:
+        out[item[key]] = item
+    return list(out.values())
+
+
+def _merge_env(base: list[Obj], extra: list[Obj]) -> list[Obj]:
+    return _merge_named(base, extra)
+
+
+def _overlay_container(container: Obj, overlay: api.ContainerOverlay) -> None:
+    if overlay.env:
+        container["env"] = _merge_env(container.get("env", []),
+                                      [e.to_wire() for e in overlay.env])
+    if overlay.env_from:
+        container["envFrom"] = [*container.get("envFrom", []), *overlay.env_from]
+    if overlay.volume_mounts:
+        container["volumeMounts"] = _merge_named(
+            container.get("volumeMounts", []), [m.to_wire() for m in overlay.volume_mounts],
+            key="mountPath")
+    add = overlay.security_context.capabilities.add
+    if add:
+        caps = container["securityContext"]["capabilities"]
+        caps["add"] = sorted({*caps.get("add", []), *add})
+
+
+def _overlay_pod(template: Obj, overlay: api.PodTemplate) -> None:
+    """Lay one pod template over a rendered pod template (in place)."""
+    meta, pod, extra = template["metadata"], template["spec"], overlay.spec
+    if overlay.metadata.labels:  # never the operator's own (the API refuses them)
+        meta["labels"] = {**meta["labels"], **dict(sorted(overlay.metadata.labels.items()))}
+    if overlay.metadata.annotations:
+        meta["annotations"] = dict(sorted(
+            {**meta.get("annotations", {}), **overlay.metadata.annotations}.items()))
+    if extra.affinity:
+        pod["affinity"] = {**pod.get("affinity", {}), **extra.affinity}
+    if extra.tolerations:
+        known = pod.get("tolerations", [])
+        pod["tolerations"] = known + [t.to_wire() for t in extra.tolerations
+                                      if t.to_wire() not in known]
+    if extra.node_selector:
+        pod["nodeSelector"] = dict(sorted({**pod.get("nodeSelector", {}),
+                                           **extra.node_selector}.items()))
+    for field in ("priority_class_name", "service_account_name", "runtime_class_name",
+                  "scheduler_name"):
+        value = getattr(extra, field)
+        if value is not None:
+            pod[api.PodSpecOverlay.model_fields[field].alias or field] = value
+    if extra.image_pull_secrets:
+        pod["imagePullSecrets"] = _merge_named(pod.get("imagePullSecrets", []),
+                                               [s.to_wire() for s in extra.image_pull_secrets])
+    if extra.volumes:
+        pod["volumes"] = _merge_named(pod.get("volumes", []), [v.to_wire() for v in extra.volumes])
+    for c in extra.containers:
+        for container in pod["containers"]:
+            if container["name"] == c.name:
+                _overlay_container(container, c)
+
+
+def _template_resources(templates: list[api.PodTemplate]) -> list[api.ResourceRequirements]:
+    return [c.resources for t in templates for c in t.spec.containers]
+
+
+def _engine_templates(spec: api.InferencePoolSpec, role: str) -> list[api.PodTemplate]:
+    return [spec.pod_template, spec.role(role).pod_template]
 
 
 def build_engine_deployment(pool: Pool, role: str, caps: Capabilities | None = None) -> Obj:
@@ -283,6 +447,13 @@ def build_engine_deployment(pool: Pool, role: str, caps: Capabilities | None = N
     role_spec = spec.role(role)
     name = names.child_name(pool.name, role)
     volumes, mounts = _engine_volumes(spec, role)
+    templates = _engine_templates(spec, role)
+    rdma = spec.kv_transfer.rdma if _nixl(spec) else None
+    resources = _merged_resources(
+        spec.runtime.resources, role_spec.resources, *_template_resources(templates),
+        gpus=role_spec.gpus, extra={rdma.resource: str(rdma.count)} if rdma else None,
+        defaults=api.ResourceRequirements(
+            requests={"ephemeral-storage": _ephemeral_request(spec)}))
     container: Obj = {
         "name": ENGINE_CONTAINER,
         "image": spec.runtime.image,
@@ -290,17 +461,19 @@ def build_engine_deployment(pool: Pool, role: str, caps: Capabilities | None = N
         "command": launch_command(spec, role),
         "ports": _engine_ports(spec),
         "env": _engine_env(pool, role),
-        "resources": _merged_resources(spec.runtime.resources, role_spec.resources, role_spec.gpus),
+        "resources": resources,
         "readinessProbe": _http_probe(period=5, failures=3),
         "livenessProbe": _http_probe(period=15, failures=4, timeout=5),
         "startupProbe": _http_probe(period=STARTUP_PROBE_PERIOD, failures=STARTUP_PROBE_FAILURES),
         "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(PRESTOP_SLEEP_SECONDS)]}}},
-        "securityContext": {**_container_security(), "readOnlyRootFilesystem": True},
+        # IPC_LOCK: RDMA pins (registers) the KV buffers it transfers from.
+        "securityContext": {**_container_security(["IPC_LOCK"] if rdma else None),
+                            "readOnlyRootFilesystem": True},
         "volumeMounts": mounts,
     }
     pod_spec: Obj = {
         "automountServiceAccountToken": False,
-        "terminationGracePeriodSeconds": ENGINE_GRACE_SECONDS,
+        "terminationGracePeriodSeconds": role_spec.termination_grace_period_seconds,
         "securityContext": _pod_security(),
         "containers": [container],
         "volumes": volumes,
@@ -312,9 +485,15 @@ def build_engine_deployment(pool: Pool, role: str, caps: Capabilities | None = N
         pod_spec["tolerations"] = [t.to_wire() for t in spec.runtime.tolerations]
     if spec.runtime.image_pull_secrets:
         pod_spec["imagePullSecrets"] = [s.to_wire() for s in spec.runtime.image_pull_secrets]
-    template_meta: Obj = {"labels": names.labels(pool.name, role)}
-    if not caps.monitoring:
-        template_meta["annotations"] = _scrape_annotations()
+    template_meta: Obj = {"labels": pod_labels(pool, role)}
+    annotations = {} if caps.monitoring else _scrape_annotations()
+    if rdma is not None and rdma.networks:
+        annotations[MULTUS_NETWORKS] = ",".join(rdma.networks)
+    if annotations:
+        template_meta["annotations"] = dict(sorted(annotations.items()))
+    template: Obj = {"metadata": template_meta, "spec": pod_spec}
+    for overlay in templates:
+        _overlay_pod(template, overlay)
     dep_spec: Obj = {
         "selector": {"matchLabels": names.selector(pool.name, role)},
         # Surge, never drop: a replaced engine keeps serving until its successor is ready.
@@ -322,7 +501,7 @@ def build_engine_deployment(pool: Pool, role: str, caps: Capabilities | None = N
             "type": "RollingUpdate",
             "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
         },
-        "template": {"metadata": template_meta, "spec": pod_spec},
+        "template": template,
     }
     if _replicas_enforced(spec, role):
         dep_spec = {"replicas": role_spec.replicas, **dep_spec}
@@ -342,7 +521,7 @@ def build_engine_service(pool: Pool, role: str) -> Obj:
         "metadata": _meta(pool, names.child_name(pool.name, role), role),
         "spec": {
             "clusterIP": "None",
-            "selector": names.selector(pool.name, role),
+            "selector": pod_selector(pool, role),
             "ports": [
                 {"name": "http", "port": names.ENGINE_PORT, "targetPort": "http", "protocol": "TCP"}
             ],
@@ -440,12 +619,12 @@ def build_router_deployment(pool: Pool, caps: Capabilities | None = None) -> Obj
         ],
         "ports": [{"name": "http", "containerPort": names.ROUTER_PORT, "protocol": "TCP"}],
         "resources": _merged_resources(
-            api.ResourceRequirements(), spec.router.resources, gpus=0
-        ),
+            spec.router.resources, *_template_resources([spec.router.pod_template]),
+            defaults=ROUTER_DEFAULT_RESOURCES),
         "readinessProbe": _http_probe(period=5, failures=3),
         "livenessProbe": _http_probe(period=10, failures=3),
         "startupProbe": _http_probe(period=2, failures=30),
-        "lifecycle": {"preStop": {"exec": {"command": ["sleep", "5"]}}},
+        "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(ROUTER_PRESTOP_SECONDS)]}}},
         "securityContext": {**_container_security(), "readOnlyRootFilesystem": True},
         "volumeMounts": [{"name": "config", "mountPath": ROUTER_CONFIG_DIR, "readOnly": True}],
     }
@@ -460,7 +639,7 @@ def build_router_deployment(pool: Pool, caps: Capabilities | None = None) -> Obj
             "defaultMode": 0o440}})
     pod_spec: Obj = {
         "serviceAccountName": name,
-        "terminationGracePeriodSeconds": ROUTER_GRACE_SECONDS,
+        "terminationGracePeriodSeconds": spec.router.termination_grace_period_seconds,
         "securityContext": _pod_security(),
         "containers": [container],
         "volumes": volumes,
@@ -471,6 +650,12 @@ def build_router_deployment(pool: Pool, caps: Capabilities | None = None) -> Obj
     annotations = {CONFIG_HASH_ANNOTATION: config_hash}
     if not caps.monitoring:
         annotations.update(_scrape_annotations())
+    template: Obj = {
+        "metadata": {"labels": pod_labels(pool, "router"),
+                     "annotations": dict(sorted(annotations.items()))},
+        "spec": pod_spec,
+    }
+    _overlay_pod(template, spec.router.pod_template)
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -482,13 +667,7 @@ def build_router_deployment(pool: Pool, caps: Capabilities | None = None) -> Obj
                 "type": "RollingUpdate",
                 "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
             },
-            "template": {
-                "metadata": {
-                    "labels": names.labels(pool.name, "router"),
-                    "annotations": dict(sorted(annotations.items())),
-                },
-                "spec": pod_spec,
-            },
+            "template": template,
         },
     }
 
@@ -501,7 +680,7 @@ def build_router_service(pool: Pool) -> Obj:
         "metadata": _meta(pool, names.child_name(pool.name, "router"), "router"),
         "spec": {
             "type": "ClusterIP",
-            "selector": names.selector(pool.name, "router"),
+            "selector": pod_selector(pool, "router"),
             "ports": [
                 {"name": "http", "port": names.ROUTER_PORT, "targetPort": "http", "protocol": "TCP"}
             ],
@@ -519,7 +698,7 @@ def build_pdb(pool: Pool, role: str) -> Obj:
         "apiVersion": "policy/v1",
         "kind": "PodDisruptionBudget",
         "metadata": _meta(pool, names.child_name(pool.name, role), role),
-        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": names.selector(pool.name, role)}},
+        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": pod_selector(pool, role)}},
     }
 
 
@@ -576,7 +755,7 @@ def build_pod_monitor(pool: Pool, caps: Capabilities | None = None) -> Obj:
         "metadata": _monitor_meta(pool, names.child_name(pool.name, "engines"), "engines", caps),
         "spec": {
             "selector": {
-                "matchLabels": {names.POOL_LABEL: pool.name},
+                "matchLabels": _in_pool(pool)["matchLabels"],
                 "matchExpressions": [
                     {"key": names.ROLE_LABEL, "operator": "In", "values": list(roles)}
                 ],
@@ -603,7 +782,11 @@ def network_policies_on(pool: Pool, caps: Capabilities) -> bool:
 
 
 def _in_pool(pool: Pool) -> Obj:
-    return {"matchLabels": {names.MANAGED_BY: names.MANAGER, names.POOL_LABEL: pool.name}}
+    """Every pod the operator created for the pool (the uid label only it sets, in a cluster)."""
+    labels = {names.MANAGED_BY: names.MANAGER, names.POOL_LABEL: pool.name}
+    if pool.uid:
+        labels[names.POOL_UID_LABEL] = pool.uid
+    return {"matchLabels": labels}
 
 
 def build_engine_network_policy(pool: Pool) -> Obj:
@@ -634,15 +817,20 @@ def build_engine_network_policy(pool: Pool) -> Obj:
 
 
 def build_router_network_policy(pool: Pool) -> Obj:
-    """The router takes clients from anywhere, on its port only."""
+    """The router takes clients on its port only: from spec.networkPolicy.routerFrom, or from
+    anywhere when that is empty."""
+    rule: Obj = {"ports": [{"port": names.ROUTER_PORT, "protocol": "TCP"}]}
+    peers = pool.spec.network_policy.router_from
+    if peers:
+        rule = {"from": list(peers), **rule}
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
         "metadata": _meta(pool, names.child_name(pool.name, "router"), "router"),
         "spec": {
-            "podSelector": {"matchLabels": names.selector(pool.name, "router")},
+            "podSelector": {"matchLabels": pod_selector(pool, "router")},
             "policyTypes": ["Ingress"],
-            "ingress": [{"ports": [{"port": names.ROUTER_PORT, "protocol": "TCP"}]}],
+            "ingress": [rule],
         },
     }
 

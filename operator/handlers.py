@@ -49,8 +49,9 @@ class OperatorConfig:
     max_concurrent_reconciles: int = 16
     # Extra labels on the per-pool ServiceMonitor/PodMonitor (--monitor-label).
     monitor_labels: tuple[tuple[str, str], ...] = ()
-    # NetworkPolicies for pools whose spec.networkPolicy.enabled is unset (--network-policies).
-    network_policies: bool = False
+    # NetworkPolicies for pools whose spec.networkPolicy.enabled is unset (on unless
+    # --no-network-policies).
+    network_policies: bool = True
     # Backoff after a permanent API error (403, 422, quota): first wait, doubling up to the max.
     permanent_backoff: tuple[float, float] = (retry.PERMANENT_FIRST_S, retry.PERMANENT_MAX_S)
 

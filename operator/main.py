@@ -50,9 +50,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="an extra label on every pool's ServiceMonitor and PodMonitor, so "
                         "your Prometheus selects them (kube-prometheus-stack: "
                         "release=<its release>); repeatable")
-    parser.add_argument("--network-policies", action="store_true",
-                        help="make NetworkPolicies (only the router reaches the engines) for "
-                        "pools whose spec.networkPolicy.enabled is not set")
+    parser.add_argument("--network-policies", action=argparse.BooleanOptionalAction,
+                        default=True,
+                        help="make NetworkPolicies (only the pool's router and engines reach "
+                        "the engines) for pools whose spec.networkPolicy.enabled is not set "
+                        "(default: on; --no-network-policies turns the default off)")
     parser.add_argument("--max-concurrent-reconciles", type=int, default=16,
                         help="pools reconciled at once (bounds the load on the API server)")
     parser.add_argument("--metrics-port", type=int, default=None, metavar="PORT",

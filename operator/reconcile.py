@@ -55,7 +55,7 @@ class Outcome:
 
 
 def capabilities(discovered: Discovered, monitor_labels: tuple[tuple[str, str], ...] = (),
-                 network_policies: bool = False) -> builders.Capabilities:
+                 network_policies: bool = True) -> builders.Capabilities:
     return builders.Capabilities(monitoring=discovered.monitoring, rbac=discovered.rbac,
                                  monitor_labels=monitor_labels,
                                  networking=discovered.network_policies,

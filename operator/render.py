@@ -93,9 +93,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--no-rbac", action="store_true", help="leave out the router's Role and RoleBinding"
     )
     parser.add_argument(
-        "--network-policies", action="store_true",
-        help="as the operator's --network-policies: NetworkPolicies for pools whose "
-        "spec.networkPolicy.enabled is not set",
+        "--network-policies", action=argparse.BooleanOptionalAction, default=True,
+        help="as the operator's: NetworkPolicies for pools whose spec.networkPolicy.enabled "
+        "is not set (default: on; --no-network-policies as the operator's)",
     )
     parser.add_argument(
         "-n", "--namespace", default="default", help="namespace for pools that name none"

@@ -9,15 +9,23 @@ This module does no I/O (enforced by import-linter).
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
-from poolpilot import re2
+from poolpilot import handoff, re2
 from poolpilot.apitypes import (
     DNS1035_LABEL,
     DNS1123_LABEL,
+    QUALIFIED_NAME,
     ApiModel,
     EnvVarName,
     Int32,
@@ -290,6 +298,27 @@ class ModelSpec(ApiModel):
     )
 
 
+class StorageSpec(ApiModel):
+    """Sizes of the engine pods' scratch volumes: each emptyDir gets a sizeLimit (the kubelet
+    evicts a pod that writes past it) and the disk ones an ephemeral-storage request, so the
+    scheduler places the pod where the space is."""
+
+    model_cache: Quantity = Field(
+        default="100Gi",
+        description="The model-cache emptyDir the weights download into (Hugging Face source; "
+        "a PVC source has none): at least the model's size on disk (8B in bf16: 16 GB; 70B: "
+        "140 GB).",
+    )
+    compile_cache: Quantity = Field(
+        default="10Gi", description="vLLM's, Triton's and torch.compile's caches.")
+    tmp: Quantity = Field(default="4Gi", description="/tmp (HOME and TMPDIR).")
+    shm: Quantity = Field(
+        default="2Gi",
+        description="/dev/shm (in memory, counted against the container's memory): tensor-"
+        "parallel ranks and NCCL exchange tensors there; raise it for large tensorParallelSize.",
+    )
+
+
 class RuntimeSpec(ApiModel):
     """The engine container, shared by all engine roles."""
 
@@ -318,7 +347,11 @@ class RuntimeSpec(ApiModel):
         default_factory=list, max_length=64, description="Tolerations for the engine pods."
     )
     image_pull_secrets: list[LocalObjectReference] = Field(
-        default_factory=list, description="Secrets for pulling the engine image."
+        default_factory=list, description="Secrets for pulling the engine image (and the "
+        "router's); podTemplate.spec.imagePullSecrets adds to them."
+    )
+    storage: StorageSpec = Field(
+        default_factory=StorageSpec, description="Sizes of the engine pods' scratch volumes."
     )
 
 
@@ -331,6 +364,34 @@ class Connector(StrEnum):
     NIXL = "NixlConnector"
     EXAMPLE = "ExampleConnector"
     LMCACHE = "LMCacheConnectorV1"
+
+
+class RdmaSpec(ApiModel):
+    """NIXL over RDMA (InfiniBand, RoCE or EFA): the device resource, IPC_LOCK (to pin the
+    buffers it registers), UCX's transports and devices, and the secondary networks."""
+
+    resource: QualifiedName = Field(
+        description="The RDMA device plugin's resource, e.g. rdma/ib, rdma/hca_shared_devices_a "
+        "or vpc.amazonaws.com/efa.",
+    )
+    count: Int32 = Field(default=1, ge=1, description="Devices per engine pod.")
+    ucx_tls: str | None = Field(
+        default="rc,ud,sm,self,cuda_copy,cuda_ipc",
+        min_length=1,
+        description="UCX_TLS: the transports UCX may use (NIXL's UCX backend).",
+    )
+    ucx_net_devices: str | None = Field(
+        default=None, min_length=1,
+        description="UCX_NET_DEVICES, e.g. mlx5_0:1,mlx5_1:1; unset: UCX picks.",
+    )
+    networks: list[Annotated[str, Matching(
+        r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?/)?[a-z0-9]([-a-z0-9]*[a-z0-9])?(@[a-z0-9]+)?$",
+        "must be a NetworkAttachmentDefinition: NAME, NAMESPACE/NAME or NAME@INTERFACE",
+        max_length=253)]] = Field(
+        default_factory=list, max_length=16,
+        description="Multus NetworkAttachmentDefinitions attached to the engine pods "
+        "(k8s.v1.cni.cncf.io/networks), e.g. [rdma-net].",
+    )
 
 
 class KvTransferSpec(ApiModel):
@@ -346,6 +407,347 @@ class KvTransferSpec(ApiModel):
         description="Extra kv_connector_extra_config, passed to vLLM as is (KVTransferConfig "
         "fields such as kv_buffer_device go to the top level); kv_connector and kv_role are "
         "set by poolpilot.",
+    )
+    side_channel_port: Int32 = Field(
+        default=5600, ge=1024, le=65535,
+        description="NixlConnector: the port of NIXL's side channel (VLLM_NIXL_SIDE_CHANNEL_PORT),"
+        " where decode engines fetch a prefill engine's KV layout; declared on the engine "
+        "container.",
+    )
+    rdma: RdmaSpec | None = Field(
+        default=None, description="NIXL over RDMA; unset: UCX over TCP on the pod network.")
+
+
+# ---------------------------------------------------------------------------------------------
+# Pod templates: what a platform adds to the pods the operator renders
+
+# Labels the operator sets on its pods (its Services, budgets, policies and monitors select
+# pods by them); a template may add others, never these.
+OWNED_POD_LABELS = (
+    "app.kubernetes.io/managed-by", "app.kubernetes.io/name", "app.kubernetes.io/instance",
+    "app.kubernetes.io/component",
+)
+OWNED_LABEL_PREFIX = "poolpilot.dev/"
+# The volumes the operator mounts (the root filesystem is read-only), by name and path.
+OWNED_VOLUMES: dict[str, str] = {
+    "tmp": "/tmp",
+    "compile-cache": "/var/cache/vllm",
+    "model": "/models",
+    "model-cache": "/model-cache",
+    "dshm": "/dev/shm",
+    "config": "/etc/poolpilot/router",
+    "api-keys": "/etc/poolpilot/router-keys",
+}
+# Environment the operator sets that nothing may replace (the launcher and the router read it).
+OWNED_ENV: dict[str, str] = {
+    "POOLPILOT_POOL": "(the pool's name)",
+    "POOLPILOT_ROLE": "(the pod's role)",
+    "POOLPILOT_ROUTER_CONFIG": "(the router's mounted config)",
+    "VLLM_NIXL_SIDE_CHANNEL_HOST": "(the pod IP, for the decode engines to reach)",
+    "VLLM_NIXL_SIDE_CHANNEL_PORT": "from spec.kvTransfer.sideChannelPort",
+}
+
+
+def _owned_schema(owned: dict[str, str]) -> dict[str, Any]:
+    """CRD properties for owned keys that always fail, so the API server names them too."""
+    return {
+        key: {
+            "x-kubernetes-preserve-unknown-fields": True,
+            "description": f"Set by the operator {why}; not allowed here.",
+            "x-kubernetes-validations": [
+                {"rule": "false", "message": f"set by the operator {why}; remove it"}],
+        }
+        for key, why in owned.items()
+    }
+
+
+class _Overlay(ApiModel):
+    """A part of a pod template: the fields in `owned` are the operator's (refused, named)."""
+
+    owned: ClassVar[dict[str, str]] = {}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_owned(cls, data: Any) -> Any:
+        """Each owned key named at its own path (validate's 'reserved' errors), with where its
+        value comes from instead."""
+        if isinstance(data, dict):
+            found = {k: f"set by the operator {cls.owned[k]}; remove it"
+                     for k in data if k in cls.owned}
+            if found:
+                raise PydanticCustomError(
+                    "reserved", "{problems}",
+                    {"problems": "; ".join(f"{k}: {why}" for k, why in found.items()),
+                     "keys": found},
+                )
+        return data
+
+    @classmethod
+    def __get_pydantic_json_schema__(cls, core_schema: Any, handler: Any) -> Any:
+        schema = super().__get_pydantic_json_schema__(core_schema, handler)
+        if cls.owned:
+            target = handler.resolve_ref_schema(schema)
+            target.setdefault("properties", {}).update(_owned_schema(cls.owned))
+        return schema
+
+
+def _label_key_ok(key: str) -> bool:
+    return key not in OWNED_POD_LABELS and not key.startswith(OWNED_LABEL_PREFIX)
+
+
+def _refuse_keys(kind: str, found: dict[str, str]) -> None:
+    """One error at the map's path naming each bad key (as the CRD's rule is on the map)."""
+    if found:
+        raise PydanticCustomError(
+            kind, "{problems}", {"problems": "; ".join(f"{k} {why}" for k, why in found.items())})
+
+
+def _refuse_owned_labels(labels: dict[str, str]) -> dict[str, str]:
+    _refuse_keys("owned_label", {
+        k: "is set by the operator (its Services, budgets and policies select pods by it); "
+           "remove it" if re2.search(QUALIFIED_NAME, k)
+        else "is not a qualified name such as example.com/team or team"
+        for k in labels if not (_label_key_ok(k) and re2.search(QUALIFIED_NAME, k))})
+    return labels
+
+
+def _refuse_owned_annotations(annotations: dict[str, str]) -> dict[str, str]:
+    _refuse_keys("owned_annotation", {
+        k: "is the operator's; remove it" if re2.search(QUALIFIED_NAME, k)
+        else "is not a qualified name such as example.com/team or team"
+        for k in annotations
+        if k.startswith(OWNED_LABEL_PREFIX) or not re2.search(QUALIFIED_NAME, k)})
+    return annotations
+
+
+_OWNED_LABELS_CEL = (
+    "!has(self.labels) || self.labels.all(k, !k.startsWith('poolpilot.dev/') && !(k in ["
+    + ", ".join(cel_string(k) for k in OWNED_POD_LABELS) + "]))"
+)
+
+
+class PodTemplateMetadata(_Overlay):
+    """Labels and annotations added to the pods (a Kueue queue, Multus networks, cost
+    allocation); the operator's own labels (poolpilot.dev/*, app.kubernetes.io/*) are kept."""
+
+    rules = (
+        Rule(field="labels", cel=_OWNED_LABELS_CEL,
+             message="the operator sets poolpilot.dev/* and app.kubernetes.io/managed-by, "
+                     "name, instance and component (its Services and policies select pods by "
+                     "them); remove them",
+             check=lambda s: all(_label_key_ok(k) for k in s.labels)),
+        Rule(field="labels",
+             cel="!has(self.labels) || self.labels.all(k, "
+                 f"k.matches({cel_string(QUALIFIED_NAME)}))",
+             message="keys must be qualified names such as example.com/team or team",
+             check=lambda s: all(re2.search(QUALIFIED_NAME, k) for k in s.labels)),
+        Rule(field="annotations",
+             cel="!has(self.annotations) || self.annotations.all(k, "
+                 f"k.matches({cel_string(QUALIFIED_NAME)}))",
+             message="keys must be qualified names such as example.com/team or team",
+             check=lambda s: all(re2.search(QUALIFIED_NAME, k) for k in s.annotations)),
+        Rule(field="annotations",
+             cel="!has(self.annotations) || self.annotations.all(k, "
+                 "!k.startsWith('poolpilot.dev/'))",
+             message="poolpilot.dev/* annotations are the operator's; remove them",
+             check=lambda s: not any(k.startswith(OWNED_LABEL_PREFIX) for k in s.annotations)),
+    )
+    owned = {"name": "(from the role's Deployment)", "namespace": "(the pool's namespace)"}
+
+    labels: Annotated[dict[str, LabelValue], AfterValidator(_refuse_owned_labels)] = Field(
+        default_factory=dict, max_length=64,
+        description="Pod labels, e.g. {kueue.x-k8s.io/queue-name: gpu-queue}.",
+    )
+    annotations: Annotated[dict[str, str], AfterValidator(_refuse_owned_annotations)] = Field(
+        default_factory=dict, max_length=64,
+        description="Pod annotations, e.g. {k8s.v1.cni.cncf.io/networks: rdma-net}.",
+    )
+
+
+class EnvVarOverlay(ApiModel):
+    """An environment variable, as in a container spec (value or valueFrom)."""
+
+    rules = (
+        Rule(field="valueFrom", cel="!(has(self.value) && has(self.valueFrom))",
+             message="set either value or valueFrom, not both",
+             check=lambda s: s.value is None or s.value_from is None),
+    )
+
+    name: EnvVarName = Field(description="Variable name.")
+    value: str | None = Field(default=None, description="Variable value.")
+    value_from: dict[str, JsonValue] | None = Field(
+        default=None, description="A source, as in a container's env (secretKeyRef, "
+        "configMapKeyRef, fieldRef, resourceFieldRef).")
+
+
+def _refuse_owned_env(env: list[EnvVarOverlay]) -> list[EnvVarOverlay]:
+    for e in env:
+        if e.name in OWNED_ENV:
+            raise PydanticCustomError(
+                "owned_env", "{name}: set by the operator {why}; remove it",
+                {"name": e.name, "why": OWNED_ENV[e.name]})
+    return env
+
+
+class VolumeMount(ApiModel):
+    """A volume mounted into the container, as in a container spec."""
+
+    name: str = Field(min_length=1, max_length=63,
+                      description="A volume of podTemplate.spec.volumes (or the operator's).")
+    mount_path: str = Field(min_length=1, description="Where, e.g. /mnt/data.")
+    read_only: bool | None = Field(default=None, description="Mount read-only.")
+    sub_path: str | None = Field(default=None, description="A path inside the volume.")
+
+
+def _refuse_owned_mounts(mounts: list[VolumeMount]) -> list[VolumeMount]:
+    paths = {path: name for name, path in OWNED_VOLUMES.items()}
+    for m in mounts:
+        where = m.mount_path.rstrip("/") or "/"
+        if where in paths:
+            raise PydanticCustomError(
+                "owned_mount", "{path}: the operator mounts {name} there; choose another path",
+                {"path": m.mount_path, "name": paths[where]})
+    return mounts
+
+
+class Capabilities(ApiModel):
+    """Linux capabilities added to the container (it drops ALL; add puts some back)."""
+
+    add: list[Annotated[str, Matching(r"^[A-Z_]+$", "must be a capability name such as "
+                                      "IPC_LOCK or NET_RAW", max_length=64)]] = Field(
+        default_factory=list, max_length=32, description="Capabilities to add, e.g. [IPC_LOCK].")
+
+
+class ContainerSecurityOverlay(_Overlay):
+    """What a template may change in the container's securityContext: capabilities to add."""
+
+    owned = {key: "(non-root, no privilege escalation, read-only root filesystem, "
+                  "RuntimeDefault seccomp)"
+             for key in ("privileged", "runAsUser", "runAsGroup", "runAsNonRoot",
+                         "allowPrivilegeEscalation", "readOnlyRootFilesystem",
+                         "seccompProfile")}
+    capabilities: Capabilities = Field(default_factory=Capabilities,
+                                       description="Capabilities to add.")
+
+
+CONTAINER_OWNED: dict[str, str] = {
+    "image": "from spec.runtime.image (spec.router.image for the router)",
+    "imagePullPolicy": "from spec.runtime.imagePullPolicy",
+    "command": "(the launcher's command line, from the pool's spec)",
+    "args": "(the launcher's command line, from the pool's spec)",
+    "ports": "(8000, and the KV events and NIXL ports the spec turns on)",
+    "readinessProbe": "(GET /health)",
+    "livenessProbe": "(GET /health)",
+    "startupProbe": "(GET /health, while the weights load)",
+    "lifecycle": "(the preStop that lets endpoints update before SIGTERM)",
+}
+
+
+class ContainerOverlay(_Overlay):
+    """Additions to the operator's container, matched by name (engine, or router): merged as
+    `kubectl patch --type strategic` would (env by name, volumeMounts by mountPath)."""
+
+    owned = CONTAINER_OWNED
+
+    name: Literal["engine", "router"] = Field(
+        description="The container to overlay: engine (engine pods) or router (router pods).")
+    env: Annotated[list[EnvVarOverlay], AfterValidator(_refuse_owned_env)] = Field(
+        default_factory=list, max_length=128,
+        description="Variables added, or replacing the operator's of the same name.")
+    env_from: list[dict[str, JsonValue]] = Field(
+        default_factory=list, max_length=32,
+        description="Sources of variables, as in a container spec (configMapRef, secretRef).")
+    volume_mounts: Annotated[list[VolumeMount], AfterValidator(_refuse_owned_mounts)] = Field(
+        default_factory=list, max_length=64, description="Mounts added (by mountPath).")
+    security_context: ContainerSecurityOverlay = Field(
+        default_factory=ContainerSecurityOverlay,
+        description="Capabilities to add (e.g. IPC_LOCK for RDMA).")
+    resources: ResourceRequirements = Field(
+        default_factory=ResourceRequirements,
+        description="Requests and limits merged over the role's (e.g. {limits: {rdma/ib: 1}}); "
+        "GPUs come from `gpus`.")
+
+
+class PodVolume(ApiModel):
+    """A volume, as in a pod spec: a name and one source (free-form, checked by the API
+    server as a Pod's volume)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    name: Annotated[str, Matching(DNS1123_LABEL, "must be a DNS-1123 label (e.g. data)",
+                                  max_length=63)] = Field(description="Volume name.")
+
+
+def _refuse_owned_volumes(volumes: list[PodVolume]) -> list[PodVolume]:
+    for v in volumes:
+        if v.name in OWNED_VOLUMES:
+            raise PydanticCustomError(
+                "owned_volume", "{name}: a volume of the operator's ({path}); choose another name",
+                {"name": v.name, "path": OWNED_VOLUMES[v.name]})
+    return volumes
+
+
+POD_SPEC_OWNED: dict[str, str] = {
+    "initContainers": "(none: the launcher does the set-up)",
+    "securityContext": "(non-root uid 1000, RuntimeDefault seccomp); add capabilities with "
+                       "containers[].securityContext.capabilities",
+    "terminationGracePeriodSeconds": "from the role's terminationGracePeriodSeconds (the "
+                                     "engine's drain is derived from it)",
+    "automountServiceAccountToken": "(engines get no token, the router its own)",
+    "hostNetwork": "(pods use the pod network; RDMA goes through kvTransfer.rdma)",
+}
+
+
+class PodSpecOverlay(_Overlay):
+    """Pod spec fields a template sets; lists and maps are merged with the operator's."""
+
+    owned = POD_SPEC_OWNED
+
+    affinity: dict[str, JsonValue] | None = Field(
+        default=None, description="Affinity, as in a pod spec; the role's replaces the pool's "
+        "for each of nodeAffinity, podAffinity and podAntiAffinity.")
+    tolerations: list[Toleration] = Field(
+        default_factory=list, max_length=64,
+        description="Tolerations added to runtime.tolerations (e.g. for spot nodes).")
+    node_selector: dict[str, LabelValue] = Field(
+        default_factory=dict, description="Node labels merged over runtime.nodeSelector.")
+    priority_class_name: ObjectName | None = Field(
+        default=None, description="PriorityClass of the pods.")
+    service_account_name: ObjectName | None = Field(
+        default=None, description="ServiceAccount for engine pods (e.g. for workload "
+        "identity); the router keeps its own, which discovery needs.")
+    runtime_class_name: ObjectName | None = Field(
+        default=None, description="RuntimeClass, e.g. nvidia.")
+    scheduler_name: ObjectName | None = Field(default=None, description="Scheduler name.")
+    image_pull_secrets: list[LocalObjectReference] = Field(
+        default_factory=list, max_length=16,
+        description="Added to runtime.imagePullSecrets (by name).")
+    volumes: Annotated[list[PodVolume], AfterValidator(_refuse_owned_volumes)] = Field(
+        default_factory=list, max_length=64, description="Volumes added (by name).")
+    containers: list[ContainerOverlay] = Field(
+        default_factory=list, max_length=1,
+        description="Additions to the operator's container (its name: engine or router).")
+
+
+class PodTemplate(_Overlay):
+    """Labels, annotations and pod spec fields laid over the pods the operator renders: the
+    pool's (spec.podTemplate) on every engine pod, a role's (spec.<role>.podTemplate) over that;
+    fields the operator must own are refused, each named."""
+
+    metadata: PodTemplateMetadata = Field(
+        default_factory=PodTemplateMetadata, description="Pod labels and annotations.")
+    spec: PodSpecOverlay = Field(default_factory=PodSpecOverlay, description="Pod spec fields.")
+
+
+def _containers_named(name: str) -> Rule:
+    """A role's template overlays its own container only (engine pods: engine)."""
+    return Rule(
+        field="podTemplate.spec.containers",
+        cel="!has(self.podTemplate) || !has(self.podTemplate.spec) || "
+            "!has(self.podTemplate.spec.containers) || "
+            f"self.podTemplate.spec.containers.all(c, c.name == '{name}')",
+        message=f"these pods' container is {name}; only it can be overlaid",
+        check=lambda s: all(c.name == name for c in s.pod_template.spec.containers),
     )
 
 
@@ -372,11 +774,19 @@ def _replica_rules() -> tuple[Rule, ...]:
     )
 
 
+# The preStop sleep and vLLM's teardown come out of the grace period (launcher
+# --grace-seconds); what is left is vLLM's --shutdown-timeout, at least 1 s.
+MIN_ENGINE_GRACE_SECONDS = 16
+# A prefill engine (NIXL) holds each prompt's KV for the lease; its drain should cover it.
+MIN_PREFILL_NIXL_GRACE_SECONDS = 10 + handoff.kv_lease_seconds() + 5
+
+
 class EngineRoleSpec(ApiModel):
     """Size and bounds of one engine role (prefill, decode, or the aggregated engine)."""
 
     rules = (
         *_replica_rules(),
+        _containers_named("engine"),
         Rule(
             field="gpus",
             cel="self.gpus >= self.tensorParallelSize || "
@@ -409,6 +819,16 @@ class EngineRoleSpec(ApiModel):
         default_factory=dict,
         description="Overrides runtime.engineArgs for this role, e.g. {maxNumBatchedTokens: 8192}.",
     )
+    termination_grace_period_seconds: Int32 = Field(
+        default=120, ge=MIN_ENGINE_GRACE_SECONDS,
+        description="Seconds a stopping engine pod has: a 10 s preStop (the routers stop "
+        "sending to it), then vLLM drains its in-flight requests for what is left less 5 s of "
+        "teardown (--shutdown-timeout); a prefill engine also waits for its KV to be pulled.",
+    )
+    pod_template: PodTemplate = Field(
+        default_factory=PodTemplate,
+        description="Laid over spec.podTemplate for this role's pods.",
+    )
 
 
 class PrefixRouting(StrEnum):
@@ -420,12 +840,35 @@ class PrefixRouting(StrEnum):
 class RouterSpec(ApiModel):
     """The OpenAI-compatible router in front of the engines."""
 
+    rules = (
+        _containers_named("router"),
+        Rule(
+            field="podTemplate.spec.serviceAccountName",
+            cel="!has(self.podTemplate) || !has(self.podTemplate.spec) || "
+            "!has(self.podTemplate.spec.serviceAccountName)",
+            message="the router's discovery needs the ServiceAccount the operator makes for "
+            "it (NAME-router); remove it",
+            check=lambda s: s.pod_template.spec.service_account_name is None,
+        ),
+    )
+
     replicas: Int32 = Field(default=2, ge=1, description="Router replicas.")
     image: TrimmedString | None = Field(
         default=None, description="Router image; defaults to runtime.image (it holds the router)."
     )
     resources: ResourceRequirements = Field(
-        default_factory=ResourceRequirements, description="Router container resources."
+        default_factory=ResourceRequirements,
+        description="Router container resources, over the defaults (requests cpu 500m, memory "
+        "512Mi; limit memory 2Gi).",
+    )
+    termination_grace_period_seconds: Int32 = Field(
+        default=60, ge=6,
+        description="Seconds a stopping router pod has to finish its streams (after a 5 s "
+        "preStop).",
+    )
+    pod_template: PodTemplate = Field(
+        default_factory=PodTemplate,
+        description="Laid over the router pods (spec.podTemplate is for engine pods only).",
     )
     api_key_secret: SecretKeyRef | None = Field(
         default=None,
@@ -623,6 +1066,12 @@ class NetworkPolicySpec(ApiModel):
         description="Namespaces whose pods may scrape the engines' metrics on port 8000 "
         "(where Prometheus runs).",
     )
+    router_from: list[dict[str, JsonValue]] = Field(
+        default_factory=list, max_length=32,
+        description="Who may reach the router's port: NetworkPolicy peers (podSelector, "
+        "namespaceSelector, ipBlock), e.g. [{namespaceSelector: {matchLabels: "
+        "{kubernetes.io/metadata.name: ingress-nginx}}}]; empty: anyone.",
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -640,6 +1089,18 @@ class InferencePoolSpec(ApiModel):
             message="must be true for minReplicas 0; set minReplicas >= 1 or enable scaleToZero",
             check=lambda s: s.autoscaling.scale_to_zero
             or min(s.prefill.min_replicas, s.decode.min_replicas, s.engine.min_replicas) >= 1,
+        ),
+        _containers_named("engine"),
+        Rule(
+            field="prefill.terminationGracePeriodSeconds",
+            cel=f"self.mode != 'Disaggregated' || self.kvTransfer.connector != 'NixlConnector' "
+            f"|| self.prefill.terminationGracePeriodSeconds >= {MIN_PREFILL_NIXL_GRACE_SECONDS}",
+            message=f"must be >= {MIN_PREFILL_NIXL_GRACE_SECONDS} with NixlConnector (the 10 s "
+            f"preStop, the {handoff.kv_lease_seconds()} s KV lease its decode engines may still "
+            "pull within, 5 s of teardown); raise it",
+            check=lambda s: s.mode != Mode.DISAGGREGATED
+            or s.kv_transfer.connector != Connector.NIXL
+            or s.prefill.termination_grace_period_seconds >= MIN_PREFILL_NIXL_GRACE_SECONDS,
         ),
     )
 
@@ -677,6 +1138,12 @@ class InferencePoolSpec(ApiModel):
     network_policy: NetworkPolicySpec = Field(
         default_factory=NetworkPolicySpec, description="NetworkPolicies around the pool."
     )
+    pod_template: PodTemplate = Field(
+        default_factory=PodTemplate,
+        description="Laid over every engine pod the operator renders (labels, annotations, "
+        "affinity, tolerations, volumes, the engine container's env and mounts, ...); "
+        "spec.<role>.podTemplate goes over it.",
+    )
 
     def engine_roles(self) -> list[str]:
         """The engine roles this pool runs, in the order they are created."""
@@ -702,18 +1169,30 @@ class ConditionType(StrEnum):
     SCALING_LIMITED = "ScalingLimited"
 
 
-class Condition(ApiModel):
-    """A condition in the Kubernetes style."""
+# metav1.Condition's schema (k8s.io/apimachinery), as the API server checks it for built-in
+# types: every field but observedGeneration is required.
+CONDITION_TYPE = (
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+    r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])$"
+)
+CONDITION_REASON = r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$"
 
-    type: str = Field(description="Ready, Progressing, Degraded, MetricsAvailable, ScalingLimited.")
+
+class Condition(ApiModel):
+    """A condition in the Kubernetes style (metav1.Condition)."""
+
+    type: Annotated[str, Matching(CONDITION_TYPE, "must be a condition type such as Ready",
+                                  max_length=316)] = Field(
+        description="Ready, Progressing, Degraded, MetricsAvailable, ScalingLimited.")
     status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
-    reason: str = Field(default="", description="CamelCase reason for the last transition.")
-    message: str = Field(default="", description="Human-readable detail.")
-    last_transition_time: str | None = Field(
-        default=None, description="When status last changed (RFC 3339)."
-    )
+    reason: Annotated[str, Matching(CONDITION_REASON, "must be CamelCase, e.g. AllReplicasReady",
+                                    max_length=1024)] = Field(
+        description="CamelCase reason for the last transition.")
+    message: str = Field(max_length=32768, description="Human-readable detail.")
+    last_transition_time: Annotated[str, Field(json_schema_extra={"format": "date-time"})] = Field(
+        description="When status last changed (RFC 3339).")
     observed_generation: Int64 | None = Field(
-        default=None, description="The spec generation this condition describes."
+        default=None, ge=0, description="The spec generation this condition describes."
     )
 
 

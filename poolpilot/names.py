@@ -6,6 +6,10 @@ MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGER = "poolpilot"
 POOL_LABEL = "poolpilot.dev/pool"
 ROLE_LABEL = "poolpilot.dev/role"
+# On the pods the operator creates, the pool's uid: Services, budgets, NetworkPolicies, the
+# PodMonitor and the router's discovery select by it, and a pod template may not set it, so
+# a pod someone labels {pool, role} by hand receives no traffic and feeds no autoscaler.
+POOL_UID_LABEL = "poolpilot.dev/pool-uid"
 FIELD_MANAGER = "poolpilot-operator"
 # Set by the autoscaler on the engine pods a scale-down is about to remove: the ReplicaSet
 # controller deletes the lowest deletion cost first, and the router sends no new request to a

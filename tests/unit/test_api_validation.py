@@ -41,6 +41,11 @@ class Bad:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+def _condition(type_: str, status: str, reason: str = "AsExpected") -> dict[str, Any]:
+    return {"type": type_, "status": status, "reason": reason, "message": "",
+            "lastTransitionTime": "2026-01-01T00:00:00Z"}
+
+
 BAD = [
     Bad("min-greater-than-max", pool(decode={"minReplicas": 3, "maxReplicas": 2, "replicas": 2}),
         "spec.decode.maxReplicas"),
@@ -173,9 +178,30 @@ BAD = [
     Bad("unknown-top-level-field", {**pool(), "spce": {}}, "spce"),
     Bad("unknown-null-field", pool(modee=None), "spec.modee"),
     Bad("duplicate-condition-types",
-        {**pool(), "status": {"conditions": [{"type": "Ready", "status": "True"},
-                                             {"type": "Ready", "status": "False"}]}},
+        {**pool(), "status": {"conditions": [_condition("Ready", "True"),
+                                             _condition("Ready", "False")]}},
         "status.conditions"),
+    # metav1.Condition: reason, message and lastTransitionTime are required, reason CamelCase.
+    Bad("condition-without-reason",
+        {**pool(), "status": {"conditions": [{"type": "Ready", "status": "True", "message": "",
+                                              "lastTransitionTime": "2026-01-01T00:00:00Z"}]}},
+        "status.conditions[0].reason"),
+    Bad("condition-reason-not-camel-case",
+        {**pool(), "status": {"conditions": [_condition("Ready", "True", reason="all ready")]}},
+        "status.conditions[0].reason"),
+    Bad("condition-without-transition-time",
+        {**pool(), "status": {"conditions": [{"type": "Ready", "status": "True",
+                                              "reason": "AllReady", "message": ""}]}},
+        "status.conditions[0].lastTransitionTime"),
+    Bad("pod-template-owned-label",
+        pool(podTemplate={"metadata": {"labels": {"poolpilot.dev/pool-uid": "x"}}}),
+        "spec.podTemplate.metadata.labels"),
+    Bad("pod-template-container-image",
+        pool(podTemplate={"spec": {"containers": [{"name": "engine", "image": "x"}]}}),
+        "spec.podTemplate.spec.containers[0].image"),
+    Bad("prefill-grace-below-the-kv-lease",
+        pool(prefill={"terminationGracePeriodSeconds": 30}),
+        "spec.prefill.terminationGracePeriodSeconds"),
 ]
 
 

@@ -284,7 +284,7 @@ def test_operator_may_apply_every_child_it_renders(
 
 
 def _plural(kind: str) -> str:
-    special = {"PodDisruptionBudget": "poddisruptionbudgets"}
+    special = {"PodDisruptionBudget": "poddisruptionbudgets", "NetworkPolicy": "networkpolicies"}
     return special.get(kind, kind.lower() + "s")
 
 

@@ -83,17 +83,24 @@ _PD = {(k, f"p-{r}") for r in ("prefill", "decode") for k in
        ("Service", "Deployment", "PodDisruptionBudget")}  # fmt: skip
 _AGG = {(k, "p-engine") for k in ("Service", "Deployment", "PodDisruptionBudget")}
 _MON = {("ServiceMonitor", "p-router"), ("PodMonitor", "p-engines")}
+# On by default (the operator's --no-network-policies turns the default off).
+_NP = {("NetworkPolicy", "p-engines"), ("NetworkPolicy", "p-router")}
 
 CHILDREN_CASES = [
-    ChildrenCase("disaggregated", {"model": {"name": "m"}}, False, _BASE | _PD),
-    ChildrenCase("aggregated", {"model": {"name": "m"}, "mode": "Aggregated"}, False, _BASE | _AGG),
-    ChildrenCase("with-prometheus-operator", {"model": {"name": "m"}}, True, _BASE | _PD | _MON),
+    ChildrenCase("disaggregated", {"model": {"name": "m"}}, False, _BASE | _PD | _NP),
+    ChildrenCase("aggregated", {"model": {"name": "m"}, "mode": "Aggregated"}, False,
+                 _BASE | _AGG | _NP),
+    ChildrenCase("with-prometheus-operator", {"model": {"name": "m"}}, True,
+                 _BASE | _PD | _MON | _NP),
     ChildrenCase(
         "monitors-turned-off",
         {"model": {"name": "m"}, "monitoring": {"serviceMonitor": False, "podMonitor": False}},
         True,
-        _BASE | _PD,
+        _BASE | _PD | _NP,
     ),
+    ChildrenCase("network-policies-off", {"model": {"name": "m"},
+                                          "networkPolicy": {"enabled": False}}, False,
+                 _BASE | _PD),
 ]
 
 
@@ -161,7 +168,7 @@ COMMAND_CASES = [
         # The KV lease from the router's handoff limits (5 s connect x 3 attempts + 10 s).
         ["poolpilot", "launch", "--role", "prefill", "--model", "org/m", "--port", "8000",
          "--served-name", "m", "--kv-connector", "NixlConnector", "--kv-lease-seconds", "25",
-         "--tensor-parallel", "1",
+         "--tensor-parallel", "1", "--grace-seconds", "120", "--prestop-seconds", "10",
          "--engine-arg", "enforceEager=true", "--engine-arg", "maxModelLen=4096"],
     ),
     CommandCase(
@@ -169,18 +176,21 @@ COMMAND_CASES = [
         {"model": {"name": "org/m"}, "mode": "Aggregated", "kvTransfer": {"extraConfig": {"a": 1}}},
         "engine",
         ["poolpilot", "launch", "--role", "aggregated", "--model", "org/m", "--port", "8000",
-         "--served-name", "org/m", "--kv-connector", "none", "--tensor-parallel", "1"],
+         "--served-name", "org/m", "--kv-connector", "none", "--tensor-parallel", "1",
+         "--grace-seconds", "120", "--prestop-seconds", "10"],
     ),
     CommandCase(
         "decode-pvc-tp2-kv-config",
         {"model": {"name": "org/m", "source": {"pvc": {"claimName": "w", "path": "/x/y"}}},
          "kvTransfer": {"connector": "ExampleConnector",
                         "extraConfig": {"shared_storage_path": "/s"}},
-         "decode": {"gpus": 2, "tensorParallelSize": 2}},
+         "decode": {"gpus": 2, "tensorParallelSize": 2, "terminationGracePeriodSeconds": 300}},
         "decode",
+        # The grace period is the role's: vLLM drains for 300 - 10 - 5 s.
         ["poolpilot", "launch", "--role", "decode", "--model", "/models/x/y", "--port", "8000",
          "--served-name", "org/m", "--kv-connector", "ExampleConnector",
-         "--kv-config", '{"shared_storage_path":"/s"}', "--tensor-parallel", "2"],
+         "--kv-config", '{"shared_storage_path":"/s"}', "--tensor-parallel", "2",
+         "--grace-seconds", "300", "--prestop-seconds", "10"],
     ),
 ]  # fmt: skip
 
@@ -225,6 +235,8 @@ def test_prefix_routing_configures_router_and_engines(case: PrefixCase) -> None:
         ports = {p["name"]: p["containerPort"] for p in engine["ports"]}
         expected = {"http": 8000, "kv-events": 5557, "kv-replay": 5558} if case.events \
             else {"http": 8000}
+        if pool.spec.mode == api.Mode.DISAGGREGATED:
+            expected["nixl"] = 5600  # NIXL's side channel
         assert ports == expected
 
 
@@ -259,23 +271,41 @@ def test_engine_pod_contract() -> None:
     assert startup["periodSeconds"] * startup["failureThreshold"] >= 20 * 60
     assert c["lifecycle"]["preStop"]["exec"]["command"][0] == "sleep"
     assert pod["terminationGracePeriodSeconds"] > builders.PRESTOP_SLEEP_SECONDS
-    assert {"name": "dshm", "emptyDir": {"medium": "Memory"}} in pod["volumes"]
-    assert {"name": "model-cache", "emptyDir": {}} in pod["volumes"]
+    assert {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "2Gi"}} in pod["volumes"]
+    assert {"name": "model-cache", "emptyDir": {"sizeLimit": "100Gi"}} in pod["volumes"]
+    # The disk-backed emptyDirs' limits, requested: /tmp 4Gi + compile cache 10Gi + 100Gi.
+    assert c["resources"]["requests"]["ephemeral-storage"] == "114Gi"
     hf = next(e for e in c["env"] if e["name"] == "HF_TOKEN")
     assert hf["valueFrom"]["secretKeyRef"] == {"name": "hf", "key": "token"}
     assert c["securityContext"]["allowPrivilegeEscalation"] is False
     assert c["securityContext"]["capabilities"] == {"drop": ["ALL"]}
     assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
     assert pod["topologySpreadConstraints"][0]["topologyKey"] == "kubernetes.io/hostname"
-    assert dep["spec"]["template"]["metadata"]["labels"] == names.labels("p", "prefill")
+    assert dep["spec"]["template"]["metadata"]["labels"] == {
+        **names.labels("p", "prefill"), names.POOL_UID_LABEL: UID}
 
 
-def test_single_gpu_pod_has_no_shm_and_cpu_pod_no_gpu_limit() -> None:
-    pool = _pool({"model": {"name": "m"}, "decode": {"gpus": 0}})
+def test_every_engine_pod_has_a_bounded_shm_and_a_cpu_pod_no_gpu_limit() -> None:
+    pool = _pool({"model": {"name": "m"}, "decode": {"gpus": 0},
+                  "runtime": {"storage": {"shm": "512Mi"}}})
     prefill = builders.build_engine_deployment(pool, "prefill")
     decode = builders.build_engine_deployment(pool, "decode")
-    assert all(v["name"] != "dshm" for v in prefill["spec"]["template"]["spec"]["volumes"])
+    for dep in (prefill, decode):
+        shm = next(v for v in dep["spec"]["template"]["spec"]["volumes"] if v["name"] == "dshm")
+        assert shm["emptyDir"] == {"medium": "Memory", "sizeLimit": "512Mi"}
+        assert {"name": "dshm", "mountPath": "/dev/shm"} in _container(dep)["volumeMounts"]
     assert "nvidia.com/gpu" not in _container(decode)["resources"].get("limits", {})
+
+
+def test_a_pvc_model_has_no_cache_to_request_disk_for() -> None:
+    pool = _pool({"model": {"name": "m", "source": {"pvc": {"claimName": "w"}}}})
+    c = _container(builders.build_engine_deployment(pool, "decode"))
+    assert c["resources"]["requests"]["ephemeral-storage"] == "14Gi"  # /tmp and compile cache
+    # A request the user sets is kept.
+    pool = _pool({"model": {"name": "m"},
+                  "runtime": {"resources": {"requests": {"ephemeral-storage": "300Gi"}}}})
+    c = _container(builders.build_engine_deployment(pool, "decode"))
+    assert c["resources"]["requests"]["ephemeral-storage"] == "300Gi"
 
 
 def test_router_pod_contract() -> None:

@@ -66,13 +66,26 @@ def allowed(policies: list[dict[str, Any]], src: Pod, dst: Pod, port: int) -> bo
     return False
 
 
-def pod(pool: str, role: str, namespace: str = NS) -> Pod:
-    return Pod(namespace, names.labels(pool, role))
-
-
 POOL = builders.Pool("llama", NS, parse_spec({"model": {"name": "m"},
                                               "networkPolicy": {"enabled": True}}), uid="u")
-POLICIES = [o for o in builders.build_children(POOL) if o["kind"] == "NetworkPolicy"]
+CHILDREN = builders.build_children(POOL)
+POLICIES = [o for o in CHILDREN if o["kind"] == "NetworkPolicy"]
+# Each role's pods carry the labels of their Deployment's pod template (the pool's uid too).
+POD_LABELS = {o["metadata"]["name"].removeprefix("llama-"): o["spec"]["template"]["metadata"]
+              ["labels"] for o in CHILDREN if o["kind"] == "Deployment"}
+
+
+def pod(pool: str, role: str, namespace: str = NS) -> Pod:
+    """A pod the operator created for `pool` (another pool: a uid of its own)."""
+    if pool == "llama" and namespace == NS:
+        return Pod(namespace, POD_LABELS[role])
+    return Pod(namespace, builders.pod_labels(builders.Pool(pool, namespace, POOL.spec,
+                                                            uid=f"uid-of-{pool}"), role))
+
+
+# Labelled by hand like the pool's pods, without the uid only the operator sets.
+STRAY_ROUTER = Pod(NS, names.labels("llama", "router"))
+STRAY_DECODE = Pod(NS, names.labels("llama", "decode"))
 CLIENT = Pod(NS, {"app": "chat-frontend"})
 ELSEWHERE = Pod("team-b", {"app": "notebook"})
 PROMETHEUS = Pod("monitoring", {"app.kubernetes.io/name": "prometheus"})
@@ -93,10 +106,13 @@ PROMETHEUS = Pod("monitoring", {"app.kubernetes.io/name": "prometheus"})
     (ELSEWHERE, pod("llama", "router"), 8000, True),
     (ELSEWHERE, pod("llama", "router"), 9000, False),
     (CLIENT, pod("other", "decode"), 8000, True),  # another pool without policies
+    (STRAY_ROUTER, pod("llama", "decode"), 8000, False),  # no uid: not the pool's router
+    (STRAY_ROUTER, pod("llama", "prefill"), 5600, False),
 ], ids=["router-decode", "router-prefill", "prefill-decode-nixl", "decode-prefill-ucx",
         "prometheus-metrics", "prometheus-other-port", "client-to-engine", "other-ns-to-engine",
         "other-pool-router", "router-of-another-namespace", "client-to-router",
-        "other-ns-to-router", "router-other-port", "unprotected-pool"])
+        "other-ns-to-router", "router-other-port", "unprotected-pool", "stray-router-to-decode",
+        "stray-router-to-nixl"])
 def test_who_reaches_what(src: Pod, dst: Pod, port: int, ok: bool) -> None:
     assert len(POLICIES) == 2
     assert allowed(POLICIES, src, dst, port) is ok
@@ -125,3 +141,44 @@ def test_the_pool_decides_else_the_operator_default(spec_enabled: bool | None, d
     assert ("NetworkPolicy" in kinds) is made
     if made:  # in place before the pods they protect
         assert kinds.index("NetworkPolicy") < kinds.index("Deployment")
+
+
+def test_every_selector_picks_the_pools_own_pods_and_no_stray_one() -> None:
+    """Services (the router's discovery reads their EndpointSlices), budgets and policies
+    select each role's pods by their template's labels, and none a hand-labelled pod."""
+    selectors = []
+    for obj in CHILDREN:
+        role = obj["metadata"]["labels"][names.ROLE_LABEL]
+        if obj["kind"] == "Service":
+            selectors.append((role, {"matchLabels": obj["spec"]["selector"]}))
+        elif obj["kind"] in ("PodDisruptionBudget",):
+            selectors.append((role, obj["spec"]["selector"]))
+        elif obj["kind"] == "NetworkPolicy":
+            selectors.append((role, obj["spec"]["podSelector"]))
+    assert len(selectors) == 3 + 3 + 2
+    for role, selector in selectors:
+        targets = ["prefill", "decode"] if role == "engines" else [role]
+        for target in targets:
+            assert _matches(selector, POD_LABELS[target]), (role, target)
+        assert not _matches(selector, STRAY_DECODE.labels)
+        assert not _matches(selector, STRAY_ROUTER.labels)
+    for dep in (o for o in CHILDREN if o["kind"] == "Deployment"):
+        # The Deployment's own selector (immutable) still matches its template.
+        assert _matches(dep["spec"]["selector"], dep["spec"]["template"]["metadata"]["labels"])
+
+
+def test_the_router_takes_clients_only_from_where_the_pool_says() -> None:
+    pool = builders.Pool("llama", NS, parse_spec({
+        "model": {"name": "m"},
+        "networkPolicy": {"routerFrom": [{"namespaceSelector": {"matchLabels": {
+            "kubernetes.io/metadata.name": "team-b"}}}]}}), uid="u")
+    policies = [o for o in builders.build_children(pool) if o["kind"] == "NetworkPolicy"]
+    router = Pod(NS, builders.pod_labels(pool, "router"))
+    assert allowed(policies, ELSEWHERE, router, 8000)
+    assert not allowed(policies, CLIENT, router, 8000)
+    assert not allowed(policies, ELSEWHERE, router, 9000)
+
+
+def test_policies_are_on_unless_the_operator_turns_the_default_off() -> None:
+    pool = builders.Pool("p", NS, parse_spec({"model": {"name": "m"}}))
+    assert any(o["kind"] == "NetworkPolicy" for o in builders.build_children(pool))
