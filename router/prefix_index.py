@@ -61,7 +61,7 @@ from poolpilot.router.prefix_source import PromptKeys
 
 CHUNK_CHARS = 128
 BLOCK_TOKENS = CHUNK_CHARS // CHARS_PER_TOKEN
-DEFAULT_MAX_ENTRIES = 131072  # keys: ~4M prompt tokens of prefixes, ~40 MB
+DEFAULT_MAX_ENTRIES = 131072  # keys: ~4M prompt tokens of prefixes, ~45 MB (measured)
 DEFAULT_TTL_S = 300.0
 DEFAULT_BALANCE = 1.25
 
