@@ -1,4 +1,4 @@
-"""Discrete-event simulation of a whole pool: engines, a least-loaded router, KV handoffs.
+"""Discrete-event simulation of a whole pool: engines, the router's selection, KV handoffs.
 
 No sleeping, no HTTP: the same scheduler and step-time model as the HTTP engine simulator,
 driven by an event queue in simulated seconds.
@@ -32,6 +32,17 @@ given to prefill locally, until their first token; the mixed-step cost is the si
 step model (the router uses the measured H200 table). Decode engines then size each
 step's prompt chunk from the ITL budget (`EngineConfig.itl_budget`): the step of a decode batch
 plus a prefill chunk is priced as one mixed step.
+
+Routing (`routing="least-loaded"` (default) or `"prefix-aware"`): how the router picks the
+prefill engine (P/D), the aggregated engine and, for local prefill, the decode engine. With
+prefix-aware it is the router's own rule, `poolpilot.router.prefix_index.choose` (bounded
+loads, least expected work), fed each ready engine's requests in flight and the prompt tokens
+the router expects it to hold: its record of where it sent which `hash_ids` (an
+`ApproximateIndex` of 512-token blocks, bounded like the router's), recorded when it sends a
+request (the real router records on the engine's 2xx, for a prefill at its answer). The
+local-prefill rule gets the same expected hits (`cached_tokens`). P/D decode steps go to the
+least-loaded decode engine either way; `prefix_choices` counts the choices by reason, as the
+router's `poolpilot_router_prefix_choices_total` does.
 
 Replicas: `add_replica(role, ready_at)` serves from `ready_at` (a cold start);
 `remove_replica(role)` removes a starting replica at once if there is one, else drains the
