@@ -14,6 +14,7 @@ the docs:
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import re
 import subprocess
@@ -153,9 +154,12 @@ def test_documented_command_and_its_flags_exist(doc: str, command: str,
 
 
 def _named_modules() -> list[tuple[str, str]]:
-    """`poolpilot.x.y` names in the docs, but for the API group and the chart's rule groups."""
+    """`poolpilot.x.y` names in the docs, but for the API group, the chart's rule groups and
+    the chart's values as an umbrella chart names them (`condition: poolpilot.enabled`)."""
     rules = yaml.safe_load((ROOT / "charts/poolpilot/files/prometheus-rules.yaml").read_text())
     not_modules = {group["name"] for group in rules["groups"]}
+    schema = json.loads((ROOT / "charts/poolpilot/values.schema.json").read_text())
+    not_modules |= {f"poolpilot.{key}" for key in schema["properties"]}
     found = set()
     for doc in DOCS:
         text = doc.read_text()
