@@ -5,6 +5,7 @@ message carries the real values, `kubectl get` has an Engine column for Aggregat
 
 from __future__ import annotations
 
+import json
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -88,12 +89,19 @@ def columns(text: str) -> dict[str, str]:
 def test_engine_and_wide_columns(kubectl: Kubectl) -> None:
     pool = example("agg")
     kubectl.apply(pool)
+    endpoint = "http://agg-router.serving.svc:8000/v1"
+    status = {"engine": {"summary": "2/3"}, "endpoint": endpoint, "conditions": [
+        {"type": "Ready", "status": "False", "reason": "PodsPending", "message": "engine 2/3",
+         "lastTransitionTime": "2026-01-01T00:00:00Z", "observedGeneration": 1}]}
     kubectl("patch", "ipool", "agg", "-n", "serving", "--subresource=status", "--type=merge",
-            "-p", '{"status": {"engine": {"summary": "2/3"}}}')
+            "-p", json.dumps({"status": status}))
     cells = columns(kubectl("get", "ipool", "agg", "-n", "serving"))
-    assert list(cells) == ["NAME", "MODE", "PREFILL", "DECODE", "ENGINE", "TTFT", "READY", "AGE"]
-    assert (cells["MODE"], cells["PREFILL"], cells["ENGINE"]) == ("Aggregated", "", "2/3")
+    # The Engine column only with -o wide: it would be blank on every Disaggregated pool.
+    assert list(cells) == ["NAME", "MODE", "PREFILL", "DECODE", "TTFT", "READY", "REASON", "AGE"]
+    assert (cells["MODE"], cells["PREFILL"], cells["READY"], cells["REASON"]) == (
+        "Aggregated", "", "False", "PodsPending")
     wide = columns(kubectl("get", "ipool", "agg", "-n", "serving", "-o", "wide"))
+    assert (wide["ENGINE"], wide["ENDPOINT"]) == ("2/3", endpoint)
     slo = pool["spec"].get("slo", {})
     assert (wide["MODEL"], wide["CONNECTOR"], wide["TTFT-SLO"], wide["ITL-SLO"]) == (
         pool["spec"]["model"]["name"], "NixlConnector",

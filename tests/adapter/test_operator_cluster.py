@@ -152,7 +152,7 @@ def test_example_pool_gets_its_children_and_printer_columns(cluster: Cluster,
     # Autoscaling applies: replicas came from the scale subresource, not from our apply.
     assert found[("Deployment", "llama-8b-decode")]["spec"]["replicas"] == 2
     headers = k("get", "ipool", "-n", "serving").splitlines()[0].split()
-    assert headers[:7] == ["NAME", "MODE", "PREFILL", "DECODE", "ENGINE", "TTFT", "READY"]
+    assert headers[:7] == ["NAME", "MODE", "PREFILL", "DECODE", "TTFT", "READY", "REASON"]
     row = k("get", "ipool", "llama-8b", "-n", "serving", "--no-headers").split()
     assert row[:4] == ["llama-8b", "Disaggregated", "0/1", "0/2"]
     assert row[4] == "False"  # no TTFT yet (empty column), Ready False: no pods run
