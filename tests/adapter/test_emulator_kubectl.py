@@ -78,11 +78,11 @@ def test_apply_example_and_get_printer_columns(kubectl: Kubectl) -> None:
                         "message": "decode 1/2 ready", "lastTransitionTime":
                         "2026-01-01T00:00:00Z"}]}}, namespace="serving", subresource="status")
     table = kubectl.run("get", "ipool", "-A").stdout.splitlines()
-    assert table[0].split() == ["NAMESPACE", "NAME", "MODE", "PREFILL", "DECODE", "ENGINE",
-                                "TTFT", "READY", "AGE"]
+    assert table[0].split() == ["NAMESPACE", "NAME", "MODE", "PREFILL", "DECODE", "TTFT",
+                                "READY", "REASON", "AGE"]
     row = table[1].split()
     assert row[:5] == ["serving", "llama-8b", "Disaggregated", "1/1", "1/2"]
-    assert row[5] == "False"  # TTFT is empty until the autoscaler measures it
+    assert row[5:7] == ["False", "PodsPending"]  # TTFT is empty until the autoscaler measures it
     listed = kubectl.json("get", "inferencepools.poolpilot.dev", "-n", "serving")
     assert [i["metadata"]["name"] for i in listed["items"]] == ["llama-8b"]
     by_category = kubectl.run("get", "poolpilot", "-n", "serving").stdout
