@@ -608,6 +608,7 @@ def build_router_deployment(pool: Pool, caps: Capabilities | None = None) -> Obj
         "command": [
             *("poolpilot", "router", "--host", "0.0.0.0", "--port", str(names.ROUTER_PORT)),
             *("--discover", "kubernetes", "--namespace", pool.namespace, "--pool", pool.name),
+            *(("--pool-uid", pool.uid) if pool.uid else ()),  # discovery's pod selector
             *(("--api-key-file", f"{ROUTER_KEYS_DIR}/{ROUTER_KEYS_FILE}")
               if spec.router.api_key_secret else ()),
             "--prefix-routing", str(spec.router.prefix_routing).lower(),

@@ -381,6 +381,10 @@ class Router:
 
     async def handle_models(self, request: web.Request) -> web.Response:
         assert self.session is not None
+        _, denied = self._client(request)  # every /v1/* route is behind the keys
+        if denied is not None:
+            self.metrics.observe_request(401)
+            return denied
         role = "decode" if self.config.mode == DISAGGREGATED else "engine"
         tried: list[str] = []
         for _ in range(self.config.max_attempts):

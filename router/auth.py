@@ -81,7 +81,12 @@ class ApiKeys:
         token = token.strip()
         if scheme.lower() != "bearer" or not token:
             return None
-        given = token.encode()
+        # aiohttp keeps a header's non-UTF-8 bytes as surrogates: such a key is simply wrong
+        # (a 401), never an encoding error.
+        try:
+            given = token.encode("utf-8", "surrogateescape")
+        except UnicodeEncodeError:
+            return None
         ok = False
         for key in (*self.static, *self._file_keys):
             ok |= hmac.compare_digest(given, key.encode())

@@ -12,6 +12,11 @@ the pods it is about to remove `poolpilot.dev/draining: "true"` (with the pod-de
 that makes the ReplicaSet controller take them). An endpoint whose pod is marked gets no new
 request (those in flight finish), unless every endpoint of its role is marked: a role is never
 left with nothing to send to on a mark alone.
+
+Only the operator sets `poolpilot.dev/pool-uid` on the pods it creates, and the Services
+select by it (docs/operator.md), so the EndpointSlices hold only the pool's own pods; with
+`--pool-uid` the pod watch selects by it too, so a stray pod labelled {pool, role} is not
+even read.
 """
 
 from __future__ import annotations
@@ -21,7 +26,14 @@ import logging
 from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Any
 
-from poolpilot.names import DRAINING, ENGINE_PORT, ENGINE_ROLES, POOL_LABEL, child_name
+from poolpilot.names import (
+    DRAINING,
+    ENGINE_PORT,
+    ENGINE_ROLES,
+    POOL_LABEL,
+    POOL_UID_LABEL,
+    child_name,
+)
 
 log = logging.getLogger("poolpilot.router.discovery")
 SERVICE_LABEL = "kubernetes.io/service-name"
@@ -84,6 +96,12 @@ def draining_pods(pods: Iterable[Mapping[str, Any]]) -> frozenset[str]:
                          DRAINING) == "true")
 
 
+def pod_selector(pool: str, pool_uid: str | None = None) -> str:
+    """The pool's pods: by the operator's uid label as well as the pool's name when known."""
+    selector = f"{POOL_LABEL}={pool}"
+    return f"{selector},{POOL_UID_LABEL}={pool_uid}" if pool_uid else selector
+
+
 def label_selector(pool: str) -> str:
     services = ",".join(child_name(pool, role) for role in ENGINE_ROLES)
     return f"{SERVICE_LABEL} in ({services})"
@@ -96,8 +114,9 @@ class KubernetesDiscovery:
     def __init__(
         self, namespace: str, pool: str, on_change: OnChange, kubeconfig: str | None = None,
         relist_delay_s: float = 1.0, request_timeout_s: float = 10.0,
-        watch_timeout_s: int = 300,
+        watch_timeout_s: int = 300, pool_uid: str | None = None,
     ) -> None:
+        self.pool_uid = pool_uid
         self.namespace = namespace
         self.pool = pool
         self.on_change = on_change
@@ -143,7 +162,7 @@ class KubernetesDiscovery:
         if what == "slices":
             api_version, kind, selector = SLICE_API, "EndpointSlice", label_selector(self.pool)
         else:
-            api_version, kind, selector = "v1", "Pod", f"{POOL_LABEL}={self.pool}"
+            api_version, kind, selector = "v1", "Pod", pod_selector(self.pool, self.pool_uid)
         while True:
             try:
                 items, rv = await kube.list_with_version(

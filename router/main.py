@@ -19,6 +19,7 @@ import os
 import signal
 import sys
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import uvloop
 from aiohttp import web
@@ -63,10 +64,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(default $POOLPILOT_ROUTER_CONFIG)",
     )
     parser.add_argument("--pool", help="pool name: the metrics label; required with --discover")
+    parser.add_argument("--pool-uid", help="the InferencePool's uid (with --discover): only "
+                        "pods carrying poolpilot.dev/pool-uid=UID count as the pool's")
     lim = parser.add_argument_group("limits")
     lim.add_argument("--max-request-bytes", type=int, default=8 * 1024 * 1024,
                      help="largest request body accepted; larger ones get 413 (default 8 MiB)")
     lim.add_argument("--request-timeout", type=float, default=600.0, help="seconds, whole request")
+    lim.add_argument("--keepalive-timeout", type=float, default=75.0,
+                     help="seconds an idle client connection stays open between requests")
     lim.add_argument("--idle-timeout", type=float, default=120.0,
                      help="seconds an engine may stay silent mid-response")
     lim.add_argument("--connect-timeout", type=float, default=handoff.ROUTER_CONNECT_TIMEOUT_S,
@@ -236,6 +241,11 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
         raise UsageError(str(exc)) from exc
     if args.max_concurrent_per_client < 0:
         raise UsageError("--max-concurrent-per-client: must be >= 0 (0: no limit)")
+    check_numbers(args)
+    for role, urls in static.items():
+        for url in urls:
+            if not url_ok(url):
+                raise UsageError(f"--{role} {url}: not an http(s)://host[:port] URL")
     keys = [*args.api_key]
     if not keys and os.environ.get("POOLPILOT_ROUTER_API_KEY"):
         keys = [os.environ["POOLPILOT_ROUTER_API_KEY"]]
@@ -265,6 +275,49 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
         prefix_max_entries=args.prefix_max_entries,
         prefix_ttl_s=args.prefix_ttl,
     )
+
+
+# (flag, attribute, lowest allowed, whether the lowest is allowed): a zero or negative limit
+# would turn the limit off or make every request fail, so each is refused at start-up.
+NUMBER_FLAGS: tuple[tuple[str, str, float, bool], ...] = (
+    ("--max-request-bytes", "max_request_bytes", 1, True),
+    ("--request-timeout", "request_timeout", 0, False),
+    ("--idle-timeout", "idle_timeout", 0, False),
+    ("--connect-timeout", "connect_timeout", 0, False),
+    ("--drain-timeout", "drain_timeout", 0, True),
+    ("--health-interval", "health_interval", 0, False),
+    ("--eject-after", "eject_after", 1, True),
+    ("--ramp-seconds", "ramp_seconds", 0, True),
+    ("--keepalive-timeout", "keepalive_timeout", 0, False),
+    ("--ttft-target", "ttft_target", 0, False),
+    ("--itl-target", "itl_target", 0, False),
+    ("--prefill-tokens-per-s", "prefill_tokens_per_s", 0, False),
+)
+
+
+def check_numbers(args: argparse.Namespace) -> None:
+    """One line naming the flag for a number out of range (NaN and infinity included)."""
+    for flag, attr, low, inclusive in NUMBER_FLAGS:
+        value = getattr(args, attr, None)
+        if value is None:
+            continue
+        number = float(value)
+        ok = (number >= low if inclusive else number > low) and number < float("inf")
+        if not ok:
+            bound = f">= {low:g}" if inclusive else f"> {low:g}"
+            raise UsageError(f"{flag} {value}: must be {bound}")
+
+
+def url_ok(url: str) -> bool:
+    """An engine URL the router can call: http(s), a host, a port in range, nothing after."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:
+        return False
+    return (parts.scheme in ("http", "https") and bool(parts.hostname)
+            and (port is None or 0 < port < 65536) and parts.path in ("", "/")
+            and not parts.query and not parts.fragment and " " not in url)
 
 
 def local_prefill_policy(args: argparse.Namespace) -> lp.LocalPrefillPolicy | None:
@@ -321,7 +374,11 @@ async def serve(args: argparse.Namespace, config: RouterConfig, port: int | None
     if not args.discover:
         for role in config.roles():
             router.set_endpoints(role, parse_urls(getattr(args, role)), initial=True)
-    runner = web.AppRunner(router.build_app(), handler_cancellation=True, access_log=None)
+    if config.api_keys is None and ready_fd is None:
+        log.warning("WARNING: no API key (--api-key / --api-key-file / $POOLPILOT_ROUTER_API_"
+                    "KEY): anyone who reaches this port can send prompts")
+    runner = web.AppRunner(router.build_app(), handler_cancellation=True, access_log=None,
+                           keepalive_timeout=args.keepalive_timeout)
     await runner.setup()
     site = web.TCPSite(runner, args.host, args.port if port is None else port,
                        shutdown_timeout=config.drain_timeout_s, reuse_port=ready_fd is not None)
@@ -329,7 +386,8 @@ async def serve(args: argparse.Namespace, config: RouterConfig, port: int | None
     discovery_task = None
     if args.discover:
         discovery = KubernetesDiscovery(
-            args.namespace, args.pool, router.set_endpoints, kubeconfig=args.kubeconfig
+            args.namespace, args.pool, router.set_endpoints, kubeconfig=args.kubeconfig,
+            pool_uid=args.pool_uid,
         )
         router.discovering = True  # /health answers 503 until the engines are known
         discovery_task = asyncio.gather(discovery.run(), _healthy_once_synced(router, discovery))

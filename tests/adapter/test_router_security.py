@@ -167,3 +167,38 @@ def test_a_stream_that_delivered_done_is_a_success_when_the_client_closes_at_onc
                    "every request recorded")
         page = httpx.get(r.url + "/metrics").text
         assert metric_value(page, "poolpilot_router_requests_total", {"code": "200"}) == 20
+
+
+def raw_status(url: str, path: str, authorization: bytes) -> int:
+    """The status for a request whose Authorization header carries raw bytes (httpx would
+    refuse to send non-ASCII)."""
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as s:
+        s.sendall(b"POST " + path.encode() + b" HTTP/1.1\r\nHost: x\r\nAuthorization: "
+                  + authorization + b"\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}")
+        head = s.recv(4096)
+    return int(head.split(b" ", 2)[1])
+
+
+def test_every_v1_route_needs_the_key_and_a_malformed_header_is_a_counted_401() -> None:
+    with (
+        running(start_fake_engine("E")) as (e,),
+        running(start_router("--engine", e.url, "--api-key", "k1", *FAST)) as (r,),
+    ):
+        assert_openai_error(httpx.get(r.url + "/v1/models"), 401)
+        ok = httpx.get(r.url + "/v1/models", headers={"Authorization": "Bearer k1"})
+        assert ok.status_code == 200
+        for header in (b"Bearer \xff\xfe\x80", b"\xc3\x28", b"k1", b"Bearer"):
+            assert raw_status(r.url, "/v1/completions", header) == 401
+        page = httpx.get(r.url + "/metrics").text
+        assert metric_value(page, "poolpilot_router_requests_total", {"code": "401"}) == 5
+
+
+def test_a_router_without_keys_warns_at_start() -> None:
+    with (
+        running(start_fake_engine("E")) as (e,),
+        running(start_router("--engine", e.url, *FAST)) as (r,),
+    ):
+        assert httpx.get(r.url + "/health").status_code == 200
+        assert r.output is not None
+        wait_until(lambda: "WARNING: no API key" in r.output.text(), 10, "the warning")

@@ -315,6 +315,7 @@ def test_router_pod_contract() -> None:
     assert c["command"] == [
         "poolpilot", "router", "--host", "0.0.0.0", "--port", "8000",
         "--discover", "kubernetes", "--namespace", "ns", "--pool", "p",
+        *(("--pool-uid", pool.uid) if pool.uid else ()),  # the pods' selector in discovery
         "--prefix-routing", "approximate",
     ]  # fmt: skip
     config = json.loads(builders.build_router_configmap(pool)["data"]["router.json"])

@@ -1,0 +1,96 @@
+"""The router's start-up checks: every numeric flag and engine URL out of range is refused
+with one line naming the flag (a zero byte limit used to turn the limit off, a zero
+--eject-after to eject on nothing), and discovery's pod selector."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from poolpilot.router.auth import ApiKeys
+from poolpilot.router.discovery import pod_selector
+from poolpilot.router.main import UsageError, add_arguments, config_from_args, url_ok
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+@dataclass(frozen=True)
+class FlagCase:
+    id: str
+    argv: tuple[str, ...]
+    flag: str  # named at the start of the error line
+
+
+BAD_FLAGS = [
+    FlagCase("zero-body-limit", ("--max-request-bytes", "0"), "--max-request-bytes 0"),
+    FlagCase("negative-request-timeout", ("--request-timeout", "-1"), "--request-timeout"),
+    FlagCase("zero-idle-timeout", ("--idle-timeout", "0"), "--idle-timeout"),
+    FlagCase("nan-connect-timeout", ("--connect-timeout", "nan"), "--connect-timeout"),
+    FlagCase("negative-drain", ("--drain-timeout", "-5"), "--drain-timeout"),
+    FlagCase("eject-after-zero", ("--eject-after", "0"), "--eject-after 0"),
+    FlagCase("infinite-health-interval", ("--health-interval", "inf"), "--health-interval"),
+    FlagCase("zero-keepalive", ("--keepalive-timeout", "0"), "--keepalive-timeout"),
+    FlagCase("negative-ttft-target", ("--ttft-target", "-0.5"), "--ttft-target"),
+    FlagCase("zero-itl-target", ("--itl-target", "0"), "--itl-target"),
+    FlagCase("url-port-out-of-range", ("--decode", "http://d:99999"), "--decode"),
+    FlagCase("url-with-path", ("--decode", "http://d:8000/v1"), "--decode"),
+    FlagCase("url-bad-scheme", ("--decode", "ftp://d:8000"), "--decode"),
+    FlagCase("url-no-host", ("--decode", "http://:8000"), "--decode"),
+]
+
+
+@pytest.mark.parametrize("case", BAD_FLAGS, ids=[c.id for c in BAD_FLAGS])
+def test_a_bad_flag_is_refused_naming_it(case: FlagCase) -> None:
+    argv = ("--prefill", "http://p:8000", "--decode", "http://d:8000", *case.argv)
+    with pytest.raises(UsageError) as err:
+        config_from_args(parse(*argv))
+    message = str(err.value)
+    assert message.startswith(case.flag) and "\n" not in message
+
+
+def test_the_defaults_and_edge_values_pass() -> None:
+    config = config_from_args(parse("--prefill", "p:8000", "--decode", "https://[::1]:9",
+                                    "--ramp-seconds", "0", "--drain-timeout", "0",
+                                    "--eject-after", "1", "--max-request-bytes", "1"))
+    assert config.max_request_bytes == 1 and config.balancer.eject_after == 1
+
+
+@given(st.text(max_size=40))
+def test_url_ok_never_raises(text: str) -> None:
+    assert url_ok(text) in (True, False)
+
+
+def test_the_pod_watch_selects_by_the_operators_uid_label_when_known() -> None:
+    assert pod_selector("llama") == "poolpilot.dev/pool=llama"
+    assert (pod_selector("llama", "0b1c")
+            == "poolpilot.dev/pool=llama,poolpilot.dev/pool-uid=0b1c")
+
+
+@dataclass(frozen=True)
+class HeaderCase:
+    id: str
+    header: str | None
+
+
+MALFORMED = [
+    HeaderCase("missing", None),
+    HeaderCase("no-scheme", "k1"),
+    HeaderCase("basic-scheme", "Basic k1"),
+    HeaderCase("scheme-only", "Bearer"),
+    HeaderCase("non-utf8-as-aiohttp-decodes-it", b"Bearer \xff\xfek1".decode("utf-8",
+                                                                            "surrogateescape")),
+    HeaderCase("lone-surrogate", "Bearer \ud800"),
+]
+
+
+@pytest.mark.parametrize("case", MALFORMED, ids=[c.id for c in MALFORMED])
+def test_a_malformed_authorization_header_is_no_client(case: HeaderCase) -> None:
+    assert ApiKeys(["k1"]).client(case.header) is None
+    assert ApiKeys(["k1"]).client("Bearer k1") is not None
