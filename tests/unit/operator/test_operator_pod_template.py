@@ -10,6 +10,8 @@ from typing import Any
 
 import kubernetes_validate
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from poolpilot.operator import builders, render
 
 from poolpilot import api, names
@@ -321,3 +323,28 @@ def test_every_volume_the_operator_renders_is_one_templates_may_not_take() -> No
     rendered.update({m["name"]: m["mountPath"] for m in
                      _container(builders.build_engine_deployment(pvc, "decode"))["volumeMounts"]})
     assert rendered == api.OWNED_VOLUMES
+
+
+_KEYS = st.from_regex(r"\A([a-z]{1,8}\.)?[a-z]{1,8}/?[a-z][a-z0-9-]{0,10}[a-z0-9]\Z")
+_VALUES = st.from_regex(r"\A([A-Za-z0-9]([-A-Za-z0-9_.]{0,20}[A-Za-z0-9])?)?\Z")
+
+
+@settings(max_examples=60, deadline=None)
+@given(pool_labels=st.dictionaries(_KEYS, _VALUES, max_size=4),
+       role_labels=st.dictionaries(_KEYS, _VALUES, max_size=4),
+       role=st.sampled_from(["prefill", "decode"]))
+def test_no_template_label_can_take_a_pod_out_of_its_services(
+        pool_labels: dict[str, str], role_labels: dict[str, str], role: str) -> None:
+    """Whatever labels the templates add, the role's Service, budget and policies still select
+    its pods, and every added label is on them (the role's winning)."""
+    try:
+        pool = _pool({"podTemplate": {"metadata": {"labels": pool_labels}},
+                      role: {"podTemplate": {"metadata": {"labels": role_labels}}}})
+    except InvalidPool:
+        return  # a key the API refuses (an owned one, or not a qualified name)
+    labels = _template(builders.build_engine_deployment(pool, role))["metadata"]["labels"]
+    service = builders.build_engine_service(pool, role)
+    assert service["spec"]["selector"].items() <= labels.items()
+    assert builders.build_pdb(pool, role)["spec"]["selector"]["matchLabels"].items() \
+        <= labels.items()
+    assert {**pool_labels, **role_labels}.items() <= labels.items()
