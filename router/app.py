@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager, suppress
@@ -81,9 +82,18 @@ class RouterConfig:
     prefix_balance: float = DEFAULT_BALANCE  # the load bound's c
     prefix_max_entries: int = DEFAULT_MAX_ENTRIES  # approximate: keys remembered (LRU)
     prefix_ttl_s: float = DEFAULT_TTL_S  # approximate: how long a sent prefix counts as cached
+    # A prefill engine silent this long (seconds, the router's clock) is hung: the request
+    # moves on and the engine counts a failure. None: only idle_timeout_s bounds it.
+    prefill_deadline_s: float | None = None
+    # Every prefill engine ejected: a decode engine prefills the request (False, with
+    # --local-prefill off: a 503 with Retry-After).
+    local_when_no_prefill: bool = True
 
     def roles(self) -> tuple[str, ...]:
         return ("prefill", "decode") if self.mode == DISAGGREGATED else ("engine",)
+
+
+NO_ENDPOINT = "-"  # UpstreamError.url when no endpoint of the role could be tried
 
 
 class UpstreamError(Exception):
@@ -207,7 +217,11 @@ class Router:
         if config.prefix_routing != "off":
             self.prefix = prefix_source or ApproximateIndex(config.prefix_max_entries,
                                                             config.prefix_ttl_s)
-        self.balancer = Balancer(config.balancer)
+        # P/D: when every prefill (or decode) engine is ejected, local prefill (or a 503 with
+        # Retry-After) instead of waiting on an engine that stopped answering.
+        self.balancer = Balancer(config.balancer, strict_roles=frozenset(
+            ("prefill", "decode") if config.mode == DISAGGREGATED else ()))
+        self._prefill_timeout: aiohttp.ClientTimeout | None = None
         self.metrics = RouterMetrics(config.pool)
         self.session: aiohttp.ClientSession | None = None
         self.draining = False
@@ -270,6 +284,10 @@ class Router:
             connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=10),
             auto_decompress=False,
         )
+        if c.prefill_deadline_s is not None:
+            self._prefill_timeout = aiohttp.ClientTimeout(
+                total=c.request_timeout_s, sock_connect=c.connect_timeout_s,
+                sock_read=min(c.idle_timeout_s, c.prefill_deadline_s))
         if c.health_interval_s > 0:
             self._tasks.append(asyncio.create_task(self._health_loop()))
 
@@ -507,6 +525,10 @@ class Router:
             try:
                 prefill = await self._prefill(path, body, prompt_tokens, prompt)
             except UpstreamError as exc:
+                if exc.url == NO_ENDPOINT and not self.config.local_when_no_prefill:
+                    # Every prefill engine is ejected and local prefill is off: the client
+                    # retries later rather than waiting on an engine that stopped answering.
+                    return self._unavailable(exc.message), 503
                 # Every prefill engine failed (or none is left, e.g. the only one was killed)
                 # and nothing reached the client: a decode engine prefills it instead.
                 log.warning("prefill failed on every prefill engine (%s); retrying with a "
@@ -541,7 +563,14 @@ class Router:
         except UpstreamError as exc:
             # 503: no engine could take it (retry later); 504: timeout; else a bad gateway.
             status = exc.status if exc.status in (503, 504) else 502
+            if status == 503:
+                return self._unavailable(exc.message), 503
             return json_error(status, exc.message, "upstream_error"), status
+
+    def _unavailable(self, message: str) -> web.Response:
+        """503 with Retry-After: about when a health check may have re-admitted an engine."""
+        retry = str(max(1, math.ceil(self.config.health_interval_s)))
+        return json_error(503, message, "upstream_error", headers={"Retry-After": retry})
 
     # -- releasing a prefill's KV --------------------------------------------------------------
 
@@ -716,13 +745,19 @@ class Router:
                 progress.decode_sent, progress.decode_answered = True, False
                 progress.decode_url = endpoint.url
             try:
+                # The prefill answer is one body after the whole prefill: its first byte is
+                # its deadline (the other phases keep the session's idle timeout).
+                deadline = self._prefill_timeout if role == "prefill" else None
                 try:
                     resp = await self.session.post(endpoint.url + path, data=orjson.dumps(body),
-                                                   headers=JSON_HEADERS)
+                                                   headers=JSON_HEADERS,
+                                                   timeout=deadline or self.session.timeout)
                 except (aiohttp.ClientError, TimeoutError) as exc:
                     self._failed(endpoint.url)
                     status = 504 if isinstance(exc, TimeoutError) else 502
-                    last = UpstreamError(endpoint.url, status, f"{role} engine failed: {exc!r}")
+                    why = ("no answer within the prefill deadline" if deadline is not None
+                           and isinstance(exc, TimeoutError) else repr(exc))
+                    last = UpstreamError(endpoint.url, status, f"{role} engine failed: {why}")
                     log.warning("%s", last)
                     continue
                 if progress is not None:
@@ -761,7 +796,7 @@ class Router:
                     self.balancer.add_local_tokens(endpoint.url, -local)
         if last is None:
             engine = "engine" if role == "engine" else f"{role} engine"
-            last = UpstreamError("-", 503, f"no {engine} available")
+            last = UpstreamError(NO_ENDPOINT, 503, f"no {engine} available")
         elif handoff:
             raise HandoffFailed(last)
         raise last

@@ -14,8 +14,9 @@ Ramp-in: an endpoint that joins (scale-up, re-admission) has weight growing line
 `min_weight` to 1 over `ramp_s`, so a cold engine is not flooded the moment it appears.
 Endpoints known at start-up start at full weight.
 
-If every endpoint of a role is ejected, the least-loaded one is used anyway: failing fast
-on all requests is worse than trying (Envoy's panic threshold).
+If every endpoint of a role is ejected, the least-loaded one is used anyway (Envoy's panic
+threshold), except for the roles in `strict_roles`: the P/D router has somewhere better to
+go (local prefill, or a 503 with Retry-After) than an engine that just stopped answering.
 """
 
 from __future__ import annotations
@@ -68,6 +69,7 @@ class Balancer:
     # url (load, health, queue depth) apply to every role it serves: it is one server.
     endpoints: dict[tuple[str, str], Endpoint] = field(default_factory=dict)
     _turns: dict[str, int] = field(default_factory=dict)  # per role, for rotating ties
+    strict_roles: frozenset[str] = frozenset()  # all ejected: no candidate (no panic)
     # Indexes rebuilt when membership changes: every request looks endpoints up several times.
     _by_role: dict[str, list[Endpoint]] = field(default_factory=dict)
     _by_url: dict[str, list[Endpoint]] = field(default_factory=dict)
@@ -114,13 +116,16 @@ class Balancer:
 
     def candidates(self, role: str, now: float, exclude: Iterable[str] = ()) -> list[Endpoint]:
         """The endpoints a request of `role` may go to: the admitted ones not excluded (all
-        of them, ejected too, when none is admitted: panic, try anyway)."""
+        of them, ejected too, when none is admitted: panic, try anyway; none for a role in
+        `strict_roles`)."""
         excluded = set(exclude)
         candidates = [e for e in self.role_endpoints(role) if e.url not in excluded]
         for e in candidates:
             self._maybe_readmit(e, now)
         admitted = [e for e in candidates if not e.ejected()]
-        return admitted or candidates
+        if admitted or role in self.strict_roles:
+            return admitted
+        return candidates
 
     def pick(self, role: str, now: float, exclude: Iterable[str] = ()) -> Endpoint | None:
         pool = self.candidates(role, now, exclude)

@@ -141,6 +141,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      "for the config file's model, if any)")
     loc.add_argument("--ttft-target", type=float,
                      help="seconds (default: the config file's slo.ttft, else 1.0)")
+    loc.add_argument("--prefill-deadline-ttfts", type=float, default=5.0,
+                     help="a prefill engine that has not answered within this many TTFT "
+                     "targets is hung: the request moves to another prefill engine, else "
+                     "to a local prefill, and the engine counts a failure (0: no deadline, "
+                     "only --idle-timeout)")
     loc.add_argument("--itl-target", type=float,
                      help="decode ITL budget in seconds (default: the config file's slo.itl, "
                      "else 0.05)")
@@ -241,7 +246,7 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
         raise UsageError(str(exc)) from exc
     if args.max_concurrent_per_client < 0:
         raise UsageError("--max-concurrent-per-client: must be >= 0 (0: no limit)")
-    check_numbers(args)
+    check_numbers(args)  # (--ttft-target and --itl-target: local_prefill_policy)
     for role, urls in static.items():
         for url in urls:
             if not url_ok(url):
@@ -274,6 +279,8 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
         prefix_balance=args.prefix_balance,
         prefix_max_entries=args.prefix_max_entries,
         prefix_ttl_s=args.prefix_ttl,
+        prefill_deadline_s=prefill_deadline(args),
+        local_when_no_prefill=args.local_prefill != "off",
     )
 
 
@@ -289,8 +296,7 @@ NUMBER_FLAGS: tuple[tuple[str, str, float, bool], ...] = (
     ("--eject-after", "eject_after", 1, True),
     ("--ramp-seconds", "ramp_seconds", 0, True),
     ("--keepalive-timeout", "keepalive_timeout", 0, False),
-    ("--ttft-target", "ttft_target", 0, False),
-    ("--itl-target", "itl_target", 0, False),
+    ("--prefill-deadline-ttfts", "prefill_deadline_ttfts", 0, True),
     ("--prefill-tokens-per-s", "prefill_tokens_per_s", 0, False),
 )
 
@@ -301,7 +307,10 @@ def check_numbers(args: argparse.Namespace) -> None:
         value = getattr(args, attr, None)
         if value is None:
             continue
-        number = float(value)
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            raise UsageError(f"{flag} {value!r}: must be a number") from None
         ok = (number >= low if inclusive else number > low) and number < float("inf")
         if not ok:
             bound = f">= {low:g}" if inclusive else f"> {low:g}"
@@ -332,6 +341,14 @@ def local_prefill_policy(args: argparse.Namespace) -> lp.LocalPrefillPolicy | No
         return None
     return lp.LocalPrefillPolicy(ttft_s=float(ttft), itl_s=float(itl),
                                  cost=lp.PRESETS[args.local_prefill_profile])
+
+
+def prefill_deadline(args: argparse.Namespace) -> float | None:
+    """Seconds (of the router's clock: target / --speed) a prefill may take to answer."""
+    if not args.prefill_deadline_ttfts:
+        return None
+    ttft = 1.0 if args.ttft_target is None else float(args.ttft_target)
+    return float(args.prefill_deadline_ttfts) * ttft / float(args.speed)
 
 
 def prefill_seed(args: argparse.Namespace) -> float:

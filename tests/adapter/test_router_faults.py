@@ -309,3 +309,72 @@ def test_speed_reports_latencies_in_simulated_seconds() -> None:
         # Any HTTP round trip takes more than 10 microseconds of real time, and the router
         # cannot have seen more time than the client did.
         assert 1e-5 * speed <= recorded <= wall * speed
+
+
+# A prefill deadline of 2 TTFT targets of 0.5 s (1 s) against an idle timeout of 60 s: a
+# request held past the deadline would outlive the client's 30 s timeout.
+DEADLINE = ("--ttft-target", "0.5", "--prefill-deadline-ttfts", "2", "--idle-timeout", "60",
+            "--eject-after", "1", "--health-interval", "30", "--ramp-seconds", "0")
+
+
+def test_a_hung_prefill_engine_is_left_on_the_deadline_for_the_other() -> None:
+    engines = [start_fake_engine("P1"), start_fake_engine("P2"), start_fake_engine("D")]
+    with (
+        running(*engines) as (p1, p2, d),
+        running(start_router("--prefill", f"{p1.url},{p2.url}", "--decode", d.url,
+                             *DEADLINE)) as (r,),
+    ):
+        p1.popen.send_signal(signal.SIGSTOP)  # alive, accepting connections, not answering
+        try:
+            for stream in (False, True, False, True):
+                resp = completion(r.url, stream=stream, max_tokens=3)
+                assert resp.status_code == 200, resp.text
+            assert r.output is not None
+            assert (f"{p1.url}: prefill engine failed: no answer within the prefill deadline"
+                    in r.output.text())
+            assert stats(p2)["completed"] >= 4  # every request's prefill, none lost
+            ready = httpx.get(r.url + "/ready")
+            assert ready.status_code == 200  # P2 is left: the role is still served
+        finally:
+            p1.popen.send_signal(signal.SIGCONT)
+
+
+def test_every_prefill_engine_hung_goes_local_then_503_with_retry_after_when_local_is_off() \
+        -> None:
+    with (
+        running(start_fake_engine("P"), start_fake_engine("D")) as (p, d),
+        running(start_router("--prefill", p.url, "--decode", d.url, "--local-prefill", "off",
+                             *DEADLINE)) as (r,),
+    ):
+        p.popen.send_signal(signal.SIGSTOP)
+        try:
+            # The deadline fails the prefill step: the decode engine prefills it itself.
+            first = completion(r.url, max_tokens=3)
+            assert first.status_code == 200, first.text
+            page = httpx.get(r.url + "/metrics").text
+            assert metric_value(page, "poolpilot_router_local_prefill_total",
+                                {"reason": "prefill_failed"}) == 1
+            # Now ejected, and local prefill is off: no waiting on it, a retryable 503.
+            assert httpx.get(r.url + "/ready").status_code == 503
+            second = completion(r.url, max_tokens=3)
+            assert second.status_code == 503, second.text
+            assert second.headers["Retry-After"] == "30"
+            assert "no prefill engine available" in second.json()["error"]["message"]
+        finally:
+            p.popen.send_signal(signal.SIGCONT)
+
+
+def test_every_decode_engine_ejected_is_a_503_not_a_wait() -> None:
+    with (
+        running(start_fake_engine("P"), start_fake_engine("D")) as (p, d),
+        running(start_router("--prefill", p.url, "--decode", d.url, *DEADLINE,
+                             "--health-interval", "0.5")) as (r,),
+    ):
+        d.popen.send_signal(signal.SIGSTOP)
+        try:
+            wait_until(lambda: httpx.get(r.url + "/ready", timeout=5).status_code == 503, 60,
+                       "the health check to eject the hung decode engine")
+            resp = completion(r.url, max_tokens=3)
+            assert resp.status_code == 503 and "Retry-After" in resp.headers, resp.text
+        finally:
+            d.popen.send_signal(signal.SIGCONT)

@@ -103,6 +103,20 @@ def test_all_ejected_still_picks_one_rather_than_failing() -> None:
     assert b.pick("decode", 0.5) is not None
 
 
+def test_a_strict_role_with_every_endpoint_ejected_has_no_candidate() -> None:
+    # The P/D router's prefill and decode roles: local prefill or a 503, never a hung engine.
+    b = make(["a", "b"], eject_after=1)
+    b.strict_roles = frozenset({"decode"})
+    b.report_failure("a", 0.0)
+    assert b.pick("decode", 0.5).url == "b"  # type: ignore[union-attr]
+    b.report_failure("b", 0.0)
+    assert b.pick("decode", 0.5) is None
+    assert b.pick_by_prefix("decode", 0.5, lambda urls: [0] * len(urls), 10, 1.5) is None
+    b.report_health("a", ok=True, now=1.0)  # too early: still ejected
+    assert b.pick("decode", 1.0) is None
+    assert b.pick("decode", 10.0) is not None  # back-offs over: re-admitted on probation
+
+
 def test_backoff_expiry_readmits_on_probation_without_health_checks() -> None:
     b = make(["a", "b"], eject_after=2, base_eject_s=1.0, ramp_s=0)
     b.report_failure("a", 0.0)
