@@ -34,9 +34,11 @@ from poolpilot.bench.static_min import PASS_GOAL, Probe, search_static_min
 from poolpilot.bench.sweeps import parse_policy_spec, split_specs, variant_name, with_sweeps
 from poolpilot.bench.workload import first_seconds, scale_load
 from poolpilot.engine_sim.des import ROUTING
+from poolpilot.engine_sim.hardware import GPUS
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+from poolpilot import cli
 from poolpilot.traces import FORMATS, TraceError, TraceRequest, ideal_prefix_hit_rate, load_trace
 from poolpilot.validate import InvalidPool, parse_spec
 
@@ -61,7 +63,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--format", choices=FORMATS, default=None,
                    help="trace format (default: detected from the file)")
     p.add_argument("--model", default="llama-3.1-8b", help="model shape (engine simulator)")
-    p.add_argument("--gpu", default="h200", help="GPU kind (engine simulator)")
+    cli.add_gpu(p, GPUS)
     p.add_argument("--tensor-parallel", type=int, default=1,
                    help="GPUs per engine replica (default 1)")
     p.add_argument("--slo-ttft", type=float, default=1.0, help="TTFT target, seconds (1.0)")

@@ -14,7 +14,9 @@ from poolpilot.emulator.server import KubeEmulator
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback)")
     parser.add_argument("--port", type=int, default=0, help="port (0: a free one, printed)")
-    parser.add_argument("--kubeconfig", type=Path, help="write a kubeconfig for it here")
+    parser.add_argument("--write-kubeconfig", type=Path, metavar="FILE",
+                        help="write a kubeconfig for it here (for kubectl and the components' "
+                        "--kubeconfig)")
     parser.add_argument("--namespace", default="default",
                         help="the kubeconfig's default namespace")
     parser.add_argument("--crd", type=Path, action="append", default=[],
@@ -39,8 +41,8 @@ async def _serve(args: argparse.Namespace) -> int:
             for doc in yaml.safe_load_all(path.read_text()):
                 if doc:
                     emu.apply(doc, manager="poolpilot-emulator")
-        if args.kubeconfig:
-            emu.write_kubeconfig(args.kubeconfig, namespace=args.namespace)
+        if args.write_kubeconfig:
+            emu.write_kubeconfig(args.write_kubeconfig, namespace=args.namespace)
         print(emu.url, flush=True)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()

@@ -19,7 +19,10 @@ from typing import Any
 
 import numpy as np
 
+from poolpilot import cli
+
 from .batching import measure
+from .hardware import GPUS
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -37,7 +40,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="only the first S seconds of the trace")
     t.add_argument("--model", default="llama-3.1-8b",
                    help="model shape the roofline times (default llama-3.1-8b)")
-    t.add_argument("--gpu", default="h200", help="a100, h100, h200 or l40s (default h200)")
+    cli.add_gpu(t, GPUS)
     t.add_argument("--tensor-parallel", type=int, default=1,
                    help="GPUs per engine (default 1)")
     t.add_argument("--mode", choices=["disaggregated", "aggregated"], default="disaggregated",

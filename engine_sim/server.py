@@ -43,7 +43,7 @@ import sys
 import time
 import uuid
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import aiohttp
@@ -55,11 +55,12 @@ from prometheus_client.core import (
     HistogramMetricFamily,
 )
 
+from poolpilot import cli
 from poolpilot import metrics as m
 
 from . import protocol as p
 from .engine import EngineConfig, EngineCore, Outcome, canonical_role
-from .hardware import StepModel, UnknownHardware, make_step_model
+from .hardware import GPUS, StepModel, UnknownHardware, make_step_model
 from .prefix_cache import chain_hashes
 from .scheduler import Seq
 from .stats import GAUGES, HELP
@@ -253,35 +254,64 @@ def build_collector(engine: SimEngine, served: str) -> Any:
     return EngineCollector()
 
 
+@dataclass(frozen=True)
+class SimServerConfig:
+    """What `poolpilot engine-sim` serves: one field per option, the options' defaults."""
+
+    model: str = "llama-3.1-8b"
+    gpu: str = "h200"
+    tensor_parallel: int = 1
+    role: str = "aggregated"
+    host: str = "127.0.0.1"
+    port: int = 8000
+    speed: float = 1.0
+    served_name: str | None = None
+    max_model_len: int | None = None
+    max_num_batched_tokens: int = 8192
+    max_num_seqs: int = 256
+    gpu_memory_utilization: float = 0.9
+    block_size: int = 16
+    enable_prefix_caching: bool = True
+    mean_output_tokens: float = 256.0
+    seed: int = 0
+    engine_id: str | None = None
+    kv_lease_seconds: float = KV_LEASE_DEFAULT
+    itl_budget: float | None = None
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> SimServerConfig:
+        return cls(**{f.name: getattr(args, f.name) for f in fields(cls)})
+
+
 class SimServer:
-    def __init__(self, args: argparse.Namespace) -> None:
-        self.args = args
-        self.step_model = make_step_model(args.model, args.gpu, args.tensor_parallel)
-        self.role = canonical_role(args.role)
-        self.clock = Clock(args.speed)
-        if args.itl_budget is not None and not args.itl_budget > 0:
-            raise ValueError(f"--itl-budget must be > 0 seconds, got {args.itl_budget}")
+    def __init__(self, cfg: SimServerConfig) -> None:
+        self.cfg = cfg
+        self.step_model = make_step_model(cfg.model, cfg.gpu, cfg.tensor_parallel)
+        self.role = canonical_role(cfg.role)
+        self.clock = Clock(cfg.speed)
+        if cfg.itl_budget is not None and not cfg.itl_budget > 0:
+            raise ValueError(f"--itl-budget must be > 0 seconds, got {cfg.itl_budget}")
         config = EngineConfig(
-            max_num_batched_tokens=args.max_num_batched_tokens,
-            max_num_seqs=args.max_num_seqs,
-            itl_budget=args.itl_budget,
-            gpu_memory_utilization=args.gpu_memory_utilization,
-            max_model_len=args.max_model_len,
+            max_num_batched_tokens=cfg.max_num_batched_tokens,
+            max_num_seqs=cfg.max_num_seqs,
+            itl_budget=cfg.itl_budget,
+            gpu_memory_utilization=cfg.gpu_memory_utilization,
+            max_model_len=cfg.max_model_len,
             max_chunk_steps=256 if self.clock.instant else 64,
             track_token_steps=False,
-            block_size=args.block_size,
-            enable_prefix_caching=args.enable_prefix_caching,
+            block_size=cfg.block_size,
+            enable_prefix_caching=cfg.enable_prefix_caching,
         )
-        if not args.kv_lease_seconds > 0:
-            raise ValueError(f"--kv-lease-seconds must be > 0, got {args.kv_lease_seconds}")
+        if not cfg.kv_lease_seconds > 0:
+            raise ValueError(f"--kv-lease-seconds must be > 0, got {cfg.kv_lease_seconds}")
         self.engine = SimEngine(self.step_model, self.role, config, self.clock,
-                                args.kv_lease_seconds)
-        self.served = args.served_name or self.step_model.model.hf_id
-        self.engine_id = args.engine_id or str(uuid.uuid4())
+                                cfg.kv_lease_seconds)
+        self.served = cfg.served_name or self.step_model.model.hf_id
+        self.engine_id = cfg.engine_id or str(uuid.uuid4())
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(build_collector(self.engine, self.served))
-        self.host = args.host
-        self.port = args.port
+        self.host = cfg.host
+        self.port = cfg.port
         self._block_cursor = 0
         self._session: aiohttp.ClientSession | None = None
 
@@ -383,7 +413,7 @@ class SimServer:
             if prompt_n >= core.max_model_len:
                 raise p.BadRequest(core.validate(prompt_n, 1) or "prompt too long")
             sampling = p.plan_output(body, prompt_n, core.max_model_len, chat, key,
-                                     self.args.mean_output_tokens, self.args.seed)
+                                     self.cfg.mean_output_tokens, self.cfg.seed)
             err = core.validate(prompt_n, sampling.max_tokens)
             if err is not None:
                 raise p.BadRequest(err)
@@ -512,38 +542,43 @@ class SimServer:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default="llama-3.1-8b",
+    D = SimServerConfig()  # the options' defaults are the config's
+    parser.add_argument("--model", default=D.model,
                         help="model shape (llama-3.1-8b, llama-3.1-70b, qwen2.5-7b, ...)")
-    parser.add_argument("--gpu", default="h200", help="GPU (h100, h200, a100, l40s)")
-    parser.add_argument("--tensor-parallel", type=int, default=1, help="GPUs per engine")
-    parser.add_argument("--role", default="aggregated",
+    cli.add_gpu(parser, GPUS)
+    parser.add_argument("--tensor-parallel", type=int, default=D.tensor_parallel,
+                        help="GPUs per engine")
+    parser.add_argument("--role", default=D.role,
                         help="prefill, decode or aggregated (alias: engine)")
-    parser.add_argument("--host", default="127.0.0.1", help="address to bind (loopback)")
-    parser.add_argument("--port", type=int, default=8000, help="port (0 = a free one)")
-    parser.add_argument("--speed", type=float, default=1.0,
-                        help="run X times faster than real time; 'inf' = instantaneous steps")
+    parser.add_argument("--host", default=D.host, help="address to bind (loopback)")
+    parser.add_argument("--port", type=int, default=D.port, help="port (0 = a free one)")
+    cli.add_speed(parser, D.speed)
     parser.add_argument("--served-name", default=None,
                         help="model name clients send (default: the HF id)")
     parser.add_argument("--max-model-len", type=int, default=None,
                         help="context limit (default: the model's, capped by the KV cache)")
-    parser.add_argument("--max-num-batched-tokens", type=int, default=8192,
-                        help="tokens one scheduler step may process (vLLM's flag; default 8192)")
-    parser.add_argument("--max-num-seqs", type=int, default=256,
-                        help="sequences in the running batch at most (vLLM's flag; default 256)")
-    parser.add_argument("--gpu-memory-utilization", type=float, default=0.9,
+    parser.add_argument("--max-num-batched-tokens", type=int,
+                        default=D.max_num_batched_tokens,
+                        help="tokens one scheduler step may process (vLLM's flag; default "
+                        f"{D.max_num_batched_tokens})")
+    parser.add_argument("--max-num-seqs", type=int, default=D.max_num_seqs,
+                        help="sequences in the running batch at most (vLLM's flag; default "
+                        f"{D.max_num_seqs})")
+    parser.add_argument("--gpu-memory-utilization", type=float,
+                        default=D.gpu_memory_utilization,
                         help="share of GPU memory for weights and KV cache (vLLM's flag; "
-                        "default 0.9)")
-    parser.add_argument("--block-size", type=int, default=16,
+                        f"default {D.gpu_memory_utilization:g})")
+    parser.add_argument("--block-size", type=int, default=D.block_size,
                         help="tokens per KV block, the prefix cache's unit (vLLM's flag; "
-                             "default 16, vLLM's on GPU)")
+                             f"default {D.block_size}, vLLM's on GPU)")
     parser.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
-                        default=True,
+                        default=D.enable_prefix_caching,
                         help="cache prompt prefixes as vLLM V1 does (vLLM's flag; default on)")
-    parser.add_argument("--mean-output-tokens", type=float, default=256.0,
+    parser.add_argument("--mean-output-tokens", type=float, default=D.mean_output_tokens,
                         help="mean 'natural' output length when ignore_eos is false")
-    parser.add_argument("--seed", type=int, default=0, help="seed for natural output lengths")
+    parser.add_argument("--seed", type=int, default=D.seed, help="seed for natural output lengths")
     parser.add_argument("--engine-id", default=None, help="NIXL engine id (default: a uuid)")
-    parser.add_argument("--kv-lease-seconds", type=float, default=KV_LEASE_DEFAULT,
+    parser.add_argument("--kv-lease-seconds", type=float, default=D.kv_lease_seconds,
                         help="prefill: how long a prompt's KV waits for a decode engine to read "
                              "it (simulated seconds; default 30, vLLM 0.32's kv_lease_duration)")
     parser.add_argument("--itl-budget", type=float, default=None, metavar="SECONDS",
@@ -555,7 +590,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        server = SimServer(args)
+        server = SimServer(SimServerConfig.from_args(args))
     except (UnknownHardware, ValueError) as exc:
         print(f"poolpilot engine-sim: {exc}", file=sys.stderr)
         return 2

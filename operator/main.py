@@ -19,7 +19,7 @@ from poolpilot.operator.handlers import OperatorConfig, register
 from poolpilot.operator.metrics import OperatorMetrics
 from prometheus_client import start_http_server
 
-from poolpilot import gcpolicy
+from poolpilot import cli, gcpolicy
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -28,8 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="watch this namespace (repeatable; globs like 'team-*' work)")
     scope.add_argument("-A", "--all-namespaces", action="store_true",
                        help="watch every namespace (the default when no --namespace is given)")
-    parser.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster when "
-                        "running in a pod, then $KUBECONFIG, then ~/.kube/config)")
+    cli.add_kubeconfig(parser)
     parser.add_argument("--liveness", default="http://0.0.0.0:8080/healthz",
                         help="liveness endpoint URL (empty to disable)")
     parser.add_argument("--peering", default=peering.DEFAULT_NAME,

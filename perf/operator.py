@@ -61,7 +61,7 @@ def _pool(i: int) -> dict[str, Any]:
 def _emulator(workdir: Path) -> Iterator[tuple[str, Path, int]]:
     kubeconfig = workdir / "kubeconfig"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "poolpilot.cli", "emulator", "--kubeconfig", str(kubeconfig),
+        [sys.executable, "-m", "poolpilot.cli", "emulator", "--write-kubeconfig", str(kubeconfig),
          "--request-log-limit", "1000"],
         stdout=subprocess.PIPE, text=True,
     )

@@ -1,15 +1,15 @@
 """Router overhead against direct engine access, with engines paced like real ones.
 
     poolpilot perf router [--streams 1,64,256] [--modes aggregated,disaggregated]
-        [--speed 1] [--model llama-3.1-8b --gpu h200] [--duration 10] [--warmup 3]
+        [--engine-speed 1] [--model llama-3.1-8b --gpu h200] [--duration 10] [--warmup 3]
         [--prompt-tokens 512] [--output-tokens 64] [--router-arg=--workers=2 ...]
         [--workers 1,2] [--router-cpus 1] [--json FILE]
 
-Engines: `poolpilot engine-sim` at `--speed 1` (an 8B model on an H200: a prefill takes tens of
-milliseconds, a decode step 5-20 ms depending on the batch), so tokens arrive as they would from
-vLLM; `--speed inf` makes every step instantaneous (only HTTP and Python are timed;
-`--upstream minimal` then swaps the simulator for a bare aiohttp server). For each mode and
-each N, N closed-loop streaming clients run twice against the same engines: directly (an
+Engines: `poolpilot engine-sim` at `--engine-speed 1` (an 8B model on an H200: a prefill takes
+tens of milliseconds, a decode step 5-20 ms depending on the batch), so tokens arrive as they
+would from vLLM; `--engine-speed inf` makes every step instantaneous (only HTTP and Python are
+timed; `--upstream minimal` then swaps the simulator for a bare aiohttp server). For each mode
+and each N, N closed-loop streaming clients run twice against the same engines: directly (an
 aggregated engine; for disaggregated, the client itself does the P/D flow: the prefill request,
 then the decode request with the prefill's kv_transfer_params) and through the router.
 
@@ -50,6 +50,9 @@ from typing import Any
 import aiohttp
 import numpy as np
 from aiohttp import web
+from poolpilot.engine_sim.hardware import GPUS
+
+from poolpilot import cli
 
 # -- the zero-time upstream (--upstream minimal) ---------------------------------------------
 
@@ -485,11 +488,12 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     p.add_argument("--duration", type=float, default=10.0, help="seconds measured per run")
     p.add_argument("--warmup", type=float, default=3.0,
                    help="seconds of load before each measured run (default 3)")
-    p.add_argument("--speed", type=float, default=1.0,
-                   help="engine-sim --speed: 1 paces engines like real ones (default), inf "
+    p.add_argument("--engine-speed", type=float, default=1.0, metavar="X",
+                   help="the engines' --speed (the router is not told: its latencies are wall "
+                   "time): 1 paces engines like real ones (default), inf "
                    "makes every step instantaneous")
     p.add_argument("--model", default="llama-3.1-8b", help="engine-sim model (default 8B)")
-    p.add_argument("--gpu", default="h200", help="engine-sim GPU (default h200)")
+    cli.add_gpu(p, GPUS)
     p.add_argument("--prompt-tokens", type=int, default=512, help="prompt length (default 512)")
     p.add_argument("--output-tokens", type=int, default=64,
                    help="tokens streamed per request (default 64)")
@@ -531,7 +535,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         if args.upstream == "minimal":
             cmd = [sys.executable, "-P", "-m", "poolpilot.perf.router", "--serve-upstream", "0"]
         else:
-            cmd = [poolpilot, "engine-sim", "--role", role, "--speed", str(args.speed),
+            cmd = [poolpilot, "engine-sim", "--role", role, "--speed", str(args.engine_speed),
                    "--model", args.model, "--gpu", args.gpu, "--served-name", "bench",
                    "--port", "0", "--log-level", "WARNING"]
         proc, port = _start(cmd, r"listening on (?:http://[\d.]+:)?(\d+)")
@@ -561,7 +565,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         pinned = ("" if router_cpus is None else f" (router on CPUs {sorted(router_cpus)}, "
                   f"engines and clients on {sorted(other_cpus or ())})")
         print(f"router overhead: {os.cpu_count()} cores{pinned}, load {load_before[0]:.1f}, "
-              f"engine-sim {args.model}/{args.gpu} speed {args.speed:g} ({args.upstream}), "
+              f"engine-sim {args.model}/{args.gpu} speed {args.engine_speed:g} ({args.upstream}), "
               f"{args.prompt_tokens}-token prompts, {args.output_tokens} tokens streamed, "
               f"{args.duration:g} s per run\n\n{HEADER}", flush=True)
         for c in levels:

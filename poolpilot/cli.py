@@ -3,7 +3,10 @@
 Each component module exposes `add_arguments(parser)` and `run(args) -> int`; the table below
 maps subcommand names to those modules so that `poolpilot crd` never imports kopf or vLLM.
 Options every subcommand shares are added here, once: `--log-level` (with `-v` for DEBUG),
-`--log-format text|json`, and logging is configured here before the component runs.
+`--log-format text|json`, and logging is configured here before the component runs. Options
+several commands share are defined here too, each with one meaning, and the commands add them
+by calling these functions: `--kubeconfig` (the cluster to talk to), `--speed` (the sandbox's
+time compression) and `--gpu` (the GPU the engine simulator models).
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from collections.abc import Iterable
 
 from poolpilot import __version__, logformat
 
@@ -57,6 +61,33 @@ def add_log_level(p: argparse.ArgumentParser, default: str) -> None:
     group.add_argument("--log-format", choices=logformat.FORMATS, default="text",
                        help="text (default) or json: one JSON object per line, for log "
                        "pipelines")
+
+
+def add_kubeconfig(p: argparse._ActionsContainer) -> None:
+    """`--kubeconfig FILE`: the cluster a command talks to."""
+    p.add_argument("--kubeconfig", metavar="FILE",
+                   help="kubeconfig file (default: in-cluster when running in a pod, then "
+                   "$KUBECONFIG, then ~/.kube/config)")
+
+
+def add_speed(p: argparse._ActionsContainer, default: float | None = 1.0,
+              default_text: str | None = None) -> None:
+    """`--speed X`, the one clock of the local sandbox: X simulated seconds pass per real second
+    and every latency is reported in simulated seconds, so SLO targets keep their meaning."""
+    shown = default_text if default_text is not None else f"{default:g}"
+    p.add_argument("--speed", type=float, default=default, metavar="X",
+                   help="time compression: the simulated world runs X times faster than real "
+                   "time and reports latencies in simulated seconds (inf: engine steps take "
+                   f"no time; default {shown})")
+
+
+def add_gpu(p: argparse._ActionsContainer, gpus: Iterable[str]) -> None:
+    """`--gpu NAME`, one of the engine simulator's GPUs (engine_sim.hardware.GPUS: the core
+    imports no room, so the simulator's commands pass them in)."""
+    names = sorted(gpus)
+    p.add_argument("--gpu", type=str.lower, choices=names, default="h200",
+                   help=f"the GPU the engine simulator models: {', '.join(names)} (default "
+                   "h200, whose step times are calibrated against measured ones)")
 
 
 def missing_tool(command: str, exc: ModuleNotFoundError) -> str:

@@ -31,9 +31,11 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from poolpilot.engine_sim.hardware import GPUS
 from poolpilot.engine_sim.workloads import SessionParams, generate_sessions
 from rich.console import Console
 
+from poolpilot import cli
 from poolpilot.traces import (
     TraceError,
     TraceRequest,
@@ -91,9 +93,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="trace format (default: detected)")
     p.add_argument("--engine", choices=("sim", "vllm-cpu"), default="sim",
                    help="engines: the simulator (default) or real vLLM on CPU with a tiny model")
-    p.add_argument("--speed", type=float, default=None,
-                   help=f"time compression: the world runs X times faster (default "
-                   f"{DEFAULT_SPEED:g} with sim, 1 with vllm-cpu)")
+    cli.add_speed(p, None, f"{DEFAULT_SPEED:g} with sim, 1 with vllm-cpu")
     p.add_argument("--rate-scale", type=float, default=1.0,
                    help="multiply the trace's request rate (2 = arrivals twice as dense)")
     p.add_argument("--start", type=float, default=0.0,
@@ -109,9 +109,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="simulated seconds a new simulator pod takes to load weights")
     p.add_argument("--scrape-interval", type=float, default=5.0,
                    help="Prometheus scrape interval in simulated seconds")
-    p.add_argument("--gpu", default="h200",
-                   help="GPU the simulator models: h200 (default: its step times are "
-                   "calibrated against measured ones), h100, a100, l40s")
+    cli.add_gpu(p, GPUS)
     p.add_argument("--api-port", type=int, default=0,
                    help="port of the Kubernetes API emulator (default: a free one)")
     p.add_argument("--prometheus-port", type=int, default=0,

@@ -175,7 +175,7 @@ class Sandbox:
         self.emulator = self.procs.start(
             "emulator",
             [*POOLPILOT, "emulator", "--host", "127.0.0.1", "--port", str(port),
-             "--kubeconfig", str(self.kubeconfig)],
+             "--write-kubeconfig", str(self.kubeconfig)],
         )
         self.api_url = f"http://127.0.0.1:{port}"
         await self._wait_http(f"{self.api_url}/version", self.emulator, "the Kubernetes API "

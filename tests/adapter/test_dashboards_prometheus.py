@@ -327,7 +327,7 @@ def _start_autoscaler(tmp: Path, procs: list[Proc], prometheus_url: str) -> str:
     pod that cannot be scheduled (ScalingLimited)."""
     kubeconfig = tmp / "kubeconfig"
     procs.append(start("emulator", [*POOLPILOT, "emulator", "--host", "127.0.0.1", "--port",
-                                    "0", "--kubeconfig", str(kubeconfig)],
+                                    "0", "--write-kubeconfig", str(kubeconfig)],
                        r"(http://127\.0\.0\.1:\d+)"))
     pool = yaml.safe_load((ROOT / "examples" / "sandbox-pool.yaml").read_text())
     pool["metadata"] = {"name": POOL, "namespace": NS}

@@ -25,7 +25,7 @@ def test_cli_serves_preloads_crds_writes_a_kubeconfig_and_stops_on_sigterm(
     kubeconfig = tmp_path / "kubeconfig"
     proc = subprocess.Popen(
         [sys.executable, "-m", "poolpilot.cli", "emulator", "--port", "0",
-         "--kubeconfig", str(kubeconfig), "--namespace", "serving",
+         "--write-kubeconfig", str(kubeconfig), "--namespace", "serving",
          "--crd", str(ROOT / "crds/inferencepool.yaml")],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )

@@ -28,7 +28,7 @@ def test_perf_router_writes_its_json(tmp_path: Path) -> None:
     # With two CPUs or more, the router runs pinned to the last one, as the docs measure it.
     pin = ["--router-cpus", str(CPUS[-1])] if len(CPUS) > 1 else []
     done = subprocess.run(
-        [POOLPILOT, "perf", "router", "--streams", "2", "--speed", "inf", "--duration", "1",
+        [POOLPILOT, "perf", "router", "--streams", "2", "--engine-speed", "inf", "--duration", "1",
          "--warmup", "0.5", "--output-tokens", "8", *pin, "--json", str(out)],
         capture_output=True, text=True, timeout=300,
     )

@@ -7,11 +7,13 @@ import argparse
 import importlib
 import importlib.metadata
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import yaml
+from poolpilot.engine_sim.hardware import GPUS
 from poolpilot.perf import main as perf_main
 
 from poolpilot import cli
@@ -175,3 +177,63 @@ def test_the_tool_commands_are_the_tool_rooms() -> None:
 
     assert {name for name, (module, _) in cli.COMMANDS.items()
             if folder(module) in dev_only} == cli.TOOLS
+
+
+def _action(parser: argparse.ArgumentParser, flag: str) -> argparse.Action | None:
+    return next((a for a in parser._actions if flag in a.option_strings), None)
+
+
+def _meaning(help_text: str | None) -> str:
+    """A help text without its default (commands differ in their defaults, not the meaning)."""
+    return (help_text or "").rsplit("default", 1)[0]
+
+
+@dataclass(frozen=True)
+class SharedOption:
+    flag: str
+    add: Callable[[argparse.ArgumentParser], None]
+    users: frozenset[str]  # commands whose option is the shared definition
+    everywhere: bool  # no command defines the flag any other way
+    never: frozenset[str] = frozenset()  # commands that must not take the flag
+
+
+SHARED = [
+    SharedOption("--gpu", lambda p: cli.add_gpu(p, GPUS),
+                 frozenset({"poolpilot engine-sim", "poolpilot sim trace", "poolpilot bench",
+                            "poolpilot sandbox", "poolpilot perf router"}), everywhere=True),
+    SharedOption("--kubeconfig", cli.add_kubeconfig, frozenset({"poolpilot operator"}),
+                 everywhere=False, never=frozenset({"poolpilot emulator"})),
+    SharedOption("--speed", cli.add_speed, frozenset({"poolpilot engine-sim", "poolpilot sandbox"}),
+                 everywhere=False, never=frozenset({"poolpilot perf router"})),
+]
+
+
+@pytest.mark.parametrize("case", SHARED, ids=lambda c: c.flag)
+def test_a_shared_option_is_defined_once(case: SharedOption) -> None:
+    """Commands that share an option take cli's definition: the same type, choices and
+    meaning. The emulator's kubeconfig is one it writes (--write-kubeconfig) and perf router's
+    engine pacing is --engine-speed, so neither flag has a second meaning."""
+    reference = argparse.ArgumentParser()
+    case.add(reference)
+    ref = _action(reference, case.flag)
+    assert ref is not None
+    found = {line: a for line, p in _parsers() if (a := _action(p, case.flag)) is not None}
+    assert case.users <= set(found)
+    assert not case.never & set(found)
+    same = {line for line, a in found.items()
+            if (a.type, a.choices, a.metavar, _meaning(a.help))
+            == (ref.type, ref.choices, ref.metavar, _meaning(ref.help))}
+    assert case.users <= same
+    if case.everywhere:
+        assert same == set(found)
+
+
+def test_gpu_choices_are_the_simulators_gpus(capsys: pytest.CaptureFixture[str]) -> None:
+    parser = _subparser(cli.build_parser(["engine-sim"]), "engine-sim")
+    gpu = _action(parser, "--gpu")
+    assert gpu is not None and list(gpu.choices or ()) == sorted(GPUS)
+    assert parser.parse_args(["--gpu", "H100"]).gpu == "h100"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--gpu", "tpu-v5"])
+    err = capsys.readouterr().err
+    assert "--gpu: invalid choice: 'tpu-v5'" in err and all(g in err for g in GPUS)

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import argparse
+import math
+from dataclasses import dataclass, fields
 
 import pytest
 from poolpilot.engine_sim import protocol as p
+from poolpilot.engine_sim.server import SimServerConfig
 
-from poolpilot.cli import main
+from poolpilot.cli import build_parser, main
 
 
 @dataclass(frozen=True)
@@ -20,7 +23,6 @@ class BadArgs:
 BAD_ARGS = [
     BadArgs("unknown-model", ["--model", "gpt-9"],
             "unknown model 'gpt-9'; known models: llama-3.1-70b, llama-3.1-8b"),
-    BadArgs("unknown-gpu", ["--gpu", "tpu-v5"], "known GPUs: a100, h100, h200, l40s"),
     BadArgs("unknown-role", ["--role", "both-ways"], "use one of prefill, decode, aggregated"),
     BadArgs("too-long-context", ["--max-model-len", "200000"], "lower --max-model-len"),
     BadArgs("70b-on-one-gpu", ["--model", "llama-3.1-70b", "--gpu", "h100"],
@@ -34,6 +36,27 @@ def test_engine_sim_rejects_bad_arguments_naming_the_fix(
         case: BadArgs, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["engine-sim", "--port", "0", *case.argv]) == 2
     assert case.message in capsys.readouterr().err
+
+
+def test_engine_sim_options_are_its_config() -> None:
+    """Every `poolpilot engine-sim` option is a SimServerConfig field with the same default,
+    so the server takes a typed config, built from the command line or by hand."""
+    parser = _subparser(build_parser(["engine-sim"]), "engine-sim")
+    options = {a.dest for a in parser._actions if a.option_strings} - {
+        "help", "log_level", "log_format"}
+    assert options == {f.name for f in fields(SimServerConfig)}
+    assert SimServerConfig.from_args(parser.parse_args([])) == SimServerConfig()
+    given = parser.parse_args(["--role", "decode", "--speed", "inf", "--gpu", "H100",
+                               "--no-enable-prefix-caching", "--itl-budget", "0.05"])
+    assert SimServerConfig.from_args(given) == SimServerConfig(
+        role="decode", speed=math.inf, gpu="h100", enable_prefix_caching=False,
+        itl_budget=0.05)
+
+
+def _subparser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    found: argparse.ArgumentParser = sub.choices[name]
+    return found
 
 
 @dataclass(frozen=True)
