@@ -43,9 +43,11 @@ def test_crd_has_what_kubectl_users_rely_on() -> None:
     assert version["subresources"] == {"status": {}}
     columns = version["additionalPrinterColumns"]
     assert [c["name"] for c in columns if not c.get("priority")] == [
-        "Mode", "Prefill", "Decode", "Engine", "TTFT", "Ready", "Age"]
-    # `kubectl get -o wide` adds what the pool serves and its targets.
+        "Mode", "Prefill", "Decode", "TTFT", "Ready", "Reason", "Age"]
+    # `kubectl get -o wide` adds the aggregated engine role, where to send requests, what the
+    # pool serves and its targets.
     assert {c["name"]: c["jsonPath"] for c in columns if c.get("priority") == 1} == {
+        "Engine": ".status.engine.summary", "Endpoint": ".status.endpoint",
         "Model": ".spec.model.name", "Connector": ".spec.kvTransfer.connector",
         "TTFT-SLO": ".spec.slo.ttft.seconds", "ITL-SLO": ".spec.slo.itl.seconds"}
     root = version["schema"]["openAPIV3Schema"]
