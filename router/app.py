@@ -2,19 +2,19 @@
 
 Disaggregated: prefill on one engine, KV handed over, decode (and stream) on another.
 Aggregated: forward to one engine. Selection and health live in balancer.py (pure);
-this module does the I/O: proxying, streaming, retries, health checks, metrics, draining.
+this module does the I/O: the HTTP handlers, the P/D flow, retries, health checks, KV
+releases, draining. The relay to the client is relay.py; the configuration config.py; the
+errors and their OpenAI shape errors.py.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import math
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager, suppress
-from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
@@ -22,8 +22,16 @@ import orjson
 from aiohttp import web
 from poolpilot.router import local_prefill as lp
 from poolpilot.router import pd, validate
-from poolpilot.router.auth import ApiKeys
-from poolpilot.router.balancer import Balancer, BalancerConfig, Endpoint
+from poolpilot.router.balancer import Balancer, Endpoint
+from poolpilot.router.config import DISAGGREGATED, PREFIX_ROUTING, RouterConfig
+from poolpilot.router.errors import (
+    NO_ENDPOINT,
+    ClientError,
+    HandoffFailed,
+    UpstreamError,
+    json_error,
+    openai_errors,
+)
 from poolpilot.router.metrics import (
     HandoffCounters,
     RouterMetrics,
@@ -31,177 +39,19 @@ from poolpilot.router.metrics import (
     parse_handoff_counters,
     parse_waiting,
 )
-from poolpilot.router.prefix_index import (
-    DEFAULT_BALANCE,
-    DEFAULT_MAX_ENTRIES,
-    DEFAULT_TTL_S,
-    ApproximateIndex,
-)
+from poolpilot.router.prefix_index import ApproximateIndex
 from poolpilot.router.prefix_source import PrefixSource, PromptKeys
+from poolpilot.router.relay import Attempt, Progress, StreamRelay
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest, multiprocess
 
 log = logging.getLogger("poolpilot.router")
 
-DISAGGREGATED = "disaggregated"
-AGGREGATED = "aggregated"
 # Upstream answers that mean "this engine cannot take it now": try another one.
 RETRYABLE_STATUS = {502, 503, 504}
 JSON_HEADERS = {"Content-Type": "application/json"}
-PREFIX_ROUTING = ("off", "approximate", "precise")
 
 
-@dataclass
-class RouterConfig:
-    mode: str = DISAGGREGATED
-    pool: str = "default"
-    max_request_bytes: int = 8 * 1024 * 1024
-    connect_timeout_s: float = 5.0
-    request_timeout_s: float = 600.0  # whole request, prefill included
-    idle_timeout_s: float = 120.0  # longest silence from an engine mid-response
-    max_attempts: int = 3  # per phase, on different endpoints
-    health_interval_s: float = 2.0
-    health_timeout_s: float = 2.0
-    drain_timeout_s: float = 30.0
-    # Latencies are recorded times this factor: the sandbox runs engines `speed` times faster
-    # than real time and every component reports simulated seconds (one clock).
-    speed: float = 1.0
-    balancer: BalancerConfig = field(default_factory=BalancerConfig)
-    # Local prefill (disaggregated mode): serve a request on a decode engine alone when the
-    # prefill role would break the TTFT target (router/local_prefill.py). None: off (no
-    # mixed-step profile known for the model); a failed KV handoff is retried locally anyway.
-    local_prefill: lp.LocalPrefillPolicy | None = None
-    prefill_tokens_per_s: float = 0.0  # seed of the learned prefill rate (0: none measured)
-    api_keys: ApiKeys | None = None  # None: no authentication
-    max_concurrent_per_client: int = 0  # 0: no limit; a client is its API key, else its IP
-    release_timeout_s: float = 60.0  # a KV release (a one-token decode) may take this long
-    workers: int = 1  # processes sharing the port (router/workers.py); > 1: shared metrics
-    # Prefix-aware selection of prefill, aggregated and local-prefill engines
-    # (router/prefix_index.py): off, approximate (the router's own record of what it sent
-    # where) or precise (the engines' KV events: a PrefixSource handed to Router).
-    prefix_routing: str = "approximate"
-    prefix_balance: float = DEFAULT_BALANCE  # the load bound's c
-    prefix_max_entries: int = DEFAULT_MAX_ENTRIES  # approximate: keys remembered (LRU)
-    prefix_ttl_s: float = DEFAULT_TTL_S  # approximate: how long a sent prefix counts as cached
-    # A prefill engine silent this long (seconds, the router's clock) is hung: the request
-    # moves on and the engine counts a failure. None: only idle_timeout_s bounds it.
-    prefill_deadline_s: float | None = None
-    # Every prefill engine ejected: a decode engine prefills the request (False, with
-    # --local-prefill off: a 503 with Retry-After).
-    local_when_no_prefill: bool = True
-
-    def roles(self) -> tuple[str, ...]:
-        return ("prefill", "decode") if self.mode == DISAGGREGATED else ("engine",)
-
-
-NO_ENDPOINT = "-"  # UpstreamError.url when no endpoint of the role could be tried
-
-
-class UpstreamError(Exception):
-    """An engine failed before its response started (safe to retry elsewhere)."""
-
-    def __init__(self, url: str, status: int, message: str) -> None:
-        super().__init__(f"{url}: {message}")
-        self.url = url
-        self.status = status
-        self.message = message
-
-
-@dataclass
-class Progress:
-    """How far one client request got (for the status it is recorded with, and for whether
-    the prefill's KV still waits for a decode engine)."""
-
-    stream: bool = False
-    kv: dict[str, Any] | None = None  # the prefill's transfer parameters, once it answered
-    decode_sent: bool = False  # the decode request left for an engine
-    decode_url: str | None = None  # ... this one
-    decode_answered: bool = False  # ... and the engine answered (status line)
-    done_sent: bool = False  # the stream's [DONE] reached the client
-
-    def kv_unclaimed(self) -> bool:
-        """No decode engine has taken the prefill's KV over. An engine that has the request
-        aborts it when the router closes the connection (vLLM then frees the prefill's
-        blocks itself); a streaming engine answers its status line once it has queued the
-        request, a non-streaming one only when done."""
-        if self.kv is None:
-            return False
-        return not self.decode_sent or (self.stream and not self.decode_answered)
-
-
-class HandoffFailed(Exception):
-    """The decode step failed after a successful prefill and nothing reached the client yet:
-    the request can still be served by prefilling it on a decode engine."""
-
-    def __init__(self, error: UpstreamError) -> None:
-        super().__init__(str(error))
-        self.error = error
-
-
-@dataclass
-class Attempt:
-    """One upstream request in flight: where it went and what was queued there before it."""
-
-    endpoint: Endpoint
-    resp: aiohttp.ClientResponse
-    sent_at: float
-    queued_tokens: int  # tokens in flight at that endpoint when sent, this request's included
-    local_tokens: int = 0  # prompt tokens it prefills itself, until its first token
-    matched_tokens: int = 0  # prompt tokens it was expected to hold in its prefix cache
-
-
-class ClientError(Exception):
-    """The request is wrong; the engine's 4xx answer is passed back as is."""
-
-    def __init__(self, status: int, body: bytes, content_type: str) -> None:
-        super().__init__(status)
-        self.status = status
-        self.body = body
-        self.content_type = content_type
-
-
-def error_body(status: int, message: str, kind: str, param: str | None = None) -> dict[str, Any]:
-    # The shape OpenAI clients parse (and vLLM sends).
-    return {"error": {"message": message, "type": kind, "param": param, "code": status}}
-
-
-def json_error(status: int, message: str, kind: str = "router_error",
-               param: str | None = None, headers: dict[str, str] | None = None) -> web.Response:
-    return web.json_response(error_body(status, message, kind, param), status=status,
-                             headers=headers)
-
-
-ERROR_KINDS = {400: "invalid_request_error", 401: "invalid_request_error",
-               404: "invalid_request_error", 405: "invalid_request_error",
-               413: "invalid_request_error", 429: "rate_limit_error"}
-
-
-@web.middleware
-async def openai_errors(request: web.Request, handler: Any) -> web.StreamResponse:
-    """Every error the router itself answers in OpenAI's shape: unknown paths and methods,
-    oversized bodies, and a bug's 500 (logged with its traceback)."""
-    try:
-        response: web.StreamResponse = await handler(request)
-        return response
-    except web.HTTPException as exc:
-        if exc.status < 400:
-            raise
-        if exc.status == 404:
-            message = f"Invalid URL ({request.method} {request.path})"
-        elif exc.status == 405:
-            message = f"Method {request.method} is not allowed for {request.path}"
-        else:
-            message = exc.reason
-        headers = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else None
-        return json_error(exc.status, message, ERROR_KINDS.get(exc.status, "router_error"),
-                          headers=headers)
-    except (asyncio.CancelledError, ConnectionError):
-        raise
-    except Exception:
-        log.exception("unexpected error serving %s %s", request.method, request.path)
-        return json_error(500, "internal router error", "internal_error")
-
-
-class Router:
+class Router(StreamRelay):
     def __init__(self, config: RouterConfig, clock: Callable[[], float] = time.monotonic,
                  prefix_source: PrefixSource | None = None) -> None:
         """`prefix_source`: where prefixes are cached, for `prefix_routing` precise (the KV
@@ -839,117 +689,3 @@ class Router:
         if att.local_tokens:
             self.balancer.add_local_tokens(att.endpoint.url, -att.local_tokens)
             att.local_tokens = 0
-
-    async def _relay(
-        self, request: web.Request, att: Attempt, stream: bool, start: float,
-        progress: Progress, handoff: bool = False,
-    ) -> tuple[web.StreamResponse, int]:
-        """Pass the engine's answer to the client. With `handoff` (a decode after a prefill),
-        a failure before anything reached the client raises HandoffFailed so the request can
-        be served another way; the client's status line waits for the first event for that."""
-        upstream, endpoint = att.resp, att.endpoint
-        if not stream:
-            try:
-                body = await upstream.read()
-            except (aiohttp.ClientError, TimeoutError) as exc:
-                self._failed(endpoint.url)
-                error = UpstreamError(endpoint.url, 502, f"engine failed mid-response: {exc!r}")
-                if handoff:
-                    raise HandoffFailed(error) from exc
-                return json_error(502, error.message, "upstream_error"), 502
-            self._settle_local(att)
-            return web.Response(status=upstream.status, body=body,
-                                content_type=upstream.content_type), upstream.status
-
-        response: web.StreamResponse | None = None
-        last_event: float | None = None
-        buffer = b""
-        chunks = upstream.content.iter_any().__aiter__()
-        while True:
-            try:
-                chunk = await chunks.__anext__()
-            except StopAsyncIteration:
-                break
-            except (aiohttp.ClientError, TimeoutError) as exc:
-                if response is None:  # nothing sent yet: a proper status line
-                    self._failed(endpoint.url)
-                    status = 504 if isinstance(exc, TimeoutError) else 502
-                    error = UpstreamError(endpoint.url, status,
-                                          f"engine failed before its first token: {exc!r}")
-                    if handoff:
-                        raise HandoffFailed(error) from exc
-                    return json_error(status, error.message, "upstream_error"), status
-                return await self._stream_broke(response, endpoint, exc, handoff), 502
-            if not buffer and chunk.endswith(b"\n\n"):
-                complete = chunk  # the usual case: whole events, passed on as they are
-            else:
-                buffer += chunk
-                cut = buffer.rfind(b"\n\n")
-                if cut < 0:
-                    continue
-                complete, buffer = buffer[: cut + 2], buffer[cut + 2 :]
-            now = self.clock()
-            if response is None:
-                if handoff and complete.startswith(b'data: {"error"'):
-                    # vLLM reports a failed KV load in the stream's first event.
-                    error = UpstreamError(endpoint.url, 502, "decode engine failed before its "
-                                          f"first token: {complete[:300].decode(errors='replace')}")
-                    raise HandoffFailed(error)
-                response = web.StreamResponse(
-                    status=200,
-                    headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"},
-                )
-                try:
-                    await response.prepare(request)
-                except ConnectionError:
-                    return response, 499
-            done = complete.count(b"data: [DONE]")
-            events = complete.count(b"data: ") - done
-            if events > 0:
-                # Events that arrive together reach the client together: gaps of 0.
-                if last_event is None:
-                    self._settle_local(att)
-                    self.metrics.ttft_pool.observe((now - start) * self.config.speed)
-                    events -= 1
-                else:
-                    self.metrics.itl_pool.observe((now - last_event) * self.config.speed)
-                    events -= 1
-                for _ in range(events):
-                    self.metrics.itl_pool.observe(0.0)
-                last_event = now
-            try:
-                await response.write(complete)
-            except ConnectionError:
-                return response, 499  # client gone; leaving closes the upstream request
-            if done:
-                progress.done_sent = True
-        if response is None:  # the engine ended the stream without a single event
-            error = UpstreamError(endpoint.url, 502, "engine ended the stream without events")
-            if handoff:
-                raise HandoffFailed(error)
-            return json_error(502, error.message, "upstream_error"), 502
-        try:
-            if buffer:
-                await response.write(buffer)
-            await response.write_eof()
-        except ConnectionError:
-            # A client may close the connection as soon as it has read [DONE] (guidellm does).
-            return response, 200 if progress.done_sent else 499
-        return response, 200
-
-    async def _stream_broke(
-        self, response: web.StreamResponse, endpoint: Endpoint, exc: BaseException,
-        handoff: bool,
-    ) -> web.StreamResponse:
-        """The engine died or stalled mid-stream: tell the client in-band (the status line is
-        gone already), in the shape OpenAI clients raise on, then end the stream."""
-        self._failed(endpoint.url)
-        if handoff:
-            self.metrics.kv_failures_pool.inc()
-        log.warning("stream from %s broke: %r", endpoint.url, exc)
-        err = error_body(502, f"engine failed mid-stream: {exc!r}", "upstream_error")
-        with suppress(ConnectionError):
-            await response.write(b"data: " + json.dumps(err).encode() + b"\n\n")
-            await response.write(b"data: [DONE]\n\n")
-            await response.write_eof()
-        return response

@@ -24,9 +24,10 @@ from urllib.parse import urlsplit
 import uvloop
 from aiohttp import web
 from poolpilot.router import local_prefill as lp
-from poolpilot.router.app import AGGREGATED, DISAGGREGATED, PREFIX_ROUTING, Router, RouterConfig
+from poolpilot.router.app import Router
 from poolpilot.router.auth import ApiKeys, KeyFileError
 from poolpilot.router.balancer import BalancerConfig
+from poolpilot.router.config import AGGREGATED, DISAGGREGATED, PREFIX_ROUTING, RouterConfig
 from poolpilot.router.discovery import KubernetesDiscovery, parse_urls
 from poolpilot.router.prefix_index import DEFAULT_BALANCE, DEFAULT_MAX_ENTRIES, DEFAULT_TTL_S
 from poolpilot.router.prefix_source import PrefixSource
