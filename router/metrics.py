@@ -199,7 +199,9 @@ def parse_handoff_counters(text: str) -> HandoffCounters | None:
     bad = [_sum(text, name) for name in KV_EXPIRED]
     if all(b is None for b in bad):
         return None  # not a NIXL prefill engine (or an older vLLM)
-    return HandoffCounters(sum(b or 0.0 for b in bad), _sum(text, FINISHED) or 0.0)
+    # A late read ("Potentially invalid KV blocks") is of a request whose lease had expired,
+    # which the engine counted already: the larger count is the bad handoffs, each once.
+    return HandoffCounters(max(b or 0.0 for b in bad), _sum(text, FINISHED) or 0.0)
 
 
 def attributed_kv_failures(prev: HandoffCounters, now: HandoffCounters, mine: int) -> float:
