@@ -596,6 +596,11 @@ def build_router_role_binding(pool: Pool) -> Obj:
     }
 
 
+# The router's --prefix-routing value for each spec.router.prefixRouting.
+_ROUTER_PREFIX_ROUTING = {api.PrefixRouting.APPROXIMATE: "approximate",
+                          api.PrefixRouting.PRECISE: "precise", api.PrefixRouting.DISABLED: "off"}
+
+
 def build_router_deployment(pool: Pool, caps: Capabilities | None = None) -> Obj:
     caps = caps or Capabilities()
     spec = pool.spec
@@ -611,7 +616,7 @@ def build_router_deployment(pool: Pool, caps: Capabilities | None = None) -> Obj
             *(("--pool-uid", pool.uid) if pool.uid else ()),  # discovery's pod selector
             *(("--api-key-file", f"{ROUTER_KEYS_DIR}/{ROUTER_KEYS_FILE}")
               if spec.router.api_key_secret else ()),
-            "--prefix-routing", str(spec.router.prefix_routing).lower(),
+            "--prefix-routing", _ROUTER_PREFIX_ROUTING[spec.router.prefix_routing],
             *(("--kv-events-port", str(KV_EVENTS_PORT), "--kv-replay-port", str(KV_REPLAY_PORT))
               if _precise(spec) else ()),
         ],

@@ -834,7 +834,8 @@ class EngineRoleSpec(ApiModel):
 class PrefixRouting(StrEnum):
     APPROXIMATE = "Approximate"
     PRECISE = "Precise"
-    OFF = "Off"
+    # Not "Off": YAML 1.1 (PyYAML, and kubectl's YAML reader) reads an unquoted Off as false.
+    DISABLED = "Disabled"
 
 
 class RouterSpec(ApiModel):
@@ -884,7 +885,7 @@ class RouterSpec(ApiModel):
         "their load. Approximate: from the router's own record of the prompts it sent where "
         "(works with any engine). Precise: from the engines' own KV-cache events (the "
         "engines are started publishing them on ports 5557 and 5558; the router tokenizes "
-        "each prompt with an engine's /tokenize). Off: by load only.",
+        "each prompt with an engine's /tokenize). Disabled: by load only.",
     )
 
 

@@ -218,7 +218,7 @@ PREFIX_CASES = [
     PrefixCase("precise, aggregated",
                {"model": {"name": "m"}, "mode": "Aggregated",
                 "router": {"prefixRouting": "Precise"}}, ["precise", *_EVENTS], True),
-    PrefixCase("off", {"model": {"name": "m"}, "router": {"prefixRouting": "Off"}}, ["off"],
+    PrefixCase("off", {"model": {"name": "m"}, "router": {"prefixRouting": "Disabled"}}, ["off"],
                False),
 ]
 
@@ -248,7 +248,7 @@ def test_a_bad_prefix_routing_names_the_field_and_the_choices(tmp_path: Path) ->
     out = subprocess.run([str(Path(sys.executable).parent / "poolpilot"), "validate", str(bad)],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 1
-    assert "spec.router.prefixRouting: Input should be 'Approximate', 'Precise' or 'Off'" \
+    assert "spec.router.prefixRouting: Input should be 'Approximate', 'Precise' or 'Disabled'" \
         in out.stdout + out.stderr
 
 
