@@ -71,7 +71,6 @@ class Router(StreamRelay):
         # Retry-After) instead of waiting on an engine that stopped answering.
         self.balancer = Balancer(config.balancer, strict_roles=frozenset(
             ("prefill", "decode") if config.mode == DISAGGREGATED else ()))
-        self._prefill_timeout: aiohttp.ClientTimeout | None = None
         self.metrics = RouterMetrics(config.pool)
         self.session: aiohttp.ClientSession | None = None
         self.draining = False
@@ -134,10 +133,6 @@ class Router(StreamRelay):
             connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=10),
             auto_decompress=False,
         )
-        if c.prefill_deadline_s is not None:
-            self._prefill_timeout = aiohttp.ClientTimeout(
-                total=c.request_timeout_s, sock_connect=c.connect_timeout_s,
-                sock_read=min(c.idle_timeout_s, c.prefill_deadline_s))
         if c.health_interval_s > 0:
             self._tasks.append(asyncio.create_task(self._health_loop()))
 
@@ -597,7 +592,7 @@ class Router(StreamRelay):
             try:
                 # The prefill answer is one body after the whole prefill: its first byte is
                 # its deadline (the other phases keep the session's idle timeout).
-                deadline = self._prefill_timeout if role == "prefill" else None
+                deadline = self._prefill_deadline(queued) if role == "prefill" else None
                 try:
                     resp = await self.session.post(endpoint.url + path, data=orjson.dumps(body),
                                                    headers=JSON_HEADERS,
@@ -650,6 +645,19 @@ class Router(StreamRelay):
         elif handoff:
             raise HandoffFailed(last)
         raise last
+
+    def _prefill_deadline(self, queued_tokens: int) -> aiohttp.ClientTimeout | None:
+        """How long a prefill engine may take to answer before it counts as hung: N TTFT
+        targets plus this router's tokens queued there at the learned prefill rate (a
+        saturated engine is not a hung one)."""
+        c = self.config
+        if c.prefill_deadline_s is None:
+            return None
+        rate = self.prefill_rate.tokens_per_s
+        queue_s = queued_tokens / rate / c.speed if rate > 0 else 0.0
+        return aiohttp.ClientTimeout(total=c.request_timeout_s, sock_connect=c.connect_timeout_s,
+                                     sock_read=min(c.idle_timeout_s, c.prefill_deadline_s
+                                                   + queue_s))
 
     async def _prompt_keys(self, path: str, body: dict[str, Any]) -> PromptKeys | None:
         if self.prefix is None:

@@ -94,3 +94,36 @@ MALFORMED = [
 def test_a_malformed_authorization_header_is_no_client(case: HeaderCase) -> None:
     assert ApiKeys(["k1"]).client(case.header) is None
     assert ApiKeys(["k1"]).client("Bearer k1") is not None
+
+
+@dataclass(frozen=True)
+class DeadlineCase:
+    id: str
+    argv: tuple[str, ...]
+    queued_tokens: int
+    rate: float  # learned prefill tokens/s (0: none yet)
+    seconds: float | None  # the prefill's read deadline; None: only --idle-timeout
+
+
+DEADLINES = [
+    DeadlineCase("default-5-ttft-targets", (), 0, 0.0, 5.0),
+    DeadlineCase("targets-from-flags", ("--ttft-target", "0.5", "--prefill-deadline-ttfts",
+                                        "2"), 0, 0.0, 1.0),
+    DeadlineCase("queued-work-extends-it", (), 20_000, 10_000.0, 7.0),
+    DeadlineCase("sandbox-clock", ("--speed", "4"), 20_000, 10_000.0, 1.75),
+    DeadlineCase("never-past-the-idle-timeout", ("--idle-timeout", "6"), 10**9, 1000.0, 6.0),
+    DeadlineCase("off", ("--prefill-deadline-ttfts", "0"), 100, 1000.0, None),
+]
+
+
+@pytest.mark.parametrize("case", DEADLINES, ids=[c.id for c in DEADLINES])
+def test_the_prefill_deadline_from_the_ttft_target_and_the_queue(case: DeadlineCase) -> None:
+    from poolpilot.router.app import Router
+
+    router = Router(config_from_args(parse("--prefill", "p:1", "--decode", "d:1", *case.argv)))
+    router.prefill_rate.tokens_per_s = case.rate
+    timeout = router._prefill_deadline(case.queued_tokens)
+    if case.seconds is None:
+        assert timeout is None
+    else:
+        assert timeout is not None and timeout.sock_read == pytest.approx(case.seconds)
