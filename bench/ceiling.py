@@ -19,8 +19,7 @@ from dataclasses import dataclass
 
 from poolpilot.bench.replay import BenchConfig, new_pool_sim
 from poolpilot.engine_sim.des import SimRequest
-
-from poolpilot.traces import TraceRequest
+from poolpilot.engine_sim.traces import TraceRequest
 
 
 @dataclass(frozen=True)

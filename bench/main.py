@@ -35,11 +35,17 @@ from poolpilot.bench.sweeps import parse_policy_spec, split_specs, variant_name,
 from poolpilot.bench.workload import first_seconds, scale_load
 from poolpilot.engine_sim.des import ROUTING
 from poolpilot.engine_sim.hardware import GPUS
+from poolpilot.engine_sim.traces import (
+    FORMATS,
+    TraceError,
+    TraceRequest,
+    ideal_prefix_hit_rate,
+    load_trace,
+)
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from poolpilot import cli
-from poolpilot.traces import FORMATS, TraceError, TraceRequest, ideal_prefix_hit_rate, load_trace
 from poolpilot.validate import InvalidPool, parse_spec
 
 POLICIES = ("poolpilot", "oracle", "static-min", "static-peak", "hpa", "keda-queue",

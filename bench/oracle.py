@@ -58,8 +58,7 @@ from poolpilot.bench.policies.static_peak import MinuteLoad, size_for
 from poolpilot.bench.profile import Capacity
 from poolpilot.bench.replay import BenchConfig, meets_slo, new_pool_sim, to_sim_requests
 from poolpilot.engine_sim.des import PoolSim, RequestRecord
-
-from poolpilot.traces import TraceRequest
+from poolpilot.engine_sim.traces import TraceRequest
 
 DEFAULT_WINDOW_S = 30.0
 DEFAULT_TARGET = 0.95  # the bench's goal: the oracle meets what the others are asked to

@@ -42,9 +42,9 @@ from poolpilot.bench.policies.base import ROLES, Policy, PoolView, RoleState
 from poolpilot.bench.scrape import Labels, PromView, labels_of
 from poolpilot.engine_sim.des import ROUTING, LocalPrefill, PoolSim, SimRequest
 from poolpilot.engine_sim.engine import EngineConfig
+from poolpilot.engine_sim.traces import TraceRequest
 
 from poolpilot import metrics as m
-from poolpilot.traces import TraceRequest
 
 DEFAULT_ROUTING = "prefix-aware"  # the router's default (approximate prefix index)
 # The load imbalance reported: this percentile over the run of (busiest / mean) per role.

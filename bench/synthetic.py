@@ -30,8 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
-
-from poolpilot.traces import TraceRequest, write_csv
+from poolpilot.engine_sim.traces import TraceRequest, write_csv
 
 SHAPES = ("steady", "ramp", "bursts", "steps", "waves")
 

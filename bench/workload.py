@@ -4,7 +4,7 @@
 hour, so bursts, idle minutes and their timing against the pods' cold start are the trace's
 own. Each request is replayed floor(X) times, plus once more with probability frac(X); every
 copy after the first is shifted by a uniform offset in [-0.5, 0.5) s (seeded), so copies do
-not arrive in lock-step. (Compressing time instead, as `poolpilot.traces.scale_rate` does for
+not arrive in lock-step. (Compressing time instead, as `traces.scale_rate` does for
 the sandbox, would turn a 5-minute burst into a 1-minute one and change what autoscaling is
 up against.) X < 1 thins the trace the same way. Hash ids (prefix blocks) are kept; each copy
 after the first shares prefixes only with its own kind (see scale_load).
@@ -15,8 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-
-from poolpilot.traces import TraceRequest
+from poolpilot.engine_sim.traces import TraceRequest
 
 
 def scale_load(trace: Sequence[TraceRequest], x: float, seed: int = 0) -> list[TraceRequest]:

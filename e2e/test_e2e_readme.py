@@ -19,9 +19,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from poolpilot.engine_sim.traces import load_trace
 from poolpilot.sandbox.data import DEFAULT_TRACE
-
-from poolpilot.traces import load_trace
 
 ROOT = Path(__file__).resolve().parents[1]
 

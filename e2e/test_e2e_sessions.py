@@ -14,7 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from poolpilot.traces import ideal_prefix_hit_rate, load_trace
+from poolpilot.engine_sim.traces import ideal_prefix_hit_rate, load_trace
 
 SANDBOX = [sys.executable, "-m", "poolpilot.cli", "sandbox", "--no-progress"]
 

@@ -19,16 +19,16 @@ from typing import Any
 import pytest
 import yaml
 from e2e_support import pool_manifest, write_pool
+from poolpilot.emulator.cluster.timeline import ScaleChange
+from poolpilot.engine_sim.traces import load_trace
 from poolpilot.sandbox.data import BURST_TRACE
 from poolpilot.sandbox.loadgen import Replayer, RequestResult
 from poolpilot.sandbox.report import attach_reasons
 from poolpilot.sandbox.supervisor import AppliedPool, SandboxConfig
-from poolpilot.sandbox.timeline import ScaleChange
 from poolpilot.testkit.polling import wait_for
 from poolpilot.testkit.sandbox import SandboxThread
 
 from poolpilot import workloads
-from poolpilot.traces import load_trace
 
 SPEED = 4.0
 INTERVAL_S = 10.0  # the pool's autoscaling.intervalSeconds (simulated)

@@ -13,13 +13,12 @@ import httpx
 import pytest
 import yaml
 from e2e_support import write_pool
+from poolpilot.engine_sim.traces import TraceRequest
 from poolpilot.sandbox import tinymodel
 from poolpilot.sandbox.data import VLLM_POOL
 from poolpilot.sandbox.loadgen import Replayer
 from poolpilot.sandbox.supervisor import SandboxConfig
 from poolpilot.testkit.sandbox import SandboxThread
-
-from poolpilot.traces import TraceRequest
 
 VENV = Path(os.environ.get("POOLPILOT_VLLM_VENV", ".cache/vllm-venv"))
 

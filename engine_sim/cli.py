@@ -90,8 +90,9 @@ def _calibration(as_json: bool) -> int:
 
 
 def _trace(args: argparse.Namespace) -> int:
+    from poolpilot.engine_sim.traces import TraceError, ideal_prefix_hit_rate, load_trace
+
     from poolpilot import metrics as m
-    from poolpilot.traces import TraceError, ideal_prefix_hit_rate, load_trace
 
     from .des import PoolSim, SimRequest
     from .engine import EngineConfig

@@ -68,7 +68,7 @@ from .scheduler import Seq
 from .stats import MetricsSnapshot, sum_snapshots
 
 # Prompt tokens one of SimRequest.hash_ids stands for: a Mooncake trace's hash block
-# (poolpilot.traces.MOONCAKE_BLOCK_TOKENS), 32 of the engines' 16-token KV blocks.
+# (poolpilot.engine_sim.traces.MOONCAKE_BLOCK_TOKENS), 32 of the engines' 16-token KV blocks.
 HASH_BLOCK_TOKENS = 512
 
 

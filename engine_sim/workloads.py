@@ -41,8 +41,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 import numpy as np
-
-from poolpilot.traces import (
+from poolpilot.engine_sim.traces import (
     MOONCAKE_BLOCK_TOKENS,
     TraceRequest,
     ideal_prefix_hit_rate,

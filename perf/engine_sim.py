@@ -58,7 +58,7 @@ def des_run(reqs: list[SimRequest], chunk: int, **pool: Any) -> dict[str, Any]:
 
 
 def bench_des(trace_path: str, copies: int, pool: dict[str, Any]) -> dict[str, Any]:
-    from poolpilot.traces import load_trace
+    from poolpilot.engine_sim.traces import load_trace
 
     trace = load_trace(trace_path)
     reqs = overlay(trace, copies)

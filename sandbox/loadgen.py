@@ -22,10 +22,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import openai
+from poolpilot.engine_sim.traces import TraceRequest, prefix_hit_tokens
 from poolpilot.engine_sim.workloads import prompt_text
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
-from poolpilot.traces import TraceRequest, prefix_hit_tokens
 
 # Token ids used for prompts: above the few special ids every tokenizer keeps at the bottom,
 # below the tiny model's vocabulary size (512), so the same prompts work on every engine.

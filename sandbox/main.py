@@ -32,11 +32,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from poolpilot.engine_sim.hardware import GPUS
-from poolpilot.engine_sim.workloads import SessionParams, generate_sessions
-from rich.console import Console
-
-from poolpilot import cli
-from poolpilot.traces import (
+from poolpilot.engine_sim.traces import (
     TraceError,
     TraceRequest,
     clamp_tokens,
@@ -46,6 +42,10 @@ from poolpilot.traces import (
     window,
     write_mooncake,
 )
+from poolpilot.engine_sim.workloads import SessionParams, generate_sessions
+from rich.console import Console
+
+from poolpilot import cli
 
 from . import chaos_run, live
 from . import report as R

@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from poolpilot.emulator.cluster.timeline import RoleSample, ScaleChange
 
 from .loadgen import RequestResult
-from .timeline import RoleSample, ScaleChange
 
 QUANTILES = {"p50": 50.0, "p90": 90.0, "p99": 99.0}
 # Requests grouped by the share of their prompt an earlier request had sent (upper bounds).

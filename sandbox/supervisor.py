@@ -27,6 +27,10 @@ import httpx
 import yaml
 from poolpilot.autoscaler import recording
 from poolpilot.autoscaler.queries import QuerySet
+from poolpilot.emulator.cluster import pods as P
+from poolpilot.emulator.cluster.controller import Controller, ControllerConfig
+from poolpilot.emulator.cluster.kubeapi import KubeClient
+from poolpilot.emulator.cluster.processes import Child, ProcessTable
 from poolpilot.testkit.prometheus import (
     PrometheusNotInstalled,
     PrometheusProcess,
@@ -38,11 +42,6 @@ from poolpilot.testkit.prometheus import (
 from poolpilot import names, workloads
 from poolpilot.api import InferencePoolSpec
 from poolpilot.validate import InvalidPool, parse_spec
-
-from . import pods as P
-from .controller import Controller, ControllerConfig
-from .kubeapi import KubeClient
-from .processes import Child, ProcessTable
 
 log = logging.getLogger("poolpilot.sandbox")
 POOLPILOT = [sys.executable, "-m", "poolpilot.cli"]

@@ -22,8 +22,7 @@ from dataclasses import dataclass
 
 from poolpilot.bench.policies.base import Bounds, Decision, PoolView, clamp
 from poolpilot.bench.profile import Capacity
-
-from poolpilot.traces import TraceRequest
+from poolpilot.engine_sim.traces import TraceRequest
 
 
 @dataclass(frozen=True)

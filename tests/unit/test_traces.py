@@ -8,8 +8,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-
-from poolpilot.traces import (
+from poolpilot.engine_sim.traces import (
     TraceError,
     TraceRequest,
     busy_periods,

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 from poolpilot.autoscaler.victims import PodLoad, annotation_patches, victims
+from poolpilot.emulator.cluster.pods import plan_replicas
 from poolpilot.router.discovery import draining_pods, endpoints_from_slices
-from poolpilot.sandbox.pods import plan_replicas
 
 from poolpilot import names
 
@@ -72,7 +72,7 @@ def _pod(name: str, created: str, cost: str | None = None) -> dict[str, Any]:
 
 
 def test_the_sandbox_replicaset_deletes_the_lowest_deletion_cost_first() -> None:
-    from poolpilot.sandbox import pods as P
+    from poolpilot.emulator.cluster import pods as P
 
     dep: dict[str, Any] = {"metadata": {"name": "p-prefill"},
            "spec": {"replicas": 2, "template": {"metadata": {}, "spec": {}}}}

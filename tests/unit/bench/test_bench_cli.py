@@ -6,9 +6,9 @@ import json
 from pathlib import Path
 
 import pytest
+from poolpilot.engine_sim.traces import TraceRequest, write_csv
 
 from poolpilot.cli import main as cli_main
-from poolpilot.traces import TraceRequest, write_csv
 
 KEYS = {"slo_attainment", "gpu_hours", "ttft_p90", "itl_p90", "goodput_per_gpu",
         "met_per_gpu_hour", "scale_events", "direction_changes", "gpu_hours_vs_oracle",

@@ -17,8 +17,7 @@ from poolpilot.bench.policies.static_peak import StaticPool
 from poolpilot.bench.profile import SimCapacity
 from poolpilot.bench.replay import BenchConfig, RunResult, replay
 from poolpilot.bench.static_min import Probe, search_static_min, smallest_passing
-
-from poolpilot.traces import TraceRequest
+from poolpilot.engine_sim.traces import TraceRequest
 
 CFG = BenchConfig(model="llama-3.1-8b", gpu="h200", cold_start=30.0, max_replicas=8)
 

@@ -15,9 +15,9 @@ from poolpilot.bench.policies.poolpilot_policy import PoolpilotPolicy
 from poolpilot.bench.policies.static_peak import StaticPeak
 from poolpilot.bench.replay import FRONTEND_STARTED
 from poolpilot.bench.scrape import PromView, labels_of
+from poolpilot.engine_sim.traces import TraceRequest
 
 from poolpilot import metrics as m
-from poolpilot.traces import TraceRequest
 
 
 @dataclass

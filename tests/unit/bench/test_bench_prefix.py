@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from poolpilot.bench.replay import BenchConfig, replay
 from poolpilot.bench.workload import scale_load
+from poolpilot.engine_sim.traces import TraceRequest, write_csv, write_mooncake
 from poolpilot.engine_sim.workloads import defaults, generate_sessions
 
 from poolpilot.cli import main as cli_main
-from poolpilot.traces import TraceRequest, write_csv, write_mooncake
 
 CFG = BenchConfig(model="llama-3.1-8b", gpu="h200", cold_start=20.0, max_replicas=4)
 

@@ -10,8 +10,7 @@ from hypothesis import strategies as st
 from poolpilot.bench.main import build_policy
 from poolpilot.bench.policies.base import Decision, PoolView
 from poolpilot.bench.replay import FRONTEND_STARTED, BenchConfig, replay
-
-from poolpilot.traces import TraceRequest
+from poolpilot.engine_sim.traces import TraceRequest
 
 CFG = BenchConfig(model="llama-3.1-8b", gpu="h200", cold_start=20.0, max_replicas=4)
 

@@ -9,8 +9,7 @@ from poolpilot.bench.policies.hpa import HPAGpuUtil
 from poolpilot.bench.policies.keda import KedaQueue
 from poolpilot.bench.replay import BenchConfig
 from poolpilot.bench.sweeps import best_points, parse_policy_spec, split_specs
-
-from poolpilot.traces import TraceRequest
+from poolpilot.engine_sim.traces import TraceRequest
 
 
 @pytest.mark.parametrize(

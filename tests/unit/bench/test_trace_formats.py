@@ -1,4 +1,4 @@
-"""The three trace formats the benchmark reads (poolpilot.traces), through `poolpilot bench`.
+"""The three trace formats the benchmark reads (engine_sim.traces), through `poolpilot bench`.
 
 The same requests written as Azure CSV, Mooncake JSONL and plain CSV must replay as the same
 workload; a malformed line must stop the benchmark with exit code 2 and FILE:LINE.
@@ -12,9 +12,9 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from poolpilot.engine_sim.traces import TraceError, TraceRequest, load_trace
 
 from poolpilot.cli import main as cli_main
-from poolpilot.traces import TraceError, TraceRequest, load_trace
 
 REQS = [TraceRequest(0.0, 812, 40), TraceRequest(0.25, 3000, 7), TraceRequest(1.5, 64, 300)]
 

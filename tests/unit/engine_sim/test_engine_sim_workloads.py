@@ -11,10 +11,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from poolpilot.engine_sim.protocol import prompt_tokens
+from poolpilot.engine_sim.traces import MOONCAKE_BLOCK_TOKENS, ideal_prefix_hit_rate, load_trace
 from poolpilot.engine_sim.workloads import SessionParams, generate_sessions, prompt_text
 
 from poolpilot.cli import main as cli_main
-from poolpilot.traces import MOONCAKE_BLOCK_TOKENS, ideal_prefix_hit_rate, load_trace
 
 B = MOONCAKE_BLOCK_TOKENS
 

@@ -12,11 +12,10 @@ from pathlib import Path
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from poolpilot.engine_sim.traces import TraceRequest
 from poolpilot.sandbox import report as R
 from poolpilot.sandbox.loadgen import RequestResult, results_for
 from rich.console import Console
-
-from poolpilot.traces import TraceRequest
 
 SLO = R.Slo(ttft_s=1.0, ttft_quantile=0.9, itl_s=0.05, itl_quantile=0.9)
 

@@ -10,8 +10,8 @@ import time
 from pathlib import Path
 
 import pytest
-from poolpilot.sandbox.kubelet import AddressPool
-from poolpilot.sandbox.processes import ProcessTable
+from poolpilot.emulator.cluster.kubelet import AddressPool
+from poolpilot.emulator.cluster.processes import ProcessTable
 from poolpilot.sandbox.supervisor import SandboxError, check_port
 from poolpilot.testkit.prometheus import free_port
 

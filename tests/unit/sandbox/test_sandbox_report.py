@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from poolpilot.emulator.cluster.timeline import RoleSample, ScaleChange
+from poolpilot.engine_sim.traces import load_trace, longest_busy_period, rate_per_bin
 from poolpilot.sandbox import report as R
 from poolpilot.sandbox.data import BURST_TRACE, DEFAULT_POOL, DEFAULT_TRACE, VLLM_POOL
 from poolpilot.sandbox.loadgen import RequestResult, prompt_tokens
-from poolpilot.sandbox.timeline import RoleSample, ScaleChange
 
-from poolpilot.traces import load_trace, longest_busy_period, rate_per_bin
 from poolpilot.validate import validate_file
 
 REPO = Path(__file__).resolve().parents[3]

@@ -11,15 +11,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from poolpilot.engine_sim import protocol
-from poolpilot.sandbox import main as sandbox_main
-from poolpilot.sandbox.loadgen import request_prompt, results_for
-
-from poolpilot.traces import (
+from poolpilot.engine_sim.traces import (
     MOONCAKE_BLOCK_TOKENS,
     TraceRequest,
     ideal_prefix_hit_rate,
     load_trace,
 )
+from poolpilot.sandbox import main as sandbox_main
+from poolpilot.sandbox.loadgen import request_prompt, results_for
 
 B = MOONCAKE_BLOCK_TOKENS
 

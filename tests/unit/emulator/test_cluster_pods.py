@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from poolpilot.sandbox import pods as P
+from poolpilot.emulator.cluster import pods as P
 
 PY = [sys.executable, "-m", "poolpilot.cli"]
 

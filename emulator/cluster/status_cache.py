@@ -1,4 +1,4 @@
-"""Status writes without no-op patches: the sandbox's controllers run a pass every quarter
+"""Status writes without no-op patches: the cluster's controllers run a pass every quarter
 second, and re-patching an unchanged status would flood the API and its watchers."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""The sandbox's control plane for workloads: what kube-controller-manager and the kubelet do in
-a real cluster, for the objects poolpilot makes. One pass every `period_s` runs five jobs, each
-in a module of its own:
+"""The emulator's control plane for workloads: what kube-controller-manager and the kubelet do
+in a real cluster, for the objects poolpilot makes (the sandbox runs it beside the emulator).
+One pass every `period_s` runs five jobs, each in a module of its own:
 
 - deployments.py: Deployments -> Pods (ReplicaSet logic) and Deployment status;
 - kubelet.py: Pods -> local processes on their own loopback addresses, readiness, restarts,
@@ -30,7 +30,7 @@ from .processes import ProcessTable
 from .scrape import ScrapeTargets
 from .timeline import Timeline
 
-log = logging.getLogger("poolpilot.sandbox.controller")
+log = logging.getLogger("poolpilot.emulator.cluster.controller")
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""The sandbox's EndpointSlice controller: one slice per Service with a selector, listing its
+"""The cluster's EndpointSlice controller: one slice per Service with a selector, listing its
 pods' addresses with ready/serving/terminating conditions (pods.endpoint_slice), written only
 when it changed. The routers discover their engines through these slices."""
 

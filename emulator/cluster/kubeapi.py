@@ -1,4 +1,4 @@
-"""The sandbox controller's few verbs, on the shared Kubernetes client (`poolpilot.kubeclient`).
+"""The cluster controller's few verbs, on the shared Kubernetes client (`poolpilot.kubeclient`).
 
 Kinds are named without their group ("Pod", "EndpointSlice"): the shared client finds them
 through the API server's discovery, the core group first. Reads and writes of an object that

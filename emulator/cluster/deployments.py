@@ -1,4 +1,4 @@
-"""The sandbox's deployment controller: Deployments -> Pods as the ReplicaSet controller does
+"""The cluster's deployment controller: Deployments -> Pods as the ReplicaSet controller does
 (the plan is pods.plan_replicas: scale up, scale down not-ready pods first then the newest,
 template changes replaced surge-first), and the Deployment's status from its pods' readiness."""
 

@@ -1,4 +1,4 @@
-"""The sandbox's kubelet: Pods -> local processes, readiness, restarts, graceful deletion.
+"""The cluster's kubelet: Pods -> local processes, readiness, restarts, graceful deletion.
 
 - Each pod gets its own loopback address 127.B.N.M (AddressPool) and runs its command
   (pods.pod_command) there on its container port, in a folder of its own with its volumes as
@@ -37,7 +37,7 @@ from .kubeapi import ApiError, KubeClient
 from .processes import Child, ProcessTable
 from .status_cache import StatusCache
 
-log = logging.getLogger("poolpilot.sandbox.kubelet")
+log = logging.getLogger("poolpilot.emulator.cluster.kubelet")
 
 Obj = dict[str, Any]
 

@@ -1,4 +1,4 @@
-"""Pure pieces of the sandbox's controller: Deployments -> Pods -> local command lines, and the
+"""Pure pieces of the cluster controller: Deployments -> Pods -> local command lines, and the
 objects and status a real control plane would write (EndpointSlices, Deployment status).
 
 No I/O here: the controller's jobs (controller.py runs deployments.py, kubelet.py, endpoints.py,
