@@ -90,6 +90,9 @@ class Router(StreamRelay):
         # prefills there since (to attribute expired or invalid handoffs).
         self._handoff_seen: dict[str, HandoffCounters] = {}
         self._prefills_since: dict[str, int] = {}
+        # Per engine: the max_model_len its GET /v1/models reported (learned on health
+        # checks and on /v1/models calls), for refusing requests that cannot fit.
+        self.max_model_len: dict[str, int] = {}
 
     # -- membership (called by discovery) ----------------------------------------------------
 
@@ -107,6 +110,20 @@ class Router(StreamRelay):
         if self.prefix is not None:
             self.prefix.forget(url)
         self.metrics.forget_endpoint(url)
+        self.max_model_len.pop(url, None)
+
+    def _learn_models(self, url: str, body: bytes) -> None:
+        try:
+            length = validate.max_model_len_of(orjson.loads(body))
+        except orjson.JSONDecodeError:
+            return
+        if length is not None:
+            self.max_model_len[url] = length
+
+    def pool_max_model_len(self) -> int | None:
+        """The smallest max_model_len among the engines known now (None: none reported)."""
+        lens = [self.max_model_len[u] for u in self.balancer.urls() if u in self.max_model_len]
+        return min(lens) if lens else None
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -178,6 +195,9 @@ class Router(StreamRelay):
                         if waiting is not None:
                             self.balancer.update_waiting(url, waiting)
                         self._count_expired_handoffs(url, page)
+                async with self.session.get(url + "/v1/models", timeout=timeout) as resp:
+                    if resp.status == 200:
+                        self._learn_models(url, await resp.read())
         except (aiohttp.ClientError, TimeoutError):
             pass
         ejected, readmitted = self.balancer.report_health(url, ok, self.clock())
@@ -259,6 +279,7 @@ class Router(StreamRelay):
                 async with self.session.get(endpoint.url + "/v1/models") as resp:
                     body = await resp.read()
                     if resp.status == 200:
+                        self._learn_models(endpoint.url, body)
                         return web.Response(body=body, content_type="application/json")
             except (aiohttp.ClientError, TimeoutError):
                 self._failed(endpoint.url)
@@ -352,6 +373,9 @@ class Router(StreamRelay):
         prompt_tokens = pd.estimate_prompt_tokens(body)
         tokens = prompt_tokens + pd.requested_output_tokens(body)
         stream = progress.stream
+        too_long = validate.check_length(body, prompt_tokens, self.pool_max_model_len())
+        if too_long is not None:  # before any engine work: no prefill for a doomed decode
+            return json_error(400, too_long.message, "BadRequestError", too_long.param), 400
         prompt = await self._prompt_keys(path, body)
         try:
             if self.config.mode != DISAGGREGATED:

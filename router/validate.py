@@ -71,3 +71,57 @@ def check_disaggregated(body: dict[str, Any], chat: bool) -> Invalid | None:
     if body.get("stream_options") is not None and not stream:
         return Invalid("stream_options", "stream_options can only be given with stream: true")
     return None
+
+
+# The prompt's token count is an estimate (pd.estimate_prompt_tokens: about 4 characters a
+# token); real tokenizers range from about 2 to 8 characters a token on text. So a text
+# prompt counts at this fraction of its estimate: the router refuses only what an engine
+# would surely refuse, and leaves the close cases to the engine (which counts exactly).
+TEXT_ESTIMATE_FLOOR = 0.5
+
+
+def requested_max_tokens(body: dict[str, Any]) -> int | None:
+    """The output tokens the client asked for explicitly (None: the engine's default)."""
+    values: list[int] = []
+    for key in ("max_tokens", "max_completion_tokens"):
+        value = body.get(key)
+        if _int(value) and value >= 1:
+            values.append(value)
+    return min(values) if values else None
+
+
+def prompt_is_token_ids(body: dict[str, Any]) -> bool:
+    prompt = body.get("prompt")
+    return ("messages" not in body and isinstance(prompt, list) and bool(prompt)
+            and all(_int(t) for t in prompt))
+
+
+def check_length(body: dict[str, Any], prompt_tokens: int,
+                 max_model_len: int | None) -> Invalid | None:
+    """`prompt + max_tokens > max_model_len`, refused before any engine work (a prefill
+    engine would otherwise compute the whole prompt for a decode that cannot run). Only when
+    the pool's max_model_len is known, and only when even the low end of the estimate of
+    the prompt exceeds it (token-id prompts count exactly)."""
+    max_tokens = requested_max_tokens(body)
+    if max_model_len is None or max_tokens is None:
+        return None
+    exact = prompt_is_token_ids(body)
+    floor = prompt_tokens if exact else int(prompt_tokens * TEXT_ESTIMATE_FLOOR)
+    if floor + max_tokens <= max_model_len:
+        return None
+    key = "max_tokens" if "max_tokens" in body else "max_completion_tokens"
+    counted = (f"{prompt_tokens} in the prompt" if exact else
+               f"at least {floor} in the prompt (estimated)")
+    return Invalid(key, f"This model's maximum context length is {max_model_len} tokens. "
+                   f"However, you requested {floor + max_tokens} tokens ({counted}, "
+                   f"{max_tokens} in the completion). Please reduce the length of the prompt "
+                   f"or the completion.")
+
+
+def max_model_len_of(models: Any) -> int | None:
+    """The smallest `data[].max_model_len` in a `GET /v1/models` answer (vLLM's shape)."""
+    if not isinstance(models, dict) or not isinstance(models.get("data"), list):
+        return None
+    lens = [m["max_model_len"] for m in models["data"]
+            if isinstance(m, dict) and _int(m.get("max_model_len")) and m["max_model_len"] > 0]
+    return min(lens) if lens else None

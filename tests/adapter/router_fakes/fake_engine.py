@@ -15,6 +15,9 @@ Prints `listening on PORT` once bound. Behaves like vLLM where the router cares:
   request);
 - `--fail-kv-loads`: a request carrying a prefill's KV (do_remote_prefill) fails the way vLLM
   reports a failed KV load: a 500, or a stream whose first event is an error.
+- `--max-model-len N`: reported in /v1/models' `data[].max_model_len`, as vLLM does;
+- `--stall-after K`: a stream sends its status line and K tokens, then goes silent (a hung
+  engine: alive, not answering).
 """
 
 from __future__ import annotations
@@ -29,8 +32,11 @@ from aiohttp import web
 
 class FakeEngine:
     def __init__(self, name: str, token_delay: float, fail_kv_loads: bool = False,
-                 kv_params: dict | None = None, header_delay: float = 0.0) -> None:
+                 kv_params: dict | None = None, header_delay: float = 0.0,
+                 max_model_len: int | None = None, stall_after: int | None = None) -> None:
         self.name = name
+        self.max_model_len = max_model_len
+        self.stall_after = stall_after
         self.header_delay = header_delay
         self.kv_params = kv_params or {"remote_engine_id": name, "remote_block_ids": [1],
                                        "do_remote_prefill": True, "do_remote_decode": False}
@@ -56,9 +62,10 @@ class FakeEngine:
         return web.Response(text="")
 
     async def models(self, request: web.Request) -> web.Response:
-        return web.json_response(
-            {"object": "list", "data": [{"id": "fake", "object": "model", "owned_by": self.name}]}
-        )
+        model = {"id": "fake", "object": "model", "owned_by": self.name}
+        if self.max_model_len is not None:
+            model["max_model_len"] = self.max_model_len
+        return web.json_response({"object": "list", "data": [model]})
 
     async def metrics(self, request: web.Request) -> web.Response:
         text = (
@@ -123,6 +130,8 @@ class FakeEngine:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
         for i, tok in enumerate(tokens):
+            if self.stall_after is not None and i >= self.stall_after:
+                await asyncio.Event().wait()  # hung: the connection stays open, silent
             await asyncio.sleep(self.token_delay)
             choice = {"index": 0, "finish_reason": "length" if i == n - 1 else None}
             choice |= {"delta": {"content": tok}} if chat else {"text": tok}
@@ -156,10 +165,12 @@ async def main() -> None:
     p.add_argument("--fail-kv-loads", action="store_true")
     p.add_argument("--kv-params", type=json.loads, default=None)
     p.add_argument("--header-delay", type=float, default=0.0)
+    p.add_argument("--max-model-len", type=int, default=None)
+    p.add_argument("--stall-after", type=int, default=None)
     args = p.parse_args()
     runner = web.AppRunner(
         FakeEngine(args.name, args.token_delay, args.fail_kv_loads, args.kv_params,
-                   args.header_delay).app(),
+                   args.header_delay, args.max_model_len, args.stall_after).app(),
         handler_cancellation=True,
         access_log=None,
     )
