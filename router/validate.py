@@ -85,7 +85,7 @@ def requested_max_tokens(body: dict[str, Any]) -> int | None:
     values: list[int] = []
     for key in ("max_tokens", "max_completion_tokens"):
         value = body.get(key)
-        if _int(value) and value >= 1:
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
             values.append(value)
     return min(values) if values else None
 
