@@ -41,7 +41,7 @@ from poolpilot.router.metrics import (
 )
 from poolpilot.router.prefix_index import ApproximateIndex
 from poolpilot.router.prefix_source import PrefixSource, PromptKeys
-from poolpilot.router.relay import Attempt, Progress, StreamRelay
+from poolpilot.router.relay import Attempt, FirstTokenStalled, Progress, StreamRelay
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest, multiprocess
 
 log = logging.getLogger("poolpilot.router")
@@ -379,9 +379,9 @@ class Router(StreamRelay):
         prompt = await self._prompt_keys(path, body)
         try:
             if self.config.mode != DISAGGREGATED:
-                async with self._open("engine", path, body, tokens, prompt=prompt,
-                                      prompt_tokens=prompt_tokens) as att:
-                    return await self._relay(request, att, stream, start, progress)
+                return await self._open_relay("engine", request, body, tokens, start,
+                                              progress, prompt=prompt,
+                                              prompt_tokens=prompt_tokens)
             bad = validate.check_disaggregated(body, chat=path.endswith("/chat/completions"))
             if bad is not None:  # before the prefill step: nothing gets pinned
                 return json_error(400, bad.message, "BadRequestError", bad.param), 400
@@ -419,7 +419,8 @@ class Router(StreamRelay):
                 self._release_kv(path, body, progress.kv, avoid=[exc.error.url])
                 progress.kv = None
                 return await self._serve_local(request, body, start, lp.KV_TRANSFER_FAILED,
-                                               prompt_tokens, progress, prompt=prompt)
+                                               prompt_tokens, progress, prompt=prompt,
+                                               exclude=[exc.error.url])
             except UpstreamError:
                 if progress.kv_unclaimed():  # e.g. no decode engine at all
                     self._release_kv(path, body, progress.kv, avoid=[])
@@ -518,21 +519,51 @@ class Router(StreamRelay):
         self, request: web.Request, body: dict[str, Any], start: float, reason: str,
         prompt_tokens: int, progress: Progress, first: str | None = None,
         after: UpstreamError | None = None, prompt: PromptKeys | None = None,
+        exclude: list[str] | None = None,
     ) -> tuple[web.StreamResponse, int]:
         """Serve the request aggregated on a decode engine: it prefills the prompt itself.
-        `after`: the prefill's failure this retries, named in the error if this fails too."""
+        `after`: the prefill's failure this retries, named in the error if this fails too.
+        `exclude`: decode engines not to use (one whose handoff just failed)."""
         self.metrics.local_prefill_reason[reason].inc()
         tokens = prompt_tokens + pd.requested_output_tokens(body)
         try:
-            async with self._open("decode", request.path, pd.local_body(body), tokens,
-                                  first=first, local_tokens=prompt_tokens, prompt=prompt,
-                                  prompt_tokens=prompt_tokens) as att:
-                return await self._relay(request, att, progress.stream, start, progress)
+            return await self._open_relay("decode", request, pd.local_body(body), tokens, start,
+                                          progress, first=first, local_tokens=prompt_tokens,
+                                          prompt=prompt, prompt_tokens=prompt_tokens,
+                                          exclude=exclude)
         except UpstreamError as exc:
             if after is None:
                 raise
             raise UpstreamError(exc.url, exc.status, f"{exc.message} (a local prefill, after "
                                 f"the prefill step failed: {after.message})") from exc
+
+    async def _open_relay(
+        self, role: str, request: web.Request, body: dict[str, Any], tokens: int,
+        start: float, progress: Progress, first: str | None = None, local_tokens: int = 0,
+        prompt: PromptKeys | None = None, prompt_tokens: int = 0,
+        exclude: list[str] | None = None,
+    ) -> tuple[web.StreamResponse, int]:
+        """Send the request to an engine of `role` and relay its answer; a stream whose first
+        token misses its deadline (nothing reached the client) moves to another engine, never
+        the same one."""
+        tried = list(exclude or [])
+        last: FirstTokenStalled | None = None
+        for _ in range(self.config.max_attempts):
+            try:
+                async with self._open(role, request.path, body, tokens, exclude=tried,
+                                      first=first, local_tokens=local_tokens, prompt=prompt,
+                                      prompt_tokens=prompt_tokens) as att:
+                    return await self._relay(request, att, progress.stream, start, progress)
+            except FirstTokenStalled as exc:
+                log.warning("%s", exc)
+                tried.append(exc.url)
+                first, last = None, exc
+            except UpstreamError:
+                if last is not None:  # every other engine failed too: say why the first did
+                    raise last from None
+                raise
+        assert last is not None
+        raise last
 
     async def _prefill(self, path: str, body: dict[str, Any], tokens: int,
                        prompt: PromptKeys | None = None) -> dict[str, Any]:

@@ -49,6 +49,11 @@ class RouterConfig:
     # A prefill engine silent this long (seconds, the router's clock) is hung: the request
     # moves on and the engine counts a failure. None: only idle_timeout_s bounds it.
     prefill_deadline_s: float | None = None
+    # A stream that has started but sends no token for this long (seconds, the router's
+    # clock: --decode-stall-itls x the ITL target) is hung: the client gets an in-band error
+    # and the engine counts a failure. Before its first token, a decode after a handoff has
+    # this long too; an engine that prefills itself, this plus prefill_deadline_s. None: off.
+    decode_stall_s: float | None = None
     # Every prefill engine ejected: a decode engine prefills the request (False, with
     # --local-prefill off: a 503 with Retry-After).
     local_when_no_prefill: bool = True

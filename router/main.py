@@ -147,6 +147,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      "targets is hung: the request moves to another prefill engine, else "
                      "to a local prefill, and the engine counts a failure (0: no deadline, "
                      "only --idle-timeout)")
+    loc.add_argument("--decode-stall-itls", type=float, default=200.0,
+                     help="a streaming engine that sends no token for this many ITL targets "
+                     "(--itl-target, divided by --speed) is hung: a started stream ends with "
+                     "an error event, one not started moves to another engine or a local "
+                     "prefill, and the engine counts a failure (default 200; 0: only "
+                     "--idle-timeout)")
     loc.add_argument("--itl-target", type=float,
                      help="decode ITL budget in seconds (default: the config file's slo.itl, "
                      "else 0.05)")
@@ -281,6 +287,7 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
         prefix_max_entries=args.prefix_max_entries,
         prefix_ttl_s=args.prefix_ttl,
         prefill_deadline_s=prefill_deadline(args),
+        decode_stall_s=decode_stall(args),
         local_when_no_prefill=args.local_prefill != "off",
     )
 
@@ -298,6 +305,7 @@ NUMBER_FLAGS: tuple[tuple[str, str, float, bool], ...] = (
     ("--ramp-seconds", "ramp_seconds", 0, True),
     ("--keepalive-timeout", "keepalive_timeout", 0, False),
     ("--prefill-deadline-ttfts", "prefill_deadline_ttfts", 0, True),
+    ("--decode-stall-itls", "decode_stall_itls", 0, True),
     ("--prefill-tokens-per-s", "prefill_tokens_per_s", 0, False),
 )
 
@@ -350,6 +358,14 @@ def prefill_deadline(args: argparse.Namespace) -> float | None:
         return None
     ttft = 1.0 if args.ttft_target is None else float(args.ttft_target)
     return float(args.prefill_deadline_ttfts) * ttft / float(args.speed)
+
+
+def decode_stall(args: argparse.Namespace) -> float | None:
+    """Seconds (of the router's clock: target / --speed) a stream may go without a token."""
+    if not args.decode_stall_itls:
+        return None
+    itl = 0.05 if args.itl_target is None else float(args.itl_target)
+    return float(args.decode_stall_itls) * itl / float(args.speed)
 
 
 def prefill_seed(args: argparse.Namespace) -> float:

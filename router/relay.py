@@ -4,6 +4,7 @@ status line went out. Also the state of one request's attempts (Progress, Attemp
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import Callable
@@ -55,6 +56,11 @@ class Attempt:
     matched_tokens: int = 0  # prompt tokens it was expected to hold in its prefix cache
 
 
+class FirstTokenStalled(UpstreamError):
+    """A stream sent no first token within its deadline and nothing reached the client: the
+    request may still go to another engine."""
+
+
 class StreamRelay:
     """The relay half of the Router (router/app.py), which provides what is declared here."""
 
@@ -93,21 +99,31 @@ class StreamRelay:
         last_event: float | None = None
         buffer = b""
         chunks = upstream.content.iter_any().__aiter__()
+        first_s, stall_s = self._token_deadlines(handoff)
         while True:
+            deadline = stall_s if last_event is not None else first_s
+            timer = asyncio.timeout(deadline)
             try:
-                chunk = await chunks.__anext__()
+                async with timer:
+                    chunk = await chunks.__anext__()
             except StopAsyncIteration:
                 break
             except (aiohttp.ClientError, TimeoutError) as exc:
+                stalled = timer.expired()
+                failure: BaseException = exc
+                if stalled:
+                    failure = TimeoutError(f"no token within the decode deadline "
+                                           f"({deadline:.3g} s)")
                 if response is None:  # nothing sent yet: a proper status line
                     self._failed(endpoint.url)
                     status = 504 if isinstance(exc, TimeoutError) else 502
-                    error = UpstreamError(endpoint.url, status,
-                                          f"engine failed before its first token: {exc!r}")
+                    message = f"engine failed before its first token: {failure!r}"
                     if handoff:
-                        raise HandoffFailed(error) from exc
-                    return json_error(status, error.message, "upstream_error"), status
-                return await self._stream_broke(response, endpoint, exc, handoff), 502
+                        raise HandoffFailed(UpstreamError(endpoint.url, status, message)) from exc
+                    if stalled:  # another engine may take it (the caller retries)
+                        raise FirstTokenStalled(endpoint.url, status, message) from exc
+                    return json_error(status, message, "upstream_error"), status
+                return await self._stream_broke(response, endpoint, failure, handoff), 502
             if not buffer and chunk.endswith(b"\n\n"):
                 complete = chunk  # the usual case: whole events, passed on as they are
             else:
@@ -164,6 +180,17 @@ class StreamRelay:
             # A client may close the connection as soon as it has read [DONE] (guidellm does).
             return response, 200 if progress.done_sent else 499
         return response, 200
+
+    def _token_deadlines(self, handoff: bool) -> tuple[float | None, float | None]:
+        """Seconds a stream may wait for its first token, then between tokens (None: only the
+        session's idle timeout). A decode after a handoff starts from the prefill's KV; an
+        engine that prefills the prompt itself also has the prefill deadline for it."""
+        c = self.config
+        stall = c.decode_stall_s
+        if stall is None or handoff:
+            return stall, stall
+        first = None if c.prefill_deadline_s is None else c.prefill_deadline_s + stall
+        return first, stall
 
     async def _stream_broke(
         self, response: web.StreamResponse, endpoint: Endpoint, exc: BaseException,

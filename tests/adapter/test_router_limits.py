@@ -6,7 +6,16 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from router_support import FAST, Proc, running, start_fake_engine, start_router, wait_until
+from router_support import (
+    FAST,
+    Proc,
+    metric_value,
+    running,
+    sse_events,
+    start_fake_engine,
+    start_router,
+    wait_until,
+)
 
 pytestmark = pytest.mark.adapter
 
@@ -41,3 +50,54 @@ def test_prompt_plus_max_tokens_over_max_model_len_is_a_400_before_any_engine_wo
             fits = httpx.post(r.url + "/v1/completions", timeout=10,
                               json=too_long | {"max_tokens": 400})
             assert fits.status_code == 200, fits.text
+
+
+STALL = ("--itl-target", "0.05", "--decode-stall-itls", "10", "--ttft-target", "0.5",
+         "--prefill-deadline-ttfts", "2", "--idle-timeout", "60", "--eject-after", "1",
+         "--health-interval", "30", "--ramp-seconds", "0")
+
+
+def stream(url: str, max_tokens: int) -> httpx.Response:
+    body = {"model": "fake", "prompt": "hello " * 50, "max_tokens": max_tokens, "stream": True}
+    return httpx.post(url + "/v1/completions", json=body, timeout=30)
+
+
+def test_a_stream_that_stops_sending_tokens_ends_with_an_error_event_and_the_engine_is_ejected(
+) -> None:
+    with (
+        running(start_fake_engine("P"), start_fake_engine("D", 0.0, 0, "--stall-after", "2"))
+        as (p, d),
+        running(start_router("--prefill", p.url, "--decode", d.url, *STALL)) as (r,),
+    ):
+        resp = stream(r.url, 5)  # would wait for --idle-timeout (60 s) without the deadline
+        assert resp.status_code == 200
+        events = sse_events(resp.text)
+        texts = [e["choices"][0]["text"] for e in events if isinstance(e, dict) and "choices" in e]
+        assert texts == ["D0 ", "D1 "]
+        [error] = [e["error"] for e in events if isinstance(e, dict) and "error" in e]
+        assert "no token within the decode deadline" in error["message"]
+        assert events[-1] == "[DONE]"
+        # One stall and --eject-after 1: the only decode engine is out, the pool not ready.
+        assert httpx.get(r.url + "/ready", timeout=5).status_code == 503
+
+
+def test_a_decode_engine_that_never_sends_its_first_token_is_left_for_another() -> None:
+    engines = [start_fake_engine("P"), start_fake_engine("H", 0.0, 0, "--stall-after", "0"),
+               start_fake_engine("D")]
+    with (
+        running(*engines) as (p, h, d),
+        running(start_router("--prefill", p.url, "--decode", f"{h.url},{d.url}", *STALL))
+        as (r,),
+    ):
+        for _ in range(3):  # decode picks take turns: one of them goes to H first
+            resp = stream(r.url, 3)
+            assert resp.status_code == 200, resp.text
+            texts = [e["choices"][0]["text"] for e in sse_events(resp.text)
+                     if isinstance(e, dict) and "choices" in e]
+            assert texts == ["D0 ", "D1 ", "D2 "]
+        assert r.output is not None
+        assert "no token within the decode deadline" in r.output.text()
+        page = httpx.get(r.url + "/metrics", timeout=5).text
+        assert metric_value(page, "poolpilot_router_local_prefill_total",
+                            {"reason": "kv_transfer_failed"}) == 1
+        assert received(h) == 1  # never the same engine twice
