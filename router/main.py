@@ -29,6 +29,7 @@ from poolpilot.router.auth import ApiKeys, KeyFileError
 from poolpilot.router.balancer import BalancerConfig
 from poolpilot.router.config import AGGREGATED, DISAGGREGATED, PREFIX_ROUTING, RouterConfig
 from poolpilot.router.discovery import KubernetesDiscovery, parse_urls
+from poolpilot.router.http_guard import GuardedRunner, ServerLimits
 from poolpilot.router.prefix_index import DEFAULT_BALANCE, DEFAULT_MAX_ENTRIES, DEFAULT_TTL_S
 from poolpilot.router.prefix_source import PrefixSource
 from poolpilot.router.workers import run_workers
@@ -73,6 +74,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     lim.add_argument("--request-timeout", type=float, default=600.0, help="seconds, whole request")
     lim.add_argument("--keepalive-timeout", type=float, default=75.0,
                      help="seconds an idle client connection stays open between requests")
+    lim.add_argument("--header-timeout", type=float, default=10.0,
+                     help="seconds a new client connection may take to send its first "
+                     "request's headers before it is closed (default 10)")
+    lim.add_argument("--max-connections", type=int, default=4096,
+                     help="open client connections per router process; more are closed as "
+                     "soon as accepted (default 4096)")
     lim.add_argument("--idle-timeout", type=float, default=120.0,
                      help="seconds an engine may stay silent mid-response")
     lim.add_argument("--connect-timeout", type=float, default=handoff.ROUTER_CONNECT_TIMEOUT_S,
@@ -304,6 +311,8 @@ NUMBER_FLAGS: tuple[tuple[str, str, float, bool], ...] = (
     ("--eject-after", "eject_after", 1, True),
     ("--ramp-seconds", "ramp_seconds", 0, True),
     ("--keepalive-timeout", "keepalive_timeout", 0, False),
+    ("--header-timeout", "header_timeout", 0, False),
+    ("--max-connections", "max_connections", 1, True),
     ("--prefill-deadline-ttfts", "prefill_deadline_ttfts", 0, True),
     ("--decode-stall-itls", "decode_stall_itls", 0, True),
     ("--prefill-tokens-per-s", "prefill_tokens_per_s", 0, False),
@@ -411,8 +420,10 @@ async def serve(args: argparse.Namespace, config: RouterConfig, port: int | None
     if config.api_keys is None and ready_fd is None:
         log.warning("WARNING: no API key (--api-key / --api-key-file / $POOLPILOT_ROUTER_API_"
                     "KEY): anyone who reaches this port can send prompts")
-    runner = web.AppRunner(router.build_app(), handler_cancellation=True, access_log=None,
-                           keepalive_timeout=args.keepalive_timeout)
+    limits = ServerLimits(header_timeout_s=args.header_timeout,
+                          max_connections=args.max_connections)
+    runner = GuardedRunner(router.build_app(), limits, handler_cancellation=True,
+                           access_log=None, keepalive_timeout=args.keepalive_timeout)
     await runner.setup()
     site = web.TCPSite(runner, args.host, args.port if port is None else port,
                        shutdown_timeout=config.drain_timeout_s, reuse_port=ready_fd is not None)

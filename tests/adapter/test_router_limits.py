@@ -4,10 +4,14 @@ timeouts and connection cap."""
 
 from __future__ import annotations
 
+import socket
+import subprocess
+
 import httpx
 import pytest
 from router_support import (
     FAST,
+    POOLPILOT,
     Proc,
     metric_value,
     running,
@@ -101,3 +105,68 @@ def test_a_decode_engine_that_never_sends_its_first_token_is_left_for_another() 
         assert metric_value(page, "poolpilot_router_local_prefill_total",
                             {"reason": "kv_transfer_failed"}) == 1
         assert received(h) == 1  # never the same engine twice
+
+
+def held_open(port: int, sent: bytes) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+    if sent:
+        sock.sendall(sent)
+    return sock
+
+
+def closed_by_server(sock: socket.socket) -> bool:
+    """True once the server closed it (recv sees EOF or a reset); waits up to the socket's
+    timeout, which is far past the limits under test."""
+    try:
+        return sock.recv(1024) == b""
+    except ConnectionResetError:
+        return True
+    except TimeoutError:
+        return False
+
+
+def test_a_connection_slow_to_send_its_headers_is_closed_on_the_header_timeout() -> None:
+    with (
+        running(start_fake_engine("E")) as (e,),
+        running(start_router("--engine", e.url, "--header-timeout", "0.5",
+                             "--keepalive-timeout", "300", *FAST)) as (r,),
+    ):
+        slow = held_open(r.port, b"GET /health HTTP/1.1\r\nHost: x\r\n")  # never finished
+        silent = held_open(r.port, b"")
+        assert closed_by_server(slow) and closed_by_server(silent)
+        # A request whose headers came in time is answered as ever.
+        assert httpx.get(r.url + "/health", timeout=10).status_code == 200
+
+
+def test_connections_over_the_cap_are_closed_and_room_comes_back_when_one_closes() -> None:
+    with (
+        running(start_fake_engine("E")) as (e,),
+        running(start_router("--engine", e.url, "--max-connections", "3",
+                             "--header-timeout", "300", *FAST)) as (r,),
+    ):
+        held = [held_open(r.port, b"") for _ in range(3)]
+        extra = held_open(r.port, b"")
+        assert closed_by_server(extra)
+        with pytest.raises(httpx.TransportError):
+            httpx.get(r.url + "/health", timeout=10)
+        held.pop().close()
+        wait_until(lambda: _health(r.url), 30, "a slot to free up")
+        for sock in held:
+            sock.close()
+
+
+def _health(url: str) -> bool:
+    try:
+        return httpx.get(url + "/health", timeout=10).status_code == 200
+    except httpx.TransportError:
+        return False
+
+
+@pytest.mark.parametrize(("flag", "value"), [
+    ("--header-timeout", "0"), ("--header-timeout", "-1"), ("--max-connections", "0"),
+], ids=["zero-header-timeout", "negative-header-timeout", "zero-connections"])
+def test_bad_server_limits_are_refused_naming_the_flag(flag: str, value: str) -> None:
+    done = subprocess.run([POOLPILOT, "router", "--engine", "http://127.0.0.1:1", flag, value],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert done.stderr.startswith(f"poolpilot router: error: {flag} "), done.stderr
