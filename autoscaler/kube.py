@@ -52,14 +52,16 @@ class Workloads:
     deployments: dict[tuple[str, str], Obj]  # (namespace, name) -> Deployment
     pods: dict[tuple[str, str, str], list[Obj]]  # (namespace, pool, role) -> pods
 
-    def role_state(self, namespace: str, pool: str, role: str) -> RoleState | None:
-        """None when the role's Deployment does not exist (yet)."""
+    def role_state(self, namespace: str, pool: str, role: str, pool_uid: str = ""
+                   ) -> RoleState | None:
+        """None when the role's Deployment does not exist (yet). `pool_uid`: the pool's
+        metadata.uid, so a stray pod labelled with its name counts for nothing."""
         dep = self.deployments.get((namespace, names.child_name(pool, role)))
         if dep is None:
             return None
         c = workloads.counts(dep)
         replicas, ready = c.desired, c.ready
-        pods = self.pods.get((namespace, pool, role), [])
+        pods = own_pods(self.pods.get((namespace, pool, role), []), pool_uid)
         stuck = [p for p in pods if unschedulable(p) is not None]
         message = unschedulable(stuck[0]) or "" if stuck else ""
         ready = min(ready, replicas) if replicas else 0
@@ -71,6 +73,19 @@ class Workloads:
             unschedulable=len(stuck),
             unschedulable_message=message,
         )
+
+
+def own_pods(pods: Iterable[Obj], pool_uid: str) -> list[Obj]:
+    """The pods that belong to the pool of this uid: labelled with it, or with no uid label at
+    all (pods an operator from before the label made, until their Deployment rolls them).
+    A pod labelled with another uid (a deleted pool's of the same name, or one labelled by
+    hand) is left out. (Not in the label selector: that would hide the older pods; the list
+    by {managed-by, pool} is the same size either way.) `pool_uid` empty: every pod."""
+    if not pool_uid:
+        return list(pods)
+    return [p for p in pods
+            if ((p.get("metadata") or {}).get("labels") or {}).get(names.POOL_UID_LABEL,
+                                                                   pool_uid) == pool_uid]
 
 
 def pod_ready(pod: Obj) -> bool:
@@ -100,7 +115,8 @@ class Kube(Protocol):
                            metrics: Obj | None, conditions: Iterable[Obj]) -> bool: ...
     async def event(self, pool: Obj, reason: str, message: str, type_: str = "Normal"
                     ) -> None: ...
-    async def role_pods(self, namespace: str, pool: str, role: str) -> list[Obj]: ...
+    async def role_pods(self, namespace: str, pool: str, role: str, pool_uid: str = ""
+                        ) -> list[Obj]: ...
     async def annotate_pod(self, namespace: str, name: str,
                            annotations: Mapping[str, str | None]) -> None: ...
 
@@ -170,12 +186,14 @@ class KubeClient:
                                     {"spec": {"replicas": replicas}}, subresource="scale",
                                     manager=MANAGER)
 
-    async def role_pods(self, namespace: str, pool: str, role: str) -> list[Obj]:
-        """Every pod of one role (the cycle's view keeps only unschedulable ones): listed
-        before a scale-down chooses its victims."""
+    async def role_pods(self, namespace: str, pool: str, role: str, pool_uid: str = ""
+                        ) -> list[Obj]:
+        """Every pod of one role of the pool with this uid (`own_pods`; the cycle's view
+        keeps only unschedulable ones): listed before a scale-down chooses its victims."""
         selector = (f"{names.MANAGED_BY}={names.MANAGER},{names.POOL_LABEL}={pool},"
                     f"{names.ROLE_LABEL}={role}")
-        return list(await self.kube.list("v1", "Pod", namespace, label_selector=selector))
+        pods = await self.kube.list("v1", "Pod", namespace, label_selector=selector)
+        return own_pods(pods, pool_uid)
 
     async def annotate_pod(self, namespace: str, name: str,
                            annotations: Mapping[str, str | None]) -> None:

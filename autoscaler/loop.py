@@ -207,7 +207,8 @@ class Autoscaler:
         st = self._state(obj, roles, now)
         if now - st.last_decided < spec.autoscaling.interval_seconds / self.opt.speed - 1e-6:
             return
-        states = {r: s for r in roles if (s := wl.role_state(ns, name, r)) is not None}
+        uid = str(obj["metadata"].get("uid") or "")
+        states = {r: s for r in roles if (s := wl.role_state(ns, name, r, uid)) is not None}
         if not states:
             return  # the operator has not made the Deployments yet
         policy = parsed.policy
@@ -215,7 +216,7 @@ class Autoscaler:
             policy = replace(policy, bounds={r: b for r, b in policy.bounds.items()
                                              if r in states})
         obs = observation(ns, name, states, snap, spec.slo.ttft.quantile, spec.slo.itl.quantile,
-                          router=wl.role_state(ns, name, "router"))
+                          router=wl.role_state(ns, name, "router", uid))
         d = core.decide(obs, policy, st.history, now)
         # The recommendations are remembered now; a role's scale time (its cooldown clock)
         # only once the write has succeeded: a failed write must not start a cooldown for a
@@ -233,7 +234,7 @@ class Autoscaler:
         failed: dict[str, str] = {}
         for role, rd in d.roles.items():
             if apply and rd.replicas != rd.current:
-                marked = (await self._mark_victims(ns, name, role, rd.replicas)
+                marked = (await self._mark_victims(ns, name, role, rd.replicas, uid)
                           if rd.replicas < rd.current else [])
                 try:
                     await self.kube.scale(ns, names.child_name(name, role), rd.replicas)
@@ -269,13 +270,14 @@ class Autoscaler:
                                   "Warning")
         st.last_limited = d.scaling_limited.status
 
-    async def _mark_victims(self, ns: str, pool: str, role: str, replicas: int) -> list[str]:
+    async def _mark_victims(self, ns: str, pool: str, role: str, replicas: int,
+                            pool_uid: str = "") -> list[str]:
         """Before a scale-down to `replicas`: annotate the pods whose loss costs least
         (`victims.py`) so that the ReplicaSet controller deletes them and the router stops
         sending to them first; marks left from before are cleared. Best effort: a failure
         here costs the choice of victim, never the scale-down. Returns the pods marked."""
         try:
-            pods = [p for p in await self.kube.role_pods(ns, pool, role)
+            pods = [p for p in await self.kube.role_pods(ns, pool, role, pool_uid)
                     if not (p.get("metadata") or {}).get("deletionTimestamp")]
             fetch = getattr(self.source, "pod_loads", None)
             series = await asyncio.to_thread(fetch, ns, pool, role) if fetch else None

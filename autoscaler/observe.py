@@ -30,12 +30,24 @@ class PrometheusQueryError(RuntimeError):
     """Prometheus answered a query with an error status."""
 
 
+class MalformedAnswer(ValueError):
+    """An answer that is not an instant vector (a matrix, a scalar, not JSON, no `result`)."""
+
+
+PoolKey = tuple[str, str]  # (namespace, pool)
+
+
 @dataclass
 class Snapshot:
-    """Every query's result at one evaluation time: key -> {(namespace, pool, role): value}.
+    """Every query's result: key -> {(namespace, pool, role): value}.
 
     A group missing from a key's dict had no series (no data); NaN values stay NaN.
-    `error` is set when Prometheus could not answer (then `values` may be partial).
+    `error` is set when a query failed or its answer was not an instant vector (every pool
+    then has no data; `values` holds the queries that did answer); `pool_errors`: pools with
+    a malformed series in some answer (a value that is no number, no `value`), no data for
+    those pools alone. `time` is Prometheus's evaluation time (its clock, from the answers;
+    the local clock only when none answered) and `evaluated` each key's own: sample ages
+    are taken on Prometheus's clock, so a skewed local clock cannot make old data look new.
     """
 
     time: float
@@ -43,6 +55,8 @@ class Snapshot:
     error: str | None = None
     queries: int = 0
     recorded: int = 0  # signals read from recording rules (the rest were queried raw)
+    pool_errors: dict[PoolKey, str] = field(default_factory=dict)
+    evaluated: dict[str, float] = field(default_factory=dict)
 
     def get(self, key: str, group: GroupKey) -> float | None:
         return self.values.get(key, {}).get(group)
@@ -124,22 +138,24 @@ class PrometheusSource:
             log.info("prometheus %s: %s; %s", self.url, said,
                      "querying the rest raw" if self.rules.missing else "one query per cycle")
 
-    def _query(self, promql: str, at: float) -> list[Any]:
+    def _query(self, promql: str) -> Any:
         """One instant query through the client's session (its TLS, auth, headers and retry),
         as a form POST (a long namespace matcher stays out of the URL); the answer decoded
         with orjson: at 1,000 pools the recorded signals are megabytes of JSON, and decoding
-        them with the standard library was the largest part of a cycle's CPU."""
+        them with the standard library was the largest part of a cycle's CPU. No `time`:
+        Prometheus evaluates at its own now (a local clock ahead or behind would evaluate in
+        its past or future, and data 21 s old would look 1 s old); each answer carries that
+        time in its samples. Returns the `data` object, checked to be an instant vector."""
         session = self._prom._session
         resp = session.post(
             f"{self.url}/api/v1/query",
-            data={"query": promql, "time": at, "timeout": f"{round(self.timeout * 1000)}ms"},
+            data={"query": promql, "timeout": f"{round(self.timeout * 1000)}ms"},
             headers=self._prom.headers, auth=self._prom.auth, verify=session.verify,
             cert=session.cert, timeout=self.timeout)
         if resp.status_code != 200:
             raise PrometheusQueryError(
                 f"HTTP Status Code {resp.status_code} ({resp.content[:300]!r})")
-        result: list[Any] = orjson.loads(resp.content)["data"]["result"]
-        return result
+        return vector_data(resp.content)
 
     def fetch(self, ttft_quantiles: Iterable[float] = (0.9,),
               itl_quantiles: Iterable[float] = (0.9,),
@@ -148,49 +164,61 @@ class PrometheusSource:
         qs = self.query_set if pools is None else replace(self.query_set,
                                                           pools=tuple(sorted(pools)))
         plan = recording.plan(qs, ttft_quantiles, itl_quantiles, self.rules.usable)
-        # One evaluation time for every query, so all signals describe the same instant.
         snap = Snapshot(time=time.time(), queries=plan.count)
         jobs = list(plan.raw.items())
         if plan.combined is not None:
             jobs.insert(0, ("", plan.combined))  # the big one first
 
-        def run(item: tuple[str, str]) -> tuple[str, list[Any] | str]:
+        def run(item: tuple[str, str]) -> tuple[str, Any]:
             key, promql = item
             try:
-                result = self._query(promql, snap.time)
-            except Exception as exc:  # connection refused, 4xx/5xx, timeouts: all "no data"
+                return key, self._query(promql)
+            except Exception as exc:  # connection refused, 4xx/5xx, timeouts, not a vector
                 return key, f"{type(exc).__name__}: {exc}"
-            return key, result
 
+        failed: list[str] = []
         with ThreadPoolExecutor(max_workers=self.parallel) as pool:
             for key, out in pool.map(run, jobs):
                 if isinstance(out, str):
-                    snap.error = snap.error or f"{key or 'recorded signals'}: {out}"[:500]
+                    failed.append(f"query {key or 'recorded signals'}: {out}"[:300])
                     if not key:  # the rules may be gone: look again next cycle
                         self._rules_checked = -math.inf
-                elif key:
-                    snap.values[key] = parse_vector(out)
-                else:
-                    for k, values in parse_combined(out, plan).items():
-                        snap.values.setdefault(k, {}).update(values)
+                    continue
+                ans = parse_answer(out["result"], key, plan)
+                for k, values in ans.values.items():
+                    snap.values.setdefault(k, {}).update(values)
+                    if ans.evaluated is not None:
+                        snap.evaluated[k] = ans.evaluated
+                for pk, why in ans.bad.items():
+                    snap.pool_errors.setdefault(pk, why)
+                if not key:
                     snap.recorded = plan.recorded
+        if failed:
+            snap.error = "; ".join(failed)[:500]
+        # Prometheus's clock: the sample times' evaluation, else any answer's.
+        at = snap.evaluated.get(q.SAMPLE_TIME)
+        if at is None and snap.evaluated:
+            at = max(snap.evaluated.values())
+        if at is not None:
+            snap.time = at
         return snap
-
 
     def pod_loads(self, namespace: str, pool: str, role: str) -> PodSeries:
         """The per-pod series of one role (`QuerySet.pod_queries`); a failed query is no
         data (the choice then falls back on readiness and names)."""
         out = PodSeries()
-        now = time.time()
         for key, promql in self.query_set.pod_queries(namespace, pool, role).items():
             try:
-                result = self._query(promql, now)
+                result = self._query(promql)["result"]
             except Exception as exc:
                 log.info("pool %s/%s: per-pod %s unavailable: %s", namespace, pool, key, exc)
                 continue
             label = "endpoint" if key == q.ENDPOINT_EXPECTED_HITS else "pod"
-            values = {str((s.get("metric") or {}).get(label, "")): float(s["value"][1])
-                      for s in result or []}
+            values = {}
+            for series in result:  # a malformed series is left out (no data for that pod)
+                point = sample_value(series)
+                if isinstance(point, tuple):
+                    values[str(series["metric"].get(label, ""))] = point[1]
             setattr(out, key, values)
         return out
 
@@ -204,37 +232,113 @@ class PodSeries:
     endpoint_expected_hits: dict[str, float] = field(default_factory=dict)
 
 
-def parse_combined(result: Any, plan: recording.Plan) -> dict[str, dict[GroupKey, float]]:
-    """The combined query's series, split by query key."""
-    out: dict[str, dict[GroupKey, float]] = {}
+def vector_data(body: bytes) -> Any:
+    """The `data` of a successful instant query, or MalformedAnswer saying what it is instead."""
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise MalformedAnswer(f"not JSON ({exc})") from None
+    data = doc.get("data") if isinstance(doc, dict) else None
+    if not isinstance(data, dict):
+        raise MalformedAnswer("no data object in the answer")
+    kind = data.get("resultType")
+    if kind != "vector" or not isinstance(data.get("result"), list):
+        raise MalformedAnswer(f"a {kind} where an instant vector is expected")
+    return data
+
+
+def sample_value(series: Any) -> tuple[float, float] | str:
+    """(evaluation time, value) of one instant-vector series, or what is wrong with it.
+    NaN and +-Inf parse (Prometheus writes them as strings): they mean something."""
+    if not isinstance(series, dict) or not isinstance(series.get("metric"), dict):
+        return "a series without labels"
+    point = series.get("value")
+    if not isinstance(point, list) or len(point) != 2:
+        return f"value {point!r} is not [time, value]"
+    at, value = point
+    try:
+        if isinstance(at, bool) or isinstance(value, bool):
+            raise ValueError
+        return float(at), float(value)
+    except (TypeError, ValueError):
+        return f"value {value!r} at {at!r} is not a number"
+
+
+@dataclass
+class Answer:
+    """One query's answer parsed: key -> {group: value}; Prometheus's evaluation time; the
+    pools with a malformed series (pool -> why), which get no data from this cycle."""
+
+    values: dict[str, dict[GroupKey, float]] = field(default_factory=dict)
+    evaluated: float | None = None
+    bad: dict[PoolKey, str] = field(default_factory=dict)
+
+
+def parse_answer(result: list[Any], key: str, plan: recording.Plan | None = None) -> Answer:
+    """An instant vector's series by (namespace, pool, role). `key` "": the combined query of
+    the recorded signals, whose series `plan` splits by query key."""
+    out = Answer()
     # The key depends only on the series' name and quantile label: a few distinct pairs among
     # tens of thousands of series at 1,000 pools, so each is worked out once.
     keys: dict[tuple[str, str | None], str | None] = {}
-    for series in result or []:
-        labels = series.get("metric", {})
-        ident = (labels.get("__name__", ""), labels.get(recording.QUANTILE_LABEL))
-        if ident in keys:
-            key = keys[ident]
-        else:
-            key = keys[ident] = plan.key_of(labels)
-        if key is None:
+    for series in result:
+        point = sample_value(series)
+        labels = series.get("metric") if isinstance(series, dict) else None
+        labels = labels if isinstance(labels, dict) else {}
+        if isinstance(point, str):
+            pk = (str(labels.get("namespace", "")), str(labels.get("pool", "")))
+            out.bad.setdefault(pk, f"query {key or 'recorded signals'}: {point}"[:300])
             continue
+        k = key
+        if not key:
+            assert plan is not None
+            ident = (labels.get("__name__", ""), labels.get(recording.QUANTILE_LABEL))
+            found = keys[ident] if ident in keys else keys.setdefault(ident, plan.key_of(labels))
+            if found is None:
+                continue
+            k = found
         group = (labels.get("namespace", ""), labels.get("pool", ""), labels.get("role", ""))
-        values = out.get(key)
+        values = out.values.get(k)
         if values is None:
-            values = out[key] = {}
-        values[group] = float(series["value"][1])
+            values = out.values[k] = {}
+        values[group] = point[1]
+        out.evaluated = point[0]
     return out
 
 
 def parse_vector(result: Any) -> dict[GroupKey, float]:
-    """An instant-vector result -> {(namespace, pool, role): value}; NaN stays NaN."""
-    out: dict[GroupKey, float] = {}
-    for series in result or []:
-        labels = series.get("metric", {})
-        key = (labels.get("namespace", ""), labels.get("pool", ""), labels.get("role", ""))
-        out[key] = float(series["value"][1])  # float("NaN") and "+Inf" parse
-    return out
+    """An instant-vector result -> {(namespace, pool, role): value}; NaN stays NaN; a
+    malformed series is left out."""
+    return parse_answer(list(result or []), "v").values.get("v", {})
+
+
+# Physical ceilings: a value above one is a broken exporter or a corrupted answer, not a load,
+# and is counted as missing (a required signal missing holds the pool, MetricsAvailable=False).
+# Per replica (the larger of spec.replicas and the pods that exist, at least 1): vLLM runs at
+# most a few thousand sequences per engine and an H200 prefills ~1e5 tokens/s, so these are
+# 10-100x beyond any real engine; fractions above 1; latencies above a day.
+MAX_REQUESTS_PER_REPLICA = 1e5  # waiting or running requests
+MAX_TOKENS_PER_REPLICA = 1e7  # tokens/s, prompt or generated
+MAX_REQUEST_RATE_PER_REPLICA = 1e5  # requests/s finished
+MAX_LATENCY = 86400.0  # seconds, TTFT or ITL quantile
+MAX_ROUTER_VALUE = 1e7  # router requests in flight, requests/s, failures/s (per pool)
+_FRACTION = 1.0 + 1e-9  # KV-cache usage, prefix-cache hit rate
+
+_PER_REPLICA = {"waiting": MAX_REQUESTS_PER_REPLICA, "running": MAX_REQUESTS_PER_REPLICA,
+                "prompt_tokens_rate": MAX_TOKENS_PER_REPLICA,
+                "generation_tokens_rate": MAX_TOKENS_PER_REPLICA,
+                "request_rate": MAX_REQUEST_RATE_PER_REPLICA}
+_ABSOLUTE = {"kv_usage": _FRACTION, "prefix_hit_rate": _FRACTION, "ttft": MAX_LATENCY,
+             "itl": MAX_LATENCY}
+
+
+def plausible(value: float | None, ceiling: float, what: str, where: str) -> float | None:
+    """`value`, or None when above `ceiling` (NaN, which means "nothing happened", stays)."""
+    if value is not None and value > ceiling:
+        log.info("%s: %s=%g is above what it could be (%g): counted as missing",
+                 where, what, value, ceiling)
+        return None
+    return value
 
 
 def observation(
@@ -249,11 +353,12 @@ def observation(
     """One pool's Observation: Kubernetes counts plus this pool's groups of the snapshot;
     `router`: the router Deployment's counts, when there is one."""
     per_role = {}
+    at = snap.evaluated.get(q.SAMPLE_TIME, snap.time)  # Prometheus's clock
     for role, st in roles.items():
         g = (namespace, pool, role)
         sample_time = snap.get(q.SAMPLE_TIME, g)
-        age = None if sample_time is None or math.isnan(sample_time) else snap.time - sample_time
-        per_role[role] = RoleObservation(
+        age = None if sample_time is None or math.isnan(sample_time) else at - sample_time
+        obs = RoleObservation(
             replicas=st.replicas,
             ready=st.ready,
             starting=st.starting,
@@ -270,14 +375,27 @@ def observation(
             request_rate=snap.get(q.REQUEST_RATE, g),
             prefix_hit_rate=snap.get(q.PREFIX_HIT_RATE, g),
         )
+        where = f"pool {namespace}/{pool} {role}"
+        n = max(st.replicas, st.ready + st.starting, 1)
+        fix = {name: plausible(getattr(obs, name), ceiling * n, name, where)
+               for name, ceiling in _PER_REPLICA.items()}
+        fix |= {name: plausible(getattr(obs, name), ceiling, name, where)
+                for name, ceiling in _ABSOLUTE.items()}
+        per_role[role] = replace(obs, **fix)
     p = (namespace, pool, "")
+    where = f"pool {namespace}/{pool}"
+
+    def router_value(key: str) -> float | None:
+        return plausible(snap.get(key, p), MAX_ROUTER_VALUE, key, where)
+
     return Observation(
         roles=per_role,
-        router_ttft=snap.get(q.router_ttft_key(ttft_quantile), p),
-        router_inflight=snap.get(q.ROUTER_INFLIGHT, p),
-        router_request_rate=snap.get(q.ROUTER_REQUEST_RATE, p),
-        prometheus_error=snap.error,
+        router_ttft=plausible(snap.get(q.router_ttft_key(ttft_quantile), p), MAX_LATENCY,
+                              "router_ttft", where),
+        router_inflight=router_value(q.ROUTER_INFLIGHT),
+        router_request_rate=router_value(q.ROUTER_REQUEST_RATE),
+        prometheus_error=snap.error or snap.pool_errors.get((namespace, pool)),
         router_ready=router.ready if router is not None and router.replicas > 0 else None,
-        local_prefill_rate=snap.get(q.LOCAL_PREFILL_RATE, p),
-        kv_transfer_failure_rate=snap.get(q.KV_FAILURE_RATE, p),
+        local_prefill_rate=router_value(q.LOCAL_PREFILL_RATE),
+        kv_transfer_failure_rate=router_value(q.KV_FAILURE_RATE),
     )
