@@ -418,9 +418,12 @@ class Router(StreamRelay):
                 log.warning("KV handoff failed (%s); retrying with a local prefill", exc.error)
                 self._release_kv(path, body, progress.kv, avoid=[exc.error.url])
                 progress.kv = None
+                # A decode engine that timed out is not asked again; one that answered (a
+                # failed KV load) may well prefill the prompt itself.
+                hung = [exc.error.url] if exc.error.status == 504 else []
                 return await self._serve_local(request, body, start, lp.KV_TRANSFER_FAILED,
                                                prompt_tokens, progress, prompt=prompt,
-                                               exclude=[exc.error.url])
+                                               exclude=hung)
             except UpstreamError:
                 if progress.kv_unclaimed():  # e.g. no decode engine at all
                     self._release_kv(path, body, progress.kv, avoid=[])
