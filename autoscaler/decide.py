@@ -138,7 +138,6 @@ class Observation:
 
     roles: Mapping[str, RoleObservation]
     router_ttft: float | None = None
-    router_itl: float | None = None
     router_inflight: float | None = None
     router_request_rate: float | None = None
     prometheus_error: str | None = None

@@ -24,7 +24,6 @@ from poolpilot import api, names, workloads
 
 Obj = dict[str, Any]
 MANAGER = "poolpilot-autoscaler"
-AUTOSCALER_CONDITIONS = (api.ConditionType.METRICS_AVAILABLE, api.ConditionType.SCALING_LIMITED)
 CONFLICT_RETRIES = 5
 
 

@@ -306,12 +306,6 @@ def parse_answer(result: list[Any], key: str, plan: recording.Plan | None = None
     return out
 
 
-def parse_vector(result: Any) -> dict[GroupKey, float]:
-    """An instant-vector result -> {(namespace, pool, role): value}; NaN stays NaN; a
-    malformed series is left out."""
-    return parse_answer(list(result or []), "v").values.get("v", {})
-
-
 # Physical ceilings: a value above one is a broken exporter or a corrupted answer, not a load,
 # and is counted as missing (a required signal missing holds the pool, MetricsAvailable=False).
 # Per replica (the larger of spec.replicas and the pods that exist, at least 1): vLLM runs at
@@ -377,7 +371,7 @@ def observation(
         )
         where = f"pool {namespace}/{pool} {role}"
         n = max(st.replicas, st.ready + st.starting, 1)
-        fix = {name: plausible(getattr(obs, name), ceiling * n, name, where)
+        fix: dict[str, Any] = {name: plausible(getattr(obs, name), ceiling * n, name, where)
                for name, ceiling in _PER_REPLICA.items()}
         fix |= {name: plausible(getattr(obs, name), ceiling, name, where)
                 for name, ceiling in _ABSOLUTE.items()}

@@ -29,7 +29,6 @@ from dataclasses import dataclass
 from poolpilot import metrics as m
 
 BY = "namespace, pool, role"
-GROUP_LABELS = ("namespace", "pool", "role")
 
 # Keys of the per-group values the observation reads.
 WAITING = "waiting"
