@@ -74,10 +74,11 @@ def test_requests_the_decode_engine_would_reject_pin_nothing(prefill: Proc) -> N
 
 def test_a_handoff_the_decode_engine_rejects_frees_the_prefills_kv(prefill: Proc) -> None:
     """A decode engine with a shorter context than the prefill engine rejects the handoff
-    (a check the router cannot make); it tells the prefill engine to free the blocks, as
-    vLLM 0.32 does, and the client gets the decode engine's 400."""
+    (a check the router leaves to the engine when only its estimate of a text prompt's length,
+    counted low, would exceed it: 4,001 tokens against 3,000); it tells the prefill engine to
+    free the blocks, as vLLM 0.32 does, and the client gets the decode engine's 400."""
     with (
-        running(start_engine_sim("decode", "--max-model-len", "2048")) as (d,),
+        running(start_engine_sim("decode", "--max-model-len", "3000")) as (d,),
         running(start_router("--prefill", prefill.url, "--decode", d.url, *FAST)) as (r,),
     ):
         prompts = counter(prefill, "vllm:prompt_tokens_total")
