@@ -105,11 +105,15 @@ class PrometheusSource:
         # One quick retry: a cycle that cannot reach Prometheus holds and tries next cycle.
         # POST, because the namespace matcher can make a query long. TLS is verified (against
         # access.ca_file when given) unless switched off explicitly.
+        # The session is ours: the client mounts its retry on it, and _query posts through it
+        # itself (the client's custom_query decodes with the standard json module and sends
+        # GET; at 1,000 pools orjson and a form POST matter, see _query).
+        self._session = access.session()
         self._prom = PrometheusConnect(
             url=url,
             headers=dict(access.headers) or None,
             auth=access.auth(),
-            session=access.session(),
+            session=self._session,
             timeout=timeout,
             retry=Retry(total=1, backoff_factor=0.1, status_forcelist=(502, 503, 504),
                         allowed_methods=None),
@@ -124,7 +128,7 @@ class PrometheusSource:
         self._rules_checked = now
         expected = recording.recording_rules(self.query_set.window())
         try:
-            resp = self._prom._session.get(
+            resp = self._session.get(
                 f"{self.url}/api/v1/rules", params={"type": "record"},
                 headers=self._prom.headers, auth=self._prom.auth, timeout=self.timeout)
             resp.raise_for_status()
@@ -146,7 +150,7 @@ class PrometheusSource:
         Prometheus evaluates at its own now (a local clock ahead or behind would evaluate in
         its past or future, and data 21 s old would look 1 s old); each answer carries that
         time in its samples. Returns the `data` object, checked to be an instant vector."""
-        session = self._prom._session
+        session = self._session
         resp = session.post(
             f"{self.url}/api/v1/query",
             data={"query": promql, "timeout": f"{round(self.timeout * 1000)}ms"},
