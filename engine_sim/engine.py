@@ -113,6 +113,10 @@ class EngineCore:
         self.steps_run = 0
         self.started_loads: list[Seq] = []  # remote KV loads begun; the caller drains it
         self._aborts: list[Seq] = []
+        # Every step takes this many times its priced time: a fault injected from outside
+        # (POST /sim/fault, the sandbox's "slow engine" chaos), 1 otherwise. It applies from
+        # the next chunk planned; the one in flight keeps its times.
+        self.slowdown = 1.0
 
     # ---- requests ----
     def validate(self, prompt: int, max_output: int) -> str | None:
@@ -239,11 +243,11 @@ class EngineCore:
                     pairs += n * c + n * (n + 1) / 2
                 if c + n == s.prompt + s.generated:
                     sampled += 1
-            ch = Chunk(start, np.array([start + self.model.step_time_from(
+            ch = Chunk(start, np.array([start + self.slowdown * self.model.step_time_from(
                 new, sampled, dec, dec_kv, pairs, pre_kv)]), sp.items, False, sp.preempted)
             self.chunk = ch
             return ch
-        ends = start + np.cumsum(durs)
+        ends = start + np.cumsum(durs if self.slowdown == 1.0 else durs * self.slowdown)
         ch = Chunk(start, ends, sp.items, decode_run, sp.preempted)
         self.chunk = ch
         return ch

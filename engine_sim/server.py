@@ -29,6 +29,10 @@ Prefill/decode disaggregation, as with vLLM's NixlConnector:
 * a plain request (no kv_transfer_params) is served whole by any role, like a `kv_both`
   vLLM: on a decode engine that is the router's local-prefill fallback; with `--itl-budget`
   its prompt is prefilled in chunks that keep the running batch's steps within the budget.
+
+Fault injection, outside vLLM's API: `POST /sim/fault {"slowdown": 10}` makes every step take
+10 times its priced time (a throttled or sick GPU; the sandbox's "slow engine" chaos) from the
+next step on, `{"slowdown": 1}` ends it; `GET /sim/fault` says the current factor.
 """
 
 from __future__ import annotations
@@ -326,6 +330,8 @@ class SimServer:
         app.router.add_post("/v1/chat/completions", self.chat)
         app.router.add_post("/sim/kv/pull", self.kv_pull)
         app.router.add_get("/sim/requests", self.sim_requests)
+        app.router.add_get("/sim/fault", self.sim_fault)
+        app.router.add_post("/sim/fault", self.sim_fault)
         app.on_startup.append(self._startup)
         app.on_cleanup.append(self._cleanup)
         return app
@@ -367,6 +373,21 @@ class SimServer:
     async def sim_requests(self, request: web.Request) -> web.Response:
         """The simulator's own record of the last 10,000 finished requests (simulated s)."""
         return web.json_response({"now": self.clock.now(), "requests": list(self.engine.finished)})
+
+    async def sim_fault(self, request: web.Request) -> web.Response:
+        """Read or set the step-time multiplier (see the module's docstring)."""
+        if request.method == "POST":
+            try:
+                body = await request.json()
+                factor = float(body["slowdown"])
+            except (ValueError, KeyError, TypeError):
+                return web.json_response({"error": 'expected {"slowdown": <number >= 1>}'},
+                                         status=400)
+            if not 1.0 <= factor < float("inf"):
+                return web.json_response({"error": f"slowdown {factor}: must be >= 1"},
+                                         status=400)
+            self.engine.core.slowdown = factor
+        return web.json_response({"slowdown": self.engine.core.slowdown})
 
     async def kv_pull(self, request: web.Request) -> web.Response:
         """Side channel: a decode engine reads a finished prefill's KV, which frees it here."""

@@ -297,3 +297,42 @@ def test_decode_engine_prefills_a_plain_request_itself(budget: float | None) -> 
         assert slow >= 8
     else:
         assert slow == 0
+
+
+@dataclass(frozen=True)
+class FaultBodyCase:
+    name: str
+    body: object
+    status: int
+
+
+FAULT_BODIES = [
+    FaultBodyCase("not-a-number", {"slowdown": "fast"}, 400),
+    FaultBodyCase("missing", {}, 400),
+    FaultBodyCase("speeds-up", {"slowdown": 0.5}, 400),
+    FaultBodyCase("not-an-object", [10], 400),
+]
+
+
+@pytest.mark.parametrize("case", FAULT_BODIES, ids=lambda c: c.name)
+def test_fault_endpoint_refuses_bad_bodies(engine, case: FaultBodyCase) -> None:
+    r = httpx.post(engine.url + "/sim/fault", json=case.body)
+    assert r.status_code == case.status and "slowdown" in r.json()["error"]
+    assert httpx.get(engine.url + "/sim/fault").json() == {"slowdown": 1.0}
+
+
+def test_slow_engine_fault_makes_the_same_request_ten_times_slower() -> None:
+    """POST /sim/fault {"slowdown": 10}: the sandbox's "slow engine". The same request takes
+    10x its simulated time, and {"slowdown": 1} brings it back."""
+    with EngineSimProcess(role="aggregated", speed=float("inf"), served_name=NAME) as sim:
+        c = client(sim)
+        for factor in (1.0, 10.0, 1.0):
+            assert httpx.post(sim.url + "/sim/fault", json={"slowdown": factor}).json() == \
+                {"slowdown": factor}
+            r = c.completions.create(model=NAME, prompt=list(range(1000)), max_tokens=200,
+                                     extra_body={"ignore_eos": True})
+            assert r.usage.completion_tokens == 200  # slower, not shorter
+        recs = httpx.get(sim.url + "/sim/requests").json()["requests"][-3:]
+        took = [r["finished_at"] - r["arrival"] for r in recs]
+        assert took[1] == pytest.approx(10 * took[0], rel=0.05)  # arrival stamps round
+        assert took[2] == pytest.approx(took[0], rel=0.05)
