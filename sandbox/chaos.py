@@ -16,6 +16,18 @@ decides *what* and *when* from a seed, and judges what was recorded against thre
    that existed when the fault struck is ready again (or was removed by a scale-down); pods
    the autoscaler ordered after it may still be loading (new orders, not the fault's damage).
 
+Two faults leave the engine process alive (asked for by `--chaos-faults hung-ROLE,slow-ROLE`,
+not in the default list): "hung" stops one pod of the role (SIGSTOP: it holds its sockets and
+answers nothing) and continues it (SIGCONT) after a hold; "slow" makes its every step take
+SLOWDOWN times as long (the engine simulator's POST /sim/fault) for a hold. Besides the three
+properties, a hung engine is judged on a fourth:
+
+4. a hung engine costs a deadline, not a timeout: no request waits, from its send or from the
+   stop (whichever is later), longer than the pool's TTFT target plus one router deadline for
+   its next token or its answer (an error counts: it was seen): the prefill deadline
+   (PREFILL_DEADLINE_TTFTS x the TTFT target) for a prefill engine, the decode stall deadline
+   (DECODE_STALL_ITLS x the ITL target) for a decode or aggregated one.
+
 Times are simulated seconds from the start of the replay (the report's clock). No I/O here.
 """
 
@@ -28,12 +40,21 @@ from typing import Any
 
 INFRA = ("operator", "autoscaler", "prometheus")  # processes the sandbox restarts itself
 PODS = ("prefill", "decode", "engine", "router")  # pods the kubelet restarts
+ALIVE = ("hung", "slow")  # faults on an engine pod whose process stays alive: "hung-decode"
+SLOWDOWN = 10.0  # a slow engine's step-time multiplier
+# The router's default deadlines (router/main.py's --prefill-deadline-ttfts and
+# --decode-stall-itls), in multiples of the pool's TTFT and ITL targets.
+PREFILL_DEADLINE_TTFTS = 5.0
+DECODE_STALL_ITLS = 200.0
 # Downtime of a killed infra process before it is started again (simulated seconds). The
 # Prometheus outage is long enough for the autoscaler to decide at least twice without data.
 DOWNTIME_S: Mapping[str, tuple[float, float]] = {
     "operator": (10.0, 30.0),
     "autoscaler": (10.0, 30.0),
     "prometheus": (30.0, 60.0),
+    # how long an engine stays stopped or slow: several router deadlines
+    "hung": (20.0, 40.0),
+    "slow": (30.0, 60.0),
 }
 # Real seconds a restarted Python process or Prometheus may take to serve on a loaded machine
 # (imports, the TSDB's WAL replay, a pod's first probe); counted at the run's speed.
@@ -45,9 +66,26 @@ def default_kinds(engine_roles: Sequence[str]) -> list[str]:
     return [*INFRA, *engine_roles, "router"]
 
 
+def alive_kinds(engine_roles: Sequence[str]) -> list[str]:
+    """The hung and slow engine faults the pool's roles allow: hung-prefill, slow-decode..."""
+    return [f"{a}-{role}" for a in ALIVE for role in engine_roles]
+
+
+def alive_fault(kind: str) -> tuple[str, str] | None:
+    """"hung-decode" -> ("hung", "decode"); None for a kill."""
+    head, _, role = kind.partition("-")
+    return (head, role) if head in ALIVE and role else None
+
+
+def pod_role(kind: str) -> str:
+    """The role whose pod a pod fault acts on: "decode" for "decode" and "hung-decode"."""
+    alive = alive_fault(kind)
+    return alive[1] if alive else kind
+
+
 def parse_kinds(text: str, engine_roles: Sequence[str]) -> list[str]:
     """`--chaos-faults operator,decode,...` -> the kinds, checked against the pool's roles."""
-    allowed = default_kinds(engine_roles)
+    allowed = default_kinds(engine_roles) + alive_kinds(engine_roles)
     kinds = [k.strip() for k in text.split(",") if k.strip()]
     bad = [k for k in kinds if k not in allowed]
     if bad or not kinds:
@@ -84,7 +122,8 @@ def plan(seed: int, kinds: Sequence[str], start_s: float, end_s: float) -> list[
     faults = []
     for i, kind in enumerate(order):
         at = start_s + i * slot + rng.uniform(0, slot * 2 / 3)
-        lo, hi = DOWNTIME_S.get(kind, (0.0, 0.0))
+        alive = alive_fault(kind)
+        lo, hi = DOWNTIME_S.get(alive[0] if alive else kind, (0.0, 0.0))
         faults.append(Fault(i, kind, round(at, 1), round(rng.uniform(lo, hi), 1),
                             round(rng.random(), 4)))
     return faults
@@ -111,8 +150,14 @@ def recovery_bound_s(fault: Fault, b: BoundInputs, restarts_before: int = 0) -> 
     (pods), one cold start (the restarted engine's, or of pods that were starting at the
     kill), two autoscaler intervals and two scrapes (it must see the new state and write it;
     after Prometheus returns, two more scrapes for rates to exist again), and a start-up
-    allowance in real seconds counted at the run's speed."""
-    restart = fault.down_s if fault.kind in INFRA else kubelet_backoff_s(restarts_before)
+    allowance in real seconds counted at the run's speed. A hung or slow engine: its hold,
+    and a back-off (its liveness probe may have the kubelet restart it meanwhile)."""
+    if fault.kind in INFRA:
+        restart = fault.down_s
+    elif alive_fault(fault.kind):
+        restart = fault.down_s + kubelet_backoff_s(restarts_before)
+    else:
+        restart = kubelet_backoff_s(restarts_before)
     rates = 2 * b.scrape_s if fault.kind == "prometheus" else 0.0
     return round(restart + b.cold_start_s + rates + 2 * b.interval_s + 2 * b.scrape_s
                  + STARTUP_ALLOWANCE_REAL_S * b.speed, 1)
@@ -127,9 +172,10 @@ class FaultRecord:
     """A fault as it happened (simulated seconds from the replay's start; None: never)."""
 
     fault: Fault
-    target: str = ""  # the pod or process killed
+    target: str = ""  # the pod or process killed (stopped, slowed)
     injected_s: float | None = None
-    restored_s: float | None = None  # infra started again / the pod's process restarted
+    restored_s: float | None = None  # infra started again / the pod's process restarted /
+    # the hung engine continued (SIGCONT), the slow one back at its speed
     recovered_s: float | None = None  # back at desired size and serving
     bound_s: float = 0.0  # recovery_bound_s, from injected_s
     sole: bool = False  # a pod fault that took down its role's only replica
@@ -164,7 +210,7 @@ class Outcome:
     output_tokens: int
     max_tokens: int
     error: str | None
-
+    token_s: tuple[float, ...] = ()  # when each token reached the client
     @property
     def kind(self) -> str:
         """answered | error | truncated (a success with fewer tokens than forced) | hung."""
@@ -211,6 +257,65 @@ def judge_requests(trace_len: int, outcomes: Sequence[Outcome]) -> Verdict:
 
 def _in(t: float, lo: float | None, hi: float | None) -> bool:
     return lo is not None and hi is not None and lo <= t <= hi
+
+
+@dataclass(frozen=True)
+class Targets:
+    """The pool's latency targets (simulated seconds), which the router's deadlines scale."""
+
+    ttft_s: float
+    itl_s: float
+
+    def wait_bound_s(self, role: str) -> float:
+        """The longest a request may wait on a hung engine of `role`: the TTFT target plus
+        the deadline after which the router gives up on that engine."""
+        deadline = PREFILL_DEADLINE_TTFTS * self.ttft_s if role == "prefill" else \
+            DECODE_STALL_ITLS * self.itl_s
+        return round(self.ttft_s + deadline, 3)
+
+
+def wait_on(o: Outcome, stopped_s: float, resumed_s: float) -> float | None:
+    """How long `o` waited for its next token (or its answer, or its error) from its send or
+    the stop, whichever is later; None when it was not waiting during [stopped, resumed] (it
+    had ended before the stop, or was sent after the engine resumed); inf when it never
+    heard anything again."""
+    if o.sent_s > resumed_s or (o.finished_s is not None and o.finished_s < stopped_s):
+        return None
+    start = max(o.sent_s, stopped_s)
+    nxt = next((t for t in o.token_s if t >= start), o.finished_s)
+    return float("inf") if nxt is None else round(max(0.0, nxt - start), 3)
+
+
+def judge_hung(records: Sequence[FaultRecord], outcomes: Sequence[Outcome],
+               targets: Targets) -> Verdict:
+    """Property 4 (the module's docstring) for each hung-engine fault."""
+    problems: list[str] = []
+    checked: list[dict[str, Any]] = []
+    for r in records:
+        alive = alive_fault(r.fault.kind)
+        if not alive or alive[0] != "hung" or r.injected_s is None:
+            continue
+        resumed = r.restored_s if r.restored_s is not None else r.end_s
+        assert resumed is not None
+        bound = targets.wait_bound_s(alive[1])
+        waits = [w for o in outcomes if (w := wait_on(o, r.injected_s, resumed)) is not None]
+        over = [w for w in waits if w > bound]
+        worst = max(waits, default=0.0)
+        checked.append({"fault": r.fault.index, "kind": r.fault.kind, "target": r.target,
+                        "stopped": [r.injected_s, resumed], "requests_waiting": len(waits),
+                        "longest_wait_s": None if worst == float("inf") else worst,
+                        "bound_s": bound, "over_bound": len(over)})
+        if over:
+            problems.append(f"{r.fault.kind} ({r.target}): {len(over)} of {len(waits)} "
+                            f"requests waited longer than {bound:g}s (longest "
+                            f"{'forever' if worst == float('inf') else f'{worst:g}s'})")
+    detail = "; ".join(problems) or (
+        "no hung-engine fault in this run" if not checked else
+        "every request waiting while an engine was hung heard from the pool within its "
+        "TTFT target + one router deadline ("
+        + ", ".join(f"{c['kind']}: longest {c['longest_wait_s']:g}s of {c['bound_s']:g}s"
+                    for c in checked) + ")")
+    return Verdict("hung_engine_costs_a_deadline", not problems, detail, {"checked": checked})
 
 
 def hides_demand(r: FaultRecord) -> bool:
@@ -309,13 +414,18 @@ def events_during(r: FaultRecord, events: Iterable[Mapping[str, Any]]) -> list[M
 
 def section(seed: int, records: Sequence[FaultRecord], outcomes: Sequence[Outcome],
             trace_len: int, events: Sequence[Mapping[str, Any]],
-            down_window_s: float, interval_s: float, lag_s: float) -> dict[str, Any]:
+            down_window_s: float, interval_s: float, lag_s: float,
+            targets: Targets | None = None) -> dict[str, Any]:
     """report.json's "chaos" section: the faults as they happened, per fault the errors and
-    scale events in its span, and the three verdicts."""
+    scale events in its span, and the verdicts (the fourth, on hung engines, with the pool's
+    `targets`)."""
     per, outside = errors_by_fault(records, outcomes)
     verdicts = [judge_requests(trace_len, outcomes),
                 judge_metrics_holds(records, events, down_window_s, interval_s, lag_s),
                 judge_recovery(records)]
+    hung = judge_hung(records, outcomes, targets) if targets is not None else None
+    if hung is not None:
+        verdicts.append(hung)
     faults: list[dict[str, Any]] = []
     for r in records:
         faults.append({
@@ -328,6 +438,7 @@ def section(seed: int, records: Sequence[FaultRecord], outcomes: Sequence[Outcom
             "scale_events": [dict(e) for e in events_during(r, events)],
             **({"metrics_unavailable_seen": r.metrics_unavailable_seen}
                if r.fault.kind == "prometheus" else {}),
+            **({"hold_s": r.fault.down_s} if alive_fault(r.fault.kind) else {}),
             **({"problem": r.problem} if r.problem else {}),
         })
     req = verdicts[0].data
@@ -337,6 +448,7 @@ def section(seed: int, records: Sequence[FaultRecord], outcomes: Sequence[Outcom
         "requests": {**req, "errors_outside_faults": outside},
         "scale_events_during_faults": sum(len(f["scale_events"]) for f in faults),
         "faults": faults,
+        **({"hung_waits": hung.data["checked"]} if hung is not None else {}),
         "verdicts": {v.name: {"ok": v.ok, "detail": v.detail} for v in verdicts},
         "ok": all(v.ok for v in verdicts),
     }

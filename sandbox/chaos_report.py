@@ -101,7 +101,8 @@ def tables(section: Mapping[str, Any]) -> list[Any]:
             f"[red]not within {f['bound_s']:.0f}[/]" if f["injected_s"] is not None
             else f"[red]{f.get('problem', 'not injected')}[/]")
         target = f["target"].rsplit("-", 1)[-1] if f["kind"] not in C.INFRA else ""
-        t.add_row(s(f["injected_s"]), f["kind"], target, s(f["down_s"]), back,
+        t.add_row(s(f["injected_s"]), f["kind"], target, s(f["down_s"] if f["down_s"] is not None
+                                                           else f.get("hold_s")), back,
                   s(f["bound_s"]), errors, events)
     r = section["requests"]
     v = Table(title="chaos: properties", show_header=True)

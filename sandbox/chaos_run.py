@@ -11,7 +11,12 @@ OOM kill: nothing gets to clean up.
 - Prometheus: killed, started again after the downtime on the same port and TSDB (a
   persistent volume), its targets rewritten;
 - one pod of an engine role, or the router pod: its process killed; the sandbox's kubelet
-  restarts it after its back-off, in the same pod (restartCount + 1), as for any crash.
+  restarts it after its back-off, in the same pod (restartCount + 1), as for any crash;
+- hung-ROLE: one pod of the role stopped (SIGSTOP to its process group, the PID the sandbox's
+  kubelet started), continued (SIGCONT) after the hold; the kubelet's probes see it as a
+  real kubelet would (it may restart it);
+- slow-ROLE: one pod of the role told to take SLOWDOWN x its step time (POST /sim/fault on
+  the engine simulator's port), back to 1x after the hold.
 
 While it runs, a watcher reads the pool's Deployments (spec.replicas, status.readyReplicas)
 and the pool's status (desiredReplicas per role, MetricsAvailable) from the Kubernetes API a
@@ -30,8 +35,10 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
+from poolpilot.emulator.cluster import pods as P
 
 from poolpilot import names, workloads
 from poolpilot.api import AutoscalingMode
@@ -202,6 +209,8 @@ class ChaosRun:
         kind = rec.fault.kind
         if kind in C.INFRA:
             await self._infra(rec)
+        elif C.alive_fault(kind):
+            await self._alive(rec)
         else:
             await self._pod(rec)
 
@@ -263,19 +272,93 @@ class ChaosRun:
             rec.serving_s = self.sim(time.monotonic())
         return True
 
-    async def _pod(self, rec: C.FaultRecord) -> None:
+    async def _running(self, kind: str) -> tuple[str, dict[str, Any]]:
+        """The pod-name prefix of the fault's role, and its serving pods: ready, the process
+        alive, not on its way out (a scale-down's victim)."""
         ctl = self.sandbox.controller
         assert ctl is not None
-        prefix = names.child_name(self.pool.name, rec.fault.kind) + "-"
+        prefix = names.child_name(self.pool.name, C.pod_role(kind)) + "-"
         kube = self.sandbox.kube
         assert kube is not None
         leaving = {p["metadata"]["name"] for p in await kube.list("Pod", self.pool.namespace)
                    if p["metadata"].get("deletionTimestamp")}
-        # A serving pod: ready, its process alive, not on its way out (a scale-down's victim).
-        running = {rt.name: rt for rt in ctl.kubelet.runtimes.values()
-                   if rt.namespace == self.pool.namespace and rt.name.startswith(prefix)
-                   and rt.ready and not rt.terminating and rt.name not in leaving
-                   and rt.child is not None and rt.child.alive()}
+        return prefix, {rt.name: rt for rt in ctl.kubelet.runtimes.values()
+                        if rt.namespace == self.pool.namespace and rt.name.startswith(prefix)
+                        and rt.ready and not rt.terminating and rt.name not in leaving
+                        and rt.child is not None and rt.child.alive()}
+
+    async def _alive(self, rec: C.FaultRecord) -> None:
+        """A hung or slow engine: stop it (slow it) for the fault's hold, then let it go, and
+        wait for the pool to be whole again."""
+        ctl = self.sandbox.controller
+        assert ctl is not None
+        what, _ = C.alive_fault(rec.fault.kind) or ("", "")
+        _, running = await self._running(rec.fault.kind)
+        name = rec.fault.choose(list(running))
+        if name is None:
+            rec.problem = f"no ready {C.pod_role(rec.fault.kind)} pod"
+            return
+        rt = running[name]
+        child = rt.child
+        assert child is not None
+        rec.target = name
+        rec.sole = len(running) == 1
+        rec.bound_s = C.recovery_bound_s(rec.fault, self.bounds, rt.restarts)
+        before = set(await self.pods() or {})
+        url = self._engine_url(rt)
+        if what == "slow" and url is None:
+            rec.problem = f"{name}: no port to reach the engine on"
+            return
+        start = time.monotonic()
+        try:
+            if what == "hung":
+                child.signal_group(signal.SIGSTOP)
+            else:
+                r = await self._http.post(f"{url}/sim/fault", json={"slowdown": C.SLOWDOWN})
+                if r.status_code != 200:  # not the engine simulator (a real vLLM: 404)
+                    rec.problem = f"{name}: POST /sim/fault answered {r.status_code}"
+                    return
+            rec.injected_s = self.sim(start)
+            log.info("chaos: %s pod %s at t=%.1fs for %.0fs", "stopped" if what == "hung"
+                     else f"slowed {C.SLOWDOWN:g}x", name, rec.injected_s, rec.fault.down_s)
+            await asyncio.sleep(rec.fault.down_s / self.speed)
+        finally:
+            # let it go on every path (a cancelled run too); a restarted process never saw it
+            if what == "hung":
+                if child.alive():
+                    with contextlib.suppress(ProcessLookupError):
+                        child.signal_group(signal.SIGCONT)
+            elif rec.injected_s is not None:
+                with contextlib.suppress(httpx.HTTPError):
+                    await self._http.post(f"{url}/sim/fault", json={"slowdown": 1.0})
+        rec.restored_s = self.sim(time.monotonic())
+
+        async def back() -> bool:
+            now_rt = ctl.kubelet.runtimes.get((self.pool.namespace, name))
+            if now_rt is None:  # deleted meanwhile (scaled down)
+                rec.serving_s = rec.serving_s or rec.restored_s
+                return True
+            serving = (now_rt.child is not None and now_rt.child.alive() and now_rt.ready
+                       and not now_rt.terminating)
+            if serving and rec.serving_s is None:
+                rec.serving_s = self.sim(time.monotonic())
+            return serving
+
+        await self._until_recovered(rec, start, back, before)
+
+    @staticmethod
+    def _engine_url(rt: Any) -> str | None:
+        """http://IP:PORT of a pod's engine, from its probe (the port vLLM serves on)."""
+        probe = P.probe_url(rt.container, rt.ip)
+        if probe is None:
+            return None
+        u = urlsplit(probe)
+        return f"{u.scheme}://{u.netloc}"
+
+    async def _pod(self, rec: C.FaultRecord) -> None:
+        ctl = self.sandbox.controller
+        assert ctl is not None
+        prefix, running = await self._running(rec.fault.kind)
         name = rec.fault.choose(list(running))
         if name is None:
             rec.problem = f"no ready {rec.fault.kind} pod"
@@ -356,19 +439,29 @@ class ChaosRun:
         return [C.Outcome(sent_s=self.sim(r.sent_at) if r.sent_at else r.arrival_s,
                           finished_s=self.sim(r.finished_at) if r.finished_at else None,
                           ok=r.ok, output_tokens=r.output_tokens, max_tokens=r.max_tokens,
-                          error=r.error)
+                          error=r.error,
+                          token_s=tuple(self.sim(t) for t in r.token_times))
                 for r in results]
 
     def section(self, results: Sequence[Any], trace_len: int,
                 events: Sequence[dict[str, Any]]) -> dict[str, Any]:
+        slo = self.pool.spec.slo
+        targets = C.Targets(ttft_s=slo.ttft.seconds, itl_s=slo.itl.seconds)
         out = C.section(self.seed, self.records, self.outcomes(results), trace_len, events,
                         self.down_window_s, self.bounds.interval_s,
-                        DECISION_LAG_REAL_S * self.speed)
+                        DECISION_LAG_REAL_S * self.speed, targets)
         out["bound"] = ("kill -> component serving, the autoscaler's desired replicas asked "
                         "for, every pod that existed at the kill ready again, within: downtime "
                         "(infra) or kubelet back-off (pods) + one cold start + 2 autoscaler "
                         "intervals + 2 scrapes (+ 2 after Prometheus) + "
-                        f"{C.STARTUP_ALLOWANCE_REAL_S:g} real seconds x speed")
+                        f"{C.STARTUP_ALLOWANCE_REAL_S:g} real seconds x speed; a hung or slow "
+                        "engine: its hold + a kubelet back-off in place of the downtime")
+        out["hung_wait_bound"] = (
+            "a hung engine: every request waiting during the stop hears from the pool (a "
+            "token, its answer or an error) within the TTFT target + one router deadline: "
+            f"{C.PREFILL_DEADLINE_TTFTS:g} x TTFT target (prefill), {C.DECODE_STALL_ITLS:g} x "
+            f"ITL target (decode, aggregated); here prefill {targets.wait_bound_s('prefill'):g}s, "
+            f"decode {targets.wait_bound_s('decode'):g}s")
         out["watch"] = [
             {"t": self.sim(s.t), "sizes": {r: list(v) for r, v in s.sizes.items()},
              "desired": s.desired, "metrics_available": s.metrics_available}

@@ -1,10 +1,13 @@
-"""The chaos run's pure part: the plan a seed gives, the bounds, and the three verdicts."""
+"""The chaos run's pure part: the plan a seed gives, the bounds, and the verdicts (the three
+of every run, and the hung engine's)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from poolpilot.sandbox import chaos as C
 
 KINDS = C.default_kinds(["prefill", "decode"])
@@ -181,3 +184,136 @@ def test_sample_asked_as_desired(sizes: dict[str, tuple[int, int]],
     from poolpilot.sandbox.chaos_run import Sample
 
     assert Sample(0.0, sizes, desired, None).asked_as_desired(autoscaled) is ok
+
+
+# -- hung and slow engines ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("hung-prefill,slow-decode", ["hung-prefill", "slow-decode"]),
+    ("decode,hung-decode", ["decode", "hung-decode"]),
+], ids=["hung-and-slow", "kill-and-hang-the-same-role"])
+def test_parse_kinds_takes_hung_and_slow_engines_of_the_pools_roles(
+        text: str, expected: list[str]) -> None:
+    assert C.parse_kinds(text, ["prefill", "decode"]) == expected
+
+
+@pytest.mark.parametrize("text", ["hung-engine", "slow-router", "hung-", "frozen-decode"],
+                         ids=["not-this-pool", "router-is-no-engine", "no-role", "unknown"])
+def test_parse_kinds_refuses_other_alive_faults(text: str) -> None:
+    with pytest.raises(ValueError, match="hung-prefill,hung-decode,slow-prefill,slow-decode"):
+        C.parse_kinds(text, ["prefill", "decode"])
+
+
+def test_hung_and_slow_are_not_in_the_default_run_and_hold_for_their_range() -> None:
+    assert not any(C.alive_fault(k) for k in KINDS)
+    kinds = ["hung-decode", "slow-prefill"]
+    for f in C.plan(3, kinds, 0.0, 100.0):
+        lo, hi = C.DOWNTIME_S[f.kind.split("-")[0]]
+        assert lo <= f.down_s <= hi
+        assert C.recovery_bound_s(f, B) == round(f.down_s + 2 + 20 + 30 + 120, 1)
+
+
+T = C.Targets(ttft_s=1.0, itl_s=0.05)
+
+
+def test_wait_bound_is_the_ttft_target_plus_the_roles_router_deadline() -> None:
+    assert T.wait_bound_s("prefill") == 1.0 + 5 * 1.0
+    assert T.wait_bound_s("decode") == 1.0 + 200 * 0.05
+    assert T.wait_bound_s("engine") == T.wait_bound_s("decode")
+
+
+def streamed(sent: float, tokens: tuple[float, ...], finished: float | None = None,
+             ok: bool = True) -> C.Outcome:
+    return C.Outcome(sent, finished if finished is not None or not tokens else tokens[-1], ok,
+                     len(tokens) if ok else 0, len(tokens) if ok else 10,
+                     None if ok else "APIError: engine stalled", token_s=tokens)
+
+
+@dataclass(frozen=True)
+class WaitCase:
+    name: str
+    outcome: C.Outcome
+    wait: float | None  # from max(sent, stop=100) to its next token or end; stop 100..130
+
+
+WAITS = [
+    WaitCase("ended-before-the-stop", streamed(90, (91, 95)), None),
+    WaitCase("sent-after-it-resumed", streamed(131, (132,)), None),
+    WaitCase("sent-during-moved-on-after-the-deadline", streamed(110, (115.5, 116)), 5.5),
+    WaitCase("in-flight-its-next-token-after-the-stop", streamed(95, (96, 99, 104, 105)), 4),
+    WaitCase("error-seen-is-an-answer", streamed(101, (), finished=111, ok=False), 10),
+    WaitCase("never-heard-again", C.Outcome(105, None, False, 0, 10, None), float("inf")),
+]
+
+
+@pytest.mark.parametrize("case", WAITS, ids=lambda c: c.name)
+def test_wait_on_a_hung_engine(case: WaitCase) -> None:
+    assert C.wait_on(case.outcome, 100.0, 130.0) == case.wait
+
+
+def hung_record(kind: str = "hung-prefill") -> C.FaultRecord:
+    return C.FaultRecord(C.Fault(0, kind, 100, down_s=30), target="p-prefill-a",
+                         injected_s=100.0, restored_s=130.0, recovered_s=135.0, bound_s=200.0)
+
+
+@pytest.mark.parametrize(("kind", "outcomes", "ok"), [
+    ("hung-prefill", [streamed(101, (106.5, 107)), streamed(120, (121,))], True),
+    ("hung-prefill", [streamed(101, (107.5,))], False),
+    ("hung-prefill", [streamed(101, (), finished=221, ok=False)], False),
+    ("hung-decode", [streamed(95, (96, 108, 109))], True),
+    ("hung-decode", [C.Outcome(105, None, False, 0, 10, None)], False),
+    ("slow-prefill", [streamed(101, (200,))], True),
+], ids=["moved-on-within-the-prefill-deadline", "past-the-prefill-deadline",
+        "idle-timeout-504", "decode-deadline-is-itl-based", "hung-forever",
+        "slow-engine-is-not-judged-on-it"])
+def test_judge_hung(kind: str, outcomes: list[C.Outcome], ok: bool) -> None:
+    v = C.judge_hung([hung_record(kind)], outcomes, T)
+    assert v.ok is ok, v.detail
+
+
+def test_section_has_the_hung_verdict_and_each_stops_waits() -> None:
+    s = C.section(3, [hung_record()], [streamed(101, (106, 107)), outcome("answered", 20)], 2,
+                  [], 60, 10, 8, T)
+    assert s["verdicts"]["hung_engine_costs_a_deadline"]["ok"] and s["ok"]
+    (w,) = s["hung_waits"]
+    assert (w["requests_waiting"], w["longest_wait_s"], w["bound_s"]) == (1, 5.0, 6.0)
+    assert s["faults"][0]["hold_s"] == 30
+    late = C.section(3, [hung_record()], [streamed(101, (130.5,)), outcome("answered", 20)],
+                     2, [], 60, 10, 8, T)
+    assert not late["ok"] and not late["verdicts"]["hung_engine_costs_a_deadline"]["ok"]
+
+
+def test_router_defaults_are_the_deadlines_the_verdict_assumes() -> None:
+    import argparse
+
+    from poolpilot.router.main import add_arguments
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args([])
+    assert args.prefill_deadline_ttfts == C.PREFILL_DEADLINE_TTFTS
+    assert args.decode_stall_itls == C.DECODE_STALL_ITLS
+
+
+times = st.floats(0, 300, allow_nan=False)
+
+
+@given(sent=times, gaps=st.lists(st.floats(0, 50, allow_nan=False), max_size=6),
+       stop=times, hold=st.floats(0, 60, allow_nan=False), ends=st.booleans())
+def test_wait_on_is_never_negative_and_bounded_by_the_next_event(
+        sent: float, gaps: list[float], stop: float, hold: float, ends: bool) -> None:
+    tokens, t = [], sent
+    for g in gaps:
+        t += g
+        tokens.append(t)
+    o = C.Outcome(sent, (t + 1) if ends else None, ends, len(tokens), len(tokens),
+                  None, token_s=tuple(tokens))
+    w = C.wait_on(o, stop, stop + hold)
+    if w is None:  # not waiting during the stop: sent after, or done before
+        assert sent > stop + hold or (ends and t + 1 < stop)
+    elif w != float("inf"):
+        start = max(sent, stop)
+        assert 0 <= w <= (t + 1) - start + 1e-6
+    else:
+        assert not ends and all(x < max(sent, stop) for x in tokens)
