@@ -168,33 +168,49 @@ DESCRIPTION: dict[Reason, str] = {
                          "(Warning Event)",
 }
 
-# The decision step that gives each reason (the order the core runs them in).
-STEPS = ("data", "signals", "capacity", "forecast", "ratio", "stabilization", "rate",
-         "cooldown", "pending", "bounds", "condition", "event")
-_STEP_MEMBERS: dict[str, tuple[Reason, ...]] = {
-    "data": (Reason.SCALED_TO_ZERO, Reason.WAKE_UP, Reason.NO_READY_REPLICAS,
-             Reason.METRICS_UNAVAILABLE, Reason.METRICS_STALE),
-    "signals": (Reason.NO_TRAFFIC, Reason.WITHIN_DEAD_BAND, Reason.SIGNALS_ABSTAIN,
-                Reason.AT_RECOMMENDED_SIZE,
-                Reason.TTFT_ABOVE_TARGET, Reason.ITL_ABOVE_TARGET, Reason.QUEUE_ABOVE_TARGET,
-                Reason.QUEUE_BELOW_TARGET, Reason.PROMPT_THROUGHPUT_ABOVE_TARGET,
-                Reason.PROMPT_THROUGHPUT_BELOW_TARGET, Reason.SEQUENCES_ABOVE_TARGET,
-                Reason.SEQUENCES_BELOW_TARGET, Reason.KV_CACHE_ABOVE_TARGET,
-                Reason.KV_CACHE_BELOW_TARGET),
-    "capacity": (Reason.CAPACITY_NEEDED, Reason.CAPACITY_IDLE),
-    "forecast": (Reason.DEMAND_ABOVE_CAPACITY, Reason.DEMAND_RISING),
-    "ratio": (Reason.RATIO_FLOOR,),
-    "stabilization": (Reason.SCALE_UP_STABILIZED, Reason.SCALE_DOWN_STABILIZED,
-                      Reason.STABILIZATION_WINDOW_FILLING),
-    "rate": (Reason.SCALE_UP_RATE_LIMITED, Reason.SCALE_DOWN_RATE_LIMITED),
-    "cooldown": (Reason.SCALE_UP_COOLDOWN, Reason.SCALE_DOWN_COOLDOWN),
-    "pending": (Reason.WAITING_FOR_STARTING_REPLICAS, Reason.UNSCHEDULABLE),
-    "bounds": (Reason.CLAMPED_TO_MIN, Reason.CLAMPED_TO_MAX, Reason.MAX_REPLICAS_REACHED,
-               Reason.KV_TRANSFER_FAILING),
-    "condition": (Reason.METRICS_FOUND, Reason.SCALING_ALLOWED),
-    "event": (Reason.SCALED_UP, Reason.SCALED_DOWN, Reason.SCALE_FAILED),
+class StepName(StrEnum):
+    """The decision step that gives each reason (the order the core runs them in): a role's
+    `Step.name`, and the headings of the reasons' table."""
+
+    DATA = "data"
+    SIGNALS = "signals"
+    CAPACITY = "capacity"
+    FORECAST = "forecast"
+    RATIO = "ratio"
+    STABILIZATION = "stabilization"
+    RATE = "rate"
+    COOLDOWN = "cooldown"
+    PENDING = "pending"
+    BOUNDS = "bounds"
+    CONDITION = "condition"
+    EVENT = "event"
+
+
+STEPS = tuple(StepName)
+_STEP_MEMBERS: dict[StepName, tuple[Reason, ...]] = {
+    StepName.DATA: (Reason.SCALED_TO_ZERO, Reason.WAKE_UP, Reason.NO_READY_REPLICAS,
+        Reason.METRICS_UNAVAILABLE, Reason.METRICS_STALE),
+    StepName.SIGNALS: (Reason.NO_TRAFFIC, Reason.WITHIN_DEAD_BAND, Reason.SIGNALS_ABSTAIN,
+        Reason.AT_RECOMMENDED_SIZE,
+        Reason.TTFT_ABOVE_TARGET, Reason.ITL_ABOVE_TARGET, Reason.QUEUE_ABOVE_TARGET,
+        Reason.QUEUE_BELOW_TARGET, Reason.PROMPT_THROUGHPUT_ABOVE_TARGET,
+        Reason.PROMPT_THROUGHPUT_BELOW_TARGET, Reason.SEQUENCES_ABOVE_TARGET,
+        Reason.SEQUENCES_BELOW_TARGET, Reason.KV_CACHE_ABOVE_TARGET,
+        Reason.KV_CACHE_BELOW_TARGET),
+    StepName.CAPACITY: (Reason.CAPACITY_NEEDED, Reason.CAPACITY_IDLE),
+    StepName.FORECAST: (Reason.DEMAND_ABOVE_CAPACITY, Reason.DEMAND_RISING),
+    StepName.RATIO: (Reason.RATIO_FLOOR,),
+    StepName.STABILIZATION: (Reason.SCALE_UP_STABILIZED, Reason.SCALE_DOWN_STABILIZED,
+        Reason.STABILIZATION_WINDOW_FILLING),
+    StepName.RATE: (Reason.SCALE_UP_RATE_LIMITED, Reason.SCALE_DOWN_RATE_LIMITED),
+    StepName.COOLDOWN: (Reason.SCALE_UP_COOLDOWN, Reason.SCALE_DOWN_COOLDOWN),
+    StepName.PENDING: (Reason.WAITING_FOR_STARTING_REPLICAS, Reason.UNSCHEDULABLE),
+    StepName.BOUNDS: (Reason.CLAMPED_TO_MIN, Reason.CLAMPED_TO_MAX, Reason.MAX_REPLICAS_REACHED,
+        Reason.KV_TRANSFER_FAILING),
+    StepName.CONDITION: (Reason.METRICS_FOUND, Reason.SCALING_ALLOWED),
+    StepName.EVENT: (Reason.SCALED_UP, Reason.SCALED_DOWN, Reason.SCALE_FAILED),
 }
-STEP_OF: dict[Reason, str] = {r: step for step, rs in _STEP_MEMBERS.items() for r in rs}
+STEP_OF: dict[Reason, StepName] = {r: step for step, rs in _STEP_MEMBERS.items() for r in rs}
 
 
 def reasons_text() -> str:
