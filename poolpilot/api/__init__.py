@@ -1,0 +1,664 @@
+"""The InferencePool API (group poolpilot.dev, version v1alpha1).
+
+These pydantic models are the single source of truth: the CRD in crds/ is generated from them
+(`poolpilot crd`), including the cross-field rules below, which become CEL
+`x-kubernetes-validations` so the API server rejects the same specs the models reject.
+This module does no I/O (enforced by import-linter).
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+)
+from pydantic_core import PydanticCustomError
+
+from poolpilot import handoff
+from poolpilot.api.autoscaling import (
+    AutoscalingMode,
+    AutoscalingSpec,
+    AutoscalingTargets,
+    LatencyTarget,
+    ScalingBehavior,
+    SloSpec,
+)
+from poolpilot.api.common import (
+    GPU_RESOURCE,
+    RESOURCE_NAME,
+    EnvVar,
+    LocalObjectReference,
+    ResourceRequirements,
+    SecretKeyRef,
+    Toleration,
+)
+from poolpilot.api.podtemplate import (
+    CONTAINER_OWNED,
+    OWNED_ENV,
+    OWNED_LABEL_PREFIX,
+    OWNED_POD_LABELS,
+    OWNED_VOLUMES,
+    POD_SPEC_OWNED,
+    Capabilities,
+    ContainerOverlay,
+    ContainerSecurityOverlay,
+    EnvVarOverlay,
+    PodSpecOverlay,
+    PodTemplate,
+    PodTemplateMetadata,
+    PodVolume,
+    VolumeMount,
+    _containers_named,
+)
+from poolpilot.api.status import (
+    CONDITION_REASON,
+    CONDITION_TYPE,
+    Condition,
+    ConditionType,
+    InferencePoolStatus,
+    ObservedMetrics,
+    RoleStatus,
+)
+from poolpilot.apitypes import (
+    DNS1035_LABEL,
+    DNS1123_LABEL,
+    ApiModel,
+    Int32,
+    JsonValue,
+    LabelValue,
+    Matching,
+    ObjectName,
+    QualifiedName,
+    Quantity,
+    ReservedKeys,
+    Rule,
+    RuleFailure,
+    TrimmedString,
+    cel_string,
+    collecting_rule_failures,
+    spellings,
+)
+
+__all__ = [
+    "CONDITION_REASON",
+    "CONDITION_TYPE",
+    "CONTAINER_OWNED",
+    # defined in the submodules, used as api.X
+    "GPU_RESOURCE",
+    "OWNED_ENV",
+    "OWNED_LABEL_PREFIX",
+    "OWNED_POD_LABELS",
+    "OWNED_VOLUMES",
+    "POD_SPEC_OWNED",
+    "RESOURCE_NAME",
+    "ApiModel",
+    "AutoscalingMode",
+    "AutoscalingSpec",
+    "AutoscalingTargets",
+    "Capabilities",
+    "Condition",
+    "ConditionType",
+    "ContainerOverlay",
+    "ContainerSecurityOverlay",
+    "EnvVar",
+    "EnvVarOverlay",
+    "InferencePoolStatus",
+    "JsonValue",
+    "LatencyTarget",
+    "LocalObjectReference",
+    "ObservedMetrics",
+    "PodSpecOverlay",
+    "PodTemplate",
+    "PodTemplateMetadata",
+    "PodVolume",
+    "ResourceRequirements",
+    "RoleStatus",
+    "Rule",
+    "RuleFailure",
+    "ScalingBehavior",
+    "SecretKeyRef",
+    "SloSpec",
+    "Toleration",
+    "VolumeMount",
+    "collecting_rule_failures",
+]
+
+GROUP = "poolpilot.dev"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "InferencePool"
+PLURAL = "inferencepools"
+SINGULAR = "inferencepool"
+SHORT_NAMES = ["ipool"]
+CATEGORIES = ["poolpilot"]
+DEFAULT_RUNTIME_IMAGE = "ghcr.io/poolpilot/runtime:0.1.0"
+
+
+# ---------------------------------------------------------------------------------------------
+# Free-form maps with keys poolpilot owns
+
+# vLLM flags the engine launcher sets itself (it refuses them again as --engine-arg), and where
+# each one comes from instead. The launcher reads keys in camelCase, snake_case or kebab-case.
+RESERVED_ENGINE_ARGS: dict[str, str] = {
+    "model": "from spec.model (name, or source.pvc)",
+    "port": "(engines listen on port 8000)",
+    "host": "(engines listen on every address of the pod)",
+    "servedModelName": "from spec.model.servedName",
+    "tensorParallelSize": "from the role's tensorParallelSize",
+    "kvTransferConfig": "from spec.kvTransfer (connector and extraConfig)",
+}
+# kvTransfer.extraConfig keys the launcher sets from the connector and the role.
+RESERVED_CONNECTOR_KEYS: dict[str, str] = {
+    "kvConnector": "from spec.kvTransfer.connector",
+    "kvRole": "from the role (prefill produces KV, decode consumes it)",
+}
+CONNECTOR_EXTRA_CONFIG_KEY = "kvConnectorExtraConfig"  # must be an object
+
+
+def _connector_extra_config(value: dict[str, Any]) -> dict[str, Any]:
+    for key in spellings(CONNECTOR_EXTRA_CONFIG_KEY):
+        if key in value and not isinstance(value[key], dict):
+            raise PydanticCustomError(
+                "dict_type", "{key}: must be an object (it becomes kv_connector_extra_config)",
+                {"key": key},
+            )
+    return value
+
+
+EngineArgs = Annotated[dict[str, JsonValue], ReservedKeys(RESERVED_ENGINE_ARGS)]
+ConnectorConfig = Annotated[
+    dict[str, JsonValue],
+    ReservedKeys(
+        RESERVED_CONNECTOR_KEYS,
+        properties={
+            key: {"type": "object", "x-kubernetes-preserve-unknown-fields": True,
+                  "description": "Passed to vLLM as kv_connector_extra_config."}
+            for key in spellings(CONNECTOR_EXTRA_CONFIG_KEY)
+        },
+    ),
+    AfterValidator(_connector_extra_config),
+]
+
+
+# ---------------------------------------------------------------------------------------------
+# Model and runtime
+
+
+class HuggingFaceSource(ApiModel):
+    """Download the weights from the Hugging Face Hub at start-up."""
+
+    token_secret: SecretKeyRef | None = Field(
+        default=None, description="Secret holding an HF token, for gated models such as Llama."
+    )
+
+
+class PvcSource(ApiModel):
+    """Load the weights from a PersistentVolumeClaim that already holds them."""
+
+    claim_name: ObjectName = Field(description="Name of the PVC holding the weights.")
+    path: str = Field(
+        default="/", description="Folder of the model inside the volume, e.g. /llama-3.1-8b."
+    )
+
+
+class ModelSource(ApiModel):
+    """Where the weights come from: the Hugging Face Hub (default) or a PVC."""
+
+    rules = (
+        Rule(
+            field="pvc",
+            cel="!(has(self.huggingFace) && has(self.pvc))",
+            message="set either huggingFace or pvc, not both",
+            check=lambda s: not (s.hugging_face is not None and s.pvc is not None),
+        ),
+    )
+
+    hugging_face: HuggingFaceSource | None = Field(
+        default=None, description="Download from the Hugging Face Hub (the default)."
+    )
+    pvc: PvcSource | None = Field(default=None, description="Load from a PVC.")
+
+
+class ModelSpec(ApiModel):
+    """The model to serve."""
+
+    name: str = Field(
+        min_length=1,
+        description="Model id on the Hugging Face Hub (e.g. meta-llama/Llama-3.1-8B-Instruct).",
+    )
+    served_name: str | None = Field(
+        default=None,
+        min_length=1,
+        description="Name clients put in the `model` field; defaults to `name`.",
+    )
+    source: ModelSource = Field(
+        default_factory=ModelSource, description="Where the weights come from."
+    )
+
+
+class StorageSpec(ApiModel):
+    """Sizes of the engine pods' scratch volumes: each emptyDir gets a sizeLimit (the kubelet
+    evicts a pod that writes past it) and the disk ones an ephemeral-storage request, so the
+    scheduler places the pod where the space is."""
+
+    model_cache: Quantity = Field(
+        default="100Gi",
+        description="The model-cache emptyDir the weights download into (Hugging Face source; "
+        "a PVC source has none): at least the model's size on disk (8B in bf16: 16 GB; 70B: "
+        "140 GB).",
+    )
+    compile_cache: Quantity = Field(
+        default="10Gi", description="vLLM's, Triton's and torch.compile's caches.")
+    tmp: Quantity = Field(default="4Gi", description="/tmp (HOME and TMPDIR).")
+    shm: Quantity = Field(
+        default="2Gi",
+        description="/dev/shm (in memory, counted against the container's memory): tensor-"
+        "parallel ranks and NCCL exchange tensors there; raise it for large tensorParallelSize.",
+    )
+
+
+class RuntimeSpec(ApiModel):
+    """The engine container, shared by all engine roles."""
+
+    image: TrimmedString = Field(
+        default=DEFAULT_RUNTIME_IMAGE,
+        description="Engine image: vLLM's OpenAI server with poolpilot's launcher.",
+    )
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(
+        default="IfNotPresent", description="Always, IfNotPresent or Never."
+    )
+    engine_args: EngineArgs = Field(
+        default_factory=dict,
+        description="vLLM server arguments in camelCase, e.g. {maxModelLen: 8192}; "
+        "per-role engineArgs override these. Flags poolpilot sets itself (model, port, host, "
+        "servedModelName, tensorParallelSize, kvTransferConfig) are refused.",
+    )
+    env: list[EnvVar] = Field(default_factory=list, description="Extra environment variables.")
+    resources: ResourceRequirements = Field(
+        default_factory=ResourceRequirements,
+        description="CPU and memory for each engine container (GPUs come from `gpus`).",
+    )
+    node_selector: dict[str, LabelValue] = Field(
+        default_factory=dict, description="Node labels the engine pods must run on."
+    )
+    tolerations: list[Toleration] = Field(
+        default_factory=list, max_length=64, description="Tolerations for the engine pods."
+    )
+    image_pull_secrets: list[LocalObjectReference] = Field(
+        default_factory=list, description="Secrets for pulling the engine image (and the "
+        "router's); podTemplate.spec.imagePullSecrets adds to them."
+    )
+    storage: StorageSpec = Field(
+        default_factory=StorageSpec, description="Sizes of the engine pods' scratch volumes."
+    )
+
+
+class Mode(StrEnum):
+    DISAGGREGATED = "Disaggregated"
+    AGGREGATED = "Aggregated"
+
+
+class Connector(StrEnum):
+    NIXL = "NixlConnector"
+    EXAMPLE = "ExampleConnector"
+    LMCACHE = "LMCacheConnectorV1"
+
+
+class RdmaSpec(ApiModel):
+    """NIXL over RDMA (InfiniBand, RoCE or EFA): the device resource, IPC_LOCK (to pin the
+    buffers it registers), UCX's transports and devices, and the secondary networks."""
+
+    resource: QualifiedName = Field(
+        description="The RDMA device plugin's resource, e.g. rdma/ib, rdma/hca_shared_devices_a "
+        "or vpc.amazonaws.com/efa.",
+    )
+    count: Int32 = Field(default=1, ge=1, description="Devices per engine pod.")
+    ucx_tls: str | None = Field(
+        default="rc,ud,sm,self,cuda_copy,cuda_ipc",
+        min_length=1,
+        description="UCX_TLS: the transports UCX may use (NIXL's UCX backend).",
+    )
+    ucx_net_devices: str | None = Field(
+        default=None, min_length=1,
+        description="UCX_NET_DEVICES, e.g. mlx5_0:1,mlx5_1:1; unset: UCX picks.",
+    )
+    networks: list[Annotated[str, Matching(
+        r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?/)?[a-z0-9]([-a-z0-9]*[a-z0-9])?(@[a-z0-9]+)?$",
+        "must be a NetworkAttachmentDefinition: NAME, NAMESPACE/NAME or NAME@INTERFACE",
+        max_length=253)]] = Field(
+        default_factory=list, max_length=16,
+        description="Multus NetworkAttachmentDefinitions attached to the engine pods "
+        "(k8s.v1.cni.cncf.io/networks), e.g. [rdma-net].",
+    )
+
+
+class KvTransferSpec(ApiModel):
+    """How the KV cache moves from prefill to decode (Disaggregated mode)."""
+
+    connector: Connector = Field(
+        default=Connector.NIXL,
+        strict=False,
+        description="vLLM KV connector: NixlConnector, ExampleConnector or LMCacheConnectorV1.",
+    )
+    extra_config: ConnectorConfig = Field(
+        default_factory=dict,
+        description="Extra kv_connector_extra_config, passed to vLLM as is (KVTransferConfig "
+        "fields such as kv_buffer_device go to the top level); kv_connector and kv_role are "
+        "set by poolpilot.",
+    )
+    side_channel_port: Int32 = Field(
+        default=5600, ge=1024, le=65535,
+        description="NixlConnector: the port of NIXL's side channel (VLLM_NIXL_SIDE_CHANNEL_PORT),"
+        " where decode engines fetch a prefill engine's KV layout; declared on the engine "
+        "container.",
+    )
+    rdma: RdmaSpec | None = Field(
+        default=None, description="NIXL over RDMA; unset: UCX over TCP on the pod network.")
+
+
+# ---------------------------------------------------------------------------------------------
+# Roles
+
+
+def _replica_rules() -> tuple[Rule, ...]:
+    return (
+        Rule(
+            field="maxReplicas",
+            cel="self.minReplicas <= self.maxReplicas",
+            message="must be >= minReplicas ({minReplicas}); raise maxReplicas or lower "
+            "minReplicas",
+            check=lambda s: s.min_replicas <= s.max_replicas,
+        ),
+        Rule(
+            field="replicas",
+            cel="self.replicas >= self.minReplicas && self.replicas <= self.maxReplicas",
+            message="must be within [minReplicas, maxReplicas] ({minReplicas}..{maxReplicas}); "
+            "set replicas inside the bounds",
+            check=lambda s: s.min_replicas <= s.replicas <= s.max_replicas,
+        ),
+    )
+
+
+# The preStop sleep and vLLM's teardown come out of the grace period (launcher
+# --grace-seconds); what is left is vLLM's --shutdown-timeout, at least 1 s.
+MIN_ENGINE_GRACE_SECONDS = 16
+# A prefill engine (NIXL) holds each prompt's KV for the lease; its drain should cover it.
+MIN_PREFILL_NIXL_GRACE_SECONDS = 10 + handoff.kv_lease_seconds() + 5
+
+
+class EngineRoleSpec(ApiModel):
+    """Size and bounds of one engine role (prefill, decode, or the aggregated engine)."""
+
+    rules = (
+        *_replica_rules(),
+        _containers_named("engine"),
+        Rule(
+            field="gpus",
+            cel="self.gpus >= self.tensorParallelSize || "
+            "(self.gpus == 0 && self.tensorParallelSize == 1)",
+            message="must be >= tensorParallelSize ({tensorParallelSize}); each tensor-parallel "
+            "rank needs its own GPU",
+            check=lambda s: s.gpus >= s.tensor_parallel_size
+            or (s.gpus == 0 and s.tensor_parallel_size == 1),
+        ),
+    )
+
+    replicas: Int32 = Field(
+        default=1,
+        ge=0,
+        description="Replicas when autoscaling is off; the starting size when it is on.",
+    )
+    min_replicas: Int32 = Field(default=1, ge=0, description="Autoscaling lower bound.")
+    max_replicas: Int32 = Field(default=8, ge=1, description="Autoscaling upper bound.")
+    gpus: Int32 = Field(
+        default=1, ge=0, description="GPUs per pod (nvidia.com/gpu); 0 runs on CPU."
+    )
+    tensor_parallel_size: Int32 = Field(
+        default=1, ge=1, description="Tensor-parallel ranks per pod; needs gpus >= this."
+    )
+    resources: ResourceRequirements = Field(
+        default_factory=ResourceRequirements,
+        description="Overrides runtime.resources for this role.",
+    )
+    engine_args: EngineArgs = Field(
+        default_factory=dict,
+        description="Overrides runtime.engineArgs for this role, e.g. {maxNumBatchedTokens: 8192}.",
+    )
+    termination_grace_period_seconds: Int32 = Field(
+        default=120, ge=MIN_ENGINE_GRACE_SECONDS,
+        description="Seconds a stopping engine pod has: a 10 s preStop (the routers stop "
+        "sending to it), then vLLM drains its in-flight requests for what is left less 5 s of "
+        "teardown (--shutdown-timeout); a prefill engine also waits for its KV to be pulled.",
+    )
+    pod_template: PodTemplate = Field(
+        default_factory=PodTemplate,
+        description="Laid over spec.podTemplate for this role's pods.",
+    )
+
+
+class PrefixRouting(StrEnum):
+    APPROXIMATE = "Approximate"
+    PRECISE = "Precise"
+    # Not "Off": YAML 1.1 (PyYAML, and kubectl's YAML reader) reads an unquoted Off as false.
+    DISABLED = "Disabled"
+
+
+class RouterSpec(ApiModel):
+    """The OpenAI-compatible router in front of the engines."""
+
+    rules = (
+        _containers_named("router"),
+        Rule(
+            field="podTemplate.spec.serviceAccountName",
+            cel="!has(self.podTemplate) || !has(self.podTemplate.spec) || "
+            "!has(self.podTemplate.spec.serviceAccountName)",
+            message="the router's discovery needs the ServiceAccount the operator makes for "
+            "it (NAME-router); remove it",
+            check=lambda s: s.pod_template.spec.service_account_name is None,
+        ),
+    )
+
+    replicas: Int32 = Field(default=2, ge=1, description="Router replicas.")
+    image: TrimmedString | None = Field(
+        default=None, description="Router image; defaults to runtime.image (it holds the router)."
+    )
+    resources: ResourceRequirements = Field(
+        default_factory=ResourceRequirements,
+        description="Router container resources, over the defaults (requests cpu 500m, memory "
+        "512Mi; limit memory 2Gi).",
+    )
+    termination_grace_period_seconds: Int32 = Field(
+        default=60, ge=6,
+        description="Seconds a stopping router pod has to finish its streams (after a 5 s "
+        "preStop).",
+    )
+    pod_template: PodTemplate = Field(
+        default_factory=PodTemplate,
+        description="Laid over the router pods (spec.podTemplate is for engine pods only).",
+    )
+    api_key_secret: SecretKeyRef | None = Field(
+        default=None,
+        description="Secret key holding the API keys clients must send (Authorization: Bearer "
+        "KEY), one per line; unset: no authentication. Rotating the Secret takes effect "
+        "without a restart.",
+    )
+    prefix_routing: PrefixRouting = Field(
+        default=PrefixRouting.APPROXIMATE,
+        strict=False,
+        description="How the router picks prefill and aggregated engines (and decode engines "
+        "for a local prefill) by the prompt prefix they hold in their prefix cache, against "
+        "their load. Approximate: from the router's own record of the prompts it sent where "
+        "(works with any engine). Precise: from the engines' own KV-cache events (the "
+        "engines are started publishing them on ports 5557 and 5558; the router tokenizes "
+        "each prompt with an engine's /tokenize). Disabled: by load only.",
+    )
+
+
+
+class MonitoringSpec(ApiModel):
+    """Prometheus Operator objects made for the pool, when its CRDs are installed."""
+
+    service_monitor: bool = Field(default=True, description="Make a ServiceMonitor for the router.")
+    pod_monitor: bool = Field(default=True, description="Make a PodMonitor for the engines.")
+
+
+MetricsNamespace = Annotated[str, Matching(
+    DNS1123_LABEL,
+    "must be a namespace name: lowercase letters, digits and '-', starting and ending with a "
+    "letter or digit",
+    max_length=63,
+)]
+
+
+class NetworkPolicySpec(ApiModel):
+    """NetworkPolicies around the pool: only its router, and its other engines (the KV-cache
+    handoff), reach the engines; the router takes clients on its port."""
+
+    enabled: bool | None = Field(
+        default=None,
+        description="Make the NetworkPolicies. Unset: the operator's default "
+        "(--network-policies; the chart's operator.networkPolicies).",
+    )
+    metrics_namespaces: list[MetricsNamespace] = Field(
+        default_factory=lambda: ["monitoring"], max_length=16,
+        description="Namespaces whose pods may scrape the engines' metrics on port 8000 "
+        "(where Prometheus runs).",
+    )
+    router_from: list[dict[str, JsonValue]] = Field(
+        default_factory=list, max_length=32,
+        description="Who may reach the router's port: NetworkPolicy peers (podSelector, "
+        "namespaceSelector, ipBlock), e.g. [{namespaceSelector: {matchLabels: "
+        "{kubernetes.io/metadata.name: ingress-nginx}}}]; empty: anyone.",
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# The pool
+
+
+class InferencePoolSpec(ApiModel):
+    """A pool of vLLM engines serving one model, prefill and decode on separate Deployments."""
+
+    rules = (
+        Rule(
+            field="autoscaling.scaleToZero",
+            cel="self.autoscaling.scaleToZero || (self.prefill.minReplicas >= 1 && "
+            "self.decode.minReplicas >= 1 && self.engine.minReplicas >= 1)",
+            message="must be true for minReplicas 0; set minReplicas >= 1 or enable scaleToZero",
+            check=lambda s: s.autoscaling.scale_to_zero
+            or min(s.prefill.min_replicas, s.decode.min_replicas, s.engine.min_replicas) >= 1,
+        ),
+        _containers_named("engine"),
+        Rule(
+            field="prefill.terminationGracePeriodSeconds",
+            cel=f"self.mode != 'Disaggregated' || self.kvTransfer.connector != 'NixlConnector' "
+            f"|| self.prefill.terminationGracePeriodSeconds >= {MIN_PREFILL_NIXL_GRACE_SECONDS}",
+            message=f"must be >= {MIN_PREFILL_NIXL_GRACE_SECONDS} with NixlConnector (the 10 s "
+            f"preStop, the {handoff.kv_lease_seconds()} s KV lease its decode engines may still "
+            "pull within, 5 s of teardown); raise it",
+            check=lambda s: s.mode != Mode.DISAGGREGATED
+            or s.kv_transfer.connector != Connector.NIXL
+            or s.prefill.termination_grace_period_seconds >= MIN_PREFILL_NIXL_GRACE_SECONDS,
+        ),
+    )
+
+    model: ModelSpec = Field(description="The model to serve.")
+    runtime: RuntimeSpec = Field(
+        default_factory=RuntimeSpec, description="The engine container, shared by all roles."
+    )
+    mode: Mode = Field(
+        default=Mode.DISAGGREGATED,
+        strict=False,
+        description="Disaggregated: separate prefill and decode pools with KV handoff. "
+        "Aggregated: one engine pool.",
+    )
+    kv_transfer: KvTransferSpec = Field(
+        default_factory=KvTransferSpec, description="KV handoff between prefill and decode."
+    )
+    prefill: EngineRoleSpec = Field(
+        default_factory=EngineRoleSpec, description="Prefill role (Disaggregated mode)."
+    )
+    decode: EngineRoleSpec = Field(
+        default_factory=lambda: EngineRoleSpec(replicas=1, max_replicas=16),
+        description="Decode role (Disaggregated mode).",
+    )
+    engine: EngineRoleSpec = Field(
+        default_factory=EngineRoleSpec, description="The single engine role (Aggregated mode)."
+    )
+    router: RouterSpec = Field(default_factory=RouterSpec, description="The router.")
+    slo: SloSpec = Field(default_factory=SloSpec, description="Latency objectives.")
+    autoscaling: AutoscalingSpec = Field(
+        default_factory=AutoscalingSpec, description="Autoscaling."
+    )
+    monitoring: MonitoringSpec = Field(
+        default_factory=MonitoringSpec, description="Prometheus Operator objects."
+    )
+    network_policy: NetworkPolicySpec = Field(
+        default_factory=NetworkPolicySpec, description="NetworkPolicies around the pool."
+    )
+    pod_template: PodTemplate = Field(
+        default_factory=PodTemplate,
+        description="Laid over every engine pod the operator renders (labels, annotations, "
+        "affinity, tolerations, volumes, the engine container's env and mounts, ...); "
+        "spec.<role>.podTemplate goes over it.",
+    )
+
+    def engine_roles(self) -> list[str]:
+        """The engine roles this pool runs, in the order they are created."""
+        return ["prefill", "decode"] if self.mode == Mode.DISAGGREGATED else ["engine"]
+
+    def role(self, name: str) -> EngineRoleSpec:
+        spec: EngineRoleSpec = getattr(self, name)
+        return spec
+
+    def served_name(self) -> str:
+        return self.model.served_name or self.model.name
+
+
+# Every child object is named POOL-ROLE (the longest, POOL-prefill, is 8 characters more) and
+# Services need DNS-1035 labels of at most 63 characters; 40 leaves room for the children.
+POOL_NAME_MAX = 40
+POOL_NAME_MESSAGE = (
+    f"must be a DNS-1035 label of at most {POOL_NAME_MAX} characters: lowercase letters, digits "
+    "and '-', starting with a letter and ending with a letter or digit (e.g. llama-8b), so "
+    "that every object poolpilot names after the pool (NAME-prefill, NAME-router) is a valid "
+    "Service name"
+)
+# The CRD's root rule: the API server refuses such names too (metadata is not in the schema).
+POOL_NAME_RULE = {
+    "rule": f"size(self.metadata.name) <= {POOL_NAME_MAX} && "
+    f"self.metadata.name.matches({cel_string(DNS1035_LABEL)})",
+    "message": f"metadata.name: {POOL_NAME_MESSAGE}",
+}
+
+PoolName = Annotated[str, Matching(DNS1035_LABEL, POOL_NAME_MESSAGE, max_length=POOL_NAME_MAX)]
+NamespaceName = Annotated[str, Matching(
+    DNS1123_LABEL,
+    "must be a namespace name: lowercase letters, digits and '-', starting and ending with a "
+    "letter or digit",
+    max_length=63,
+)]
+
+
+class ObjectMeta(BaseModel):
+    """The subset of metadata the API needs; everything else passes through."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    name: PoolName
+    namespace: NamespaceName | None = None
+
+
+class InferencePool(ApiModel):
+    """An InferencePool: one model served by prefill and decode engines behind a router."""
+
+    api_version: Literal["poolpilot.dev/v1alpha1"] = "poolpilot.dev/v1alpha1"
+    kind: Literal["InferencePool"] = "InferencePool"
+    metadata: ObjectMeta
+    spec: InferencePoolSpec
+    status: InferencePoolStatus | None = None
