@@ -2,9 +2,9 @@
 
 Disaggregated: prefill on one engine, KV handed over, decode (and stream) on another.
 Aggregated: forward to one engine. Selection and health live in balancer.py (pure);
-this module does the I/O: the HTTP handlers, the P/D flow, retries, health checks, KV
-releases, draining. The relay to the client is relay.py; the configuration config.py; the
-errors and their OpenAI shape errors.py.
+this module does the I/O: the HTTP handlers, the P/D flow, retries, KV releases, draining.
+The health checks and load scraping are health_checks.py; the relay to the client relay.py;
+the configuration config.py; the errors and their OpenAI shape errors.py.
 """
 
 from __future__ import annotations
@@ -32,12 +32,10 @@ from poolpilot.router.errors import (
     json_error,
     openai_errors,
 )
+from poolpilot.router.health_checks import HealthChecks
 from poolpilot.router.metrics import (
     HandoffCounters,
     RouterMetrics,
-    attributed_kv_failures,
-    parse_handoff_counters,
-    parse_waiting,
 )
 from poolpilot.router.prefix_index import ApproximateIndex
 from poolpilot.router.prefix_source import PrefixSource, PromptKeys
@@ -51,7 +49,7 @@ RETRYABLE_STATUS = {502, 503, 504}
 JSON_HEADERS = {"Content-Type": "application/json"}
 
 
-class Router(StreamRelay):
+class Router(HealthChecks, StreamRelay):
     def __init__(self, config: RouterConfig, clock: Callable[[], float] = time.monotonic,
                  prefix_source: PrefixSource | None = None) -> None:
         """`prefix_source`: where prefixes are cached, for `prefix_routing` precise (the KV
@@ -112,14 +110,6 @@ class Router(StreamRelay):
         self.metrics.forget_endpoint(url)
         self.max_model_len.pop(url, None)
 
-    def _learn_models(self, url: str, body: bytes) -> None:
-        try:
-            length = validate.max_model_len_of(orjson.loads(body))
-        except orjson.JSONDecodeError:
-            return
-        if length is not None:
-            self.max_model_len[url] = length
-
     def pool_max_model_len(self) -> int | None:
         """The smallest max_model_len among the engines known now (None: none reported)."""
         lens = [self.max_model_len[u] for u in self.balancer.urls() if u in self.max_model_len]
@@ -171,68 +161,6 @@ class Router(StreamRelay):
         except TimeoutError:
             log.warning("drain timeout: %d requests still in flight", self.active)
             return False
-
-    # -- health checks and load scraping -----------------------------------------------------
-
-    async def _health_loop(self) -> None:
-        while True:
-            urls = self.balancer.urls()
-            await asyncio.gather(*(self._check(url) for url in urls), return_exceptions=True)
-            await asyncio.sleep(self.config.health_interval_s)
-
-    async def _check(self, url: str) -> None:
-        assert self.session is not None
-        timeout = aiohttp.ClientTimeout(total=self.config.health_timeout_s)
-        ok = False
-        try:
-            async with self.session.get(url + "/health", timeout=timeout) as resp:
-                ok = resp.status == 200
-            if ok:
-                async with self.session.get(url + "/metrics", timeout=timeout) as resp:
-                    if resp.status == 200:
-                        page = await resp.text()
-                        waiting = parse_waiting(page)
-                        if waiting is not None:
-                            self.balancer.update_waiting(url, waiting)
-                        self._count_expired_handoffs(url, page)
-                async with self.session.get(url + "/v1/models", timeout=timeout) as resp:
-                    if resp.status == 200:
-                        self._learn_models(url, await resp.read())
-        except (aiohttp.ClientError, TimeoutError):
-            pass
-        ejected, readmitted = self.balancer.report_health(url, ok, self.clock())
-        self._log_ejections(ejected)
-        for e in readmitted:
-            log.info("re-admitted %s endpoint %s (health check passed)", e.role, e.url)
-
-    def _count_expired_handoffs(self, url: str, page: str) -> None:
-        """Handoffs that failed without any request failing: the prefill engine let a KV
-        lease expire, or a decode engine read KV after it had (vLLM logs "Potentially invalid
-        KV blocks"). Counted as KV-transfer failures, this router's share of them."""
-        now = parse_handoff_counters(page)
-        if now is None:
-            return
-        prev = self._handoff_seen.get(url)
-        self._handoff_seen[url] = now
-        mine = self._prefills_since.pop(url, 0)
-        if prev is None:
-            return
-        bad = attributed_kv_failures(prev, now, mine)
-        if bad > 0:
-            self.metrics.kv_failures_pool.inc(bad)
-            log.warning("prefill engine %s reports %.0f expired or invalid KV handoffs "
-                        "(%.2f of them this router's)", url, now.bad - prev.bad, bad)
-
-    def _failed(self, url: str) -> None:
-        self._log_ejections(self.balancer.report_failure(url, self.clock()))
-
-    def _log_ejections(self, ejected: list[Endpoint]) -> None:
-        for e in ejected:
-            if self.prefix is not None:
-                self.prefix.forget(e.url)
-            assert e.ejected_until is not None
-            log.warning("ejected %s endpoint %s for %.1f s after %d consecutive failures",
-                        e.role, e.url, e.ejected_until - self.clock(), e.failures)
 
     # -- small endpoints ---------------------------------------------------------------------
 

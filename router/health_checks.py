@@ -1,0 +1,108 @@
+"""The health-check half of the Router (router/app.py): each engine's /health, /metrics and
+/v1/models on a timer, ejection and re-admission, and what the scrapes teach the router (queue
+lengths, expired handoffs, each engine's max_model_len).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+import aiohttp
+import orjson
+from poolpilot.router import validate
+from poolpilot.router.balancer import Balancer, Endpoint
+from poolpilot.router.config import RouterConfig
+from poolpilot.router.metrics import (
+    HandoffCounters,
+    RouterMetrics,
+    attributed_kv_failures,
+    parse_handoff_counters,
+    parse_waiting,
+)
+from poolpilot.router.prefix_source import PrefixSource
+
+log = logging.getLogger("poolpilot.router")
+
+
+class HealthChecks:
+    """Health checks and load scraping for the Router, which provides what is declared here."""
+
+    clock: Callable[[], float]
+    config: RouterConfig
+    balancer: Balancer
+    metrics: RouterMetrics
+    prefix: PrefixSource | None
+    session: aiohttp.ClientSession | None
+    max_model_len: dict[str, int]
+    _handoff_seen: dict[str, HandoffCounters]
+    _prefills_since: dict[str, int]
+
+    async def _health_loop(self) -> None:
+        while True:
+            urls = self.balancer.urls()
+            await asyncio.gather(*(self._check(url) for url in urls), return_exceptions=True)
+            await asyncio.sleep(self.config.health_interval_s)
+
+    async def _check(self, url: str) -> None:
+        assert self.session is not None
+        timeout = aiohttp.ClientTimeout(total=self.config.health_timeout_s)
+        ok = False
+        try:
+            async with self.session.get(url + "/health", timeout=timeout) as resp:
+                ok = resp.status == 200
+            if ok:
+                async with self.session.get(url + "/metrics", timeout=timeout) as resp:
+                    if resp.status == 200:
+                        page = await resp.text()
+                        waiting = parse_waiting(page)
+                        if waiting is not None:
+                            self.balancer.update_waiting(url, waiting)
+                        self._count_expired_handoffs(url, page)
+                async with self.session.get(url + "/v1/models", timeout=timeout) as resp:
+                    if resp.status == 200:
+                        self._learn_models(url, await resp.read())
+        except (aiohttp.ClientError, TimeoutError):
+            pass
+        ejected, readmitted = self.balancer.report_health(url, ok, self.clock())
+        self._log_ejections(ejected)
+        for e in readmitted:
+            log.info("re-admitted %s endpoint %s (health check passed)", e.role, e.url)
+
+    def _count_expired_handoffs(self, url: str, page: str) -> None:
+        """Handoffs that failed without any request failing: the prefill engine let a KV
+        lease expire, or a decode engine read KV after it had (vLLM logs "Potentially invalid
+        KV blocks"). Counted as KV-transfer failures, this router's share of them."""
+        now = parse_handoff_counters(page)
+        if now is None:
+            return
+        prev = self._handoff_seen.get(url)
+        self._handoff_seen[url] = now
+        mine = self._prefills_since.pop(url, 0)
+        if prev is None:
+            return
+        bad = attributed_kv_failures(prev, now, mine)
+        if bad > 0:
+            self.metrics.kv_failures_pool.inc(bad)
+            log.warning("prefill engine %s reports %.0f expired or invalid KV handoffs "
+                        "(%.2f of them this router's)", url, now.bad - prev.bad, bad)
+
+    def _failed(self, url: str) -> None:
+        self._log_ejections(self.balancer.report_failure(url, self.clock()))
+
+    def _log_ejections(self, ejected: list[Endpoint]) -> None:
+        for e in ejected:
+            if self.prefix is not None:
+                self.prefix.forget(e.url)
+            assert e.ejected_until is not None
+            log.warning("ejected %s endpoint %s for %.1f s after %d consecutive failures",
+                        e.role, e.url, e.ejected_until - self.clock(), e.failures)
+
+    def _learn_models(self, url: str, body: bytes) -> None:
+        try:
+            length = validate.max_model_len_of(orjson.loads(body))
+        except orjson.JSONDecodeError:
+            return
+        if length is not None:
+            self.max_model_len[url] = length
