@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from poolpilot.autoscaler import decide as core
-from poolpilot.autoscaler import frozen, victims
+from poolpilot.autoscaler import victims
 from poolpilot.autoscaler.kube import Kube, Obj, parse_time, pod_ready, rfc3339
 from poolpilot.autoscaler.metrics import AutoscalerMetrics
 from poolpilot.autoscaler.observe import MetricsSource, Snapshot, observation
@@ -219,12 +219,9 @@ class Autoscaler:
                           router=wl.role_state(ns, name, "router", uid))
         d = core.decide(obs, policy, st.history, now)
         # The recommendations are remembered now; a role's scale time (its cooldown clock)
-        # only once the write has succeeded: a failed write must not start a cooldown for a
-        # scale that never happened, and an Advisory decision starts none at all.
-        changed = {r for r, rd in d.roles.items() if rd.replicas != rd.current}
-        last = {r: t for r, t in d.history.last_scale.items() if r not in changed}
-        last.update({r: t for r, t in st.history.last_scale.items() if r in changed})
-        st.history = frozen.replace(d.history, last_scale=last)
+        # only once the write has succeeded, below: a failed write must not start a cooldown
+        # for a scale that never happened, and an Advisory decision starts none at all.
+        st.history = d.history
         st.last_decided = now
         res.decided += 1
         res.decisions[(ns, name)] = d
@@ -245,8 +242,7 @@ class Autoscaler:
                     failed[role] = f"{type(exc).__name__}: {exc}"
                     res.errors.append(f"{ns}/{name}: scale {role}: {exc}")
                 else:
-                    st.history = frozen.replace(st.history,
-                                         last_scale={**st.history.last_scale, role: now})
+                    st.history = st.history.scaled([role], now)
                     scaled.append(rd)
             self.metrics.record(ns, name, rd, d.metrics_available.status)
             if log.isEnabledFor(logging.INFO):

@@ -218,7 +218,6 @@ def decide(observation: Observation, policy: Policy, history: History, now: floa
     history = replace(history, resumed=track_gaps(history, proposals, policy, now))
 
     recs = list(history.recommendations)
-    last_scale = dict(history.last_scale)
     decisions: dict[str, RoleDecision] = {}
     for role in roles:
         d, rec = size_role(role, proposals[role], presized[role], floors.get(role), observation,
@@ -226,14 +225,12 @@ def decide(observation: Observation, policy: Policy, history: History, now: floa
         decisions[role] = d
         if rec is not None:
             recs.append(Recommendation(now, role, rec))
-        if d.replicas != d.current:
-            last_scale[role] = now
 
     keep = max(policy.scale_up.window, policy.scale_down.window)
     oldest = now - keep - _EPS
     pruned = tuple(r for r in recs if r.time > oldest) if keep > 0 else ()
     new_history = replace(
-        history, recommendations=pruned, last_scale=last_scale, capacity=capacity,
+        history, recommendations=pruned, capacity=capacity,
         ready_seen={**history.ready_seen, **seen}, memory=memory,
     )
     return Decision(

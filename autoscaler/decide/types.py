@@ -4,11 +4,12 @@ out (the decision, its steps and signals), and the proposal the steps pass along
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple
 
 from poolpilot.autoscaler import capacity as model
+from poolpilot.autoscaler.frozen import replace
 
 from poolpilot.reasons import Reason, StepName
 from poolpilot.reasons import SignalName as S
@@ -208,7 +209,8 @@ class History:
 
     `started_at`: when this autoscaler's memory began (a fresh process has no window, so it
     does not scale down before `started_at + scaleDown.window`). `last_scale`: role -> time of
-    its last scale (recovered from status.<role>.lastScaleTime after a restart).
+    its last scale (recovered from status.<role>.lastScaleTime after a restart), the
+    cooldown clock: the caller stamps it once a scale has happened (`scaled`), decide() never.
     `capacity`: learned throughput per replica, role -> tokens/s. `ready_seen`: role ->
     (ready replicas, since when): a rate over a window in which that count changed is no
     measure of per-replica capacity. `resumed`: role -> when its measurements resumed after a
@@ -237,6 +239,11 @@ class History:
         """History with a filled window (nothing recorded, no restart warm-up): for tests
         and the benchmark, where the policy should act from the first call."""
         return cls(started_at=None)
+
+    def scaled(self, roles: Iterable[str], now: float) -> History:
+        """This history with the roles' cooldown clocks started at `now`. The caller stamps
+        them once a scale has happened (decide() cannot know whether a write succeeds)."""
+        return replace(self, last_scale={**self.last_scale, **dict.fromkeys(roles, now)})
 
     def window(self, role: str, since: float) -> list[int]:
         return [r.replicas for r in self.recommendations if r.role == role and r.time > since]

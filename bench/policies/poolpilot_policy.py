@@ -148,7 +148,9 @@ class PoolpilotPolicy:
 
     def decide(self, view: PoolView) -> Decision:
         d = decide(self.observe(view), self.policy, self.history, view.now)
-        self.history = d.history
+        # the replay applies every decision, so each scale starts its role's cooldown
+        self.history = d.history.scaled(
+            (r for r, rd in d.roles.items() if rd.replicas != rd.current), view.now)
         self.last_decision = d
         return Decision(
             {r: d.roles[r].replicas for r in ROLES},
