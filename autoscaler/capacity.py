@@ -1,5 +1,5 @@
 """The capacity model: what a role must serve, and how many replicas that takes one cold start
-from now. Pure arithmetic on plain numbers (no I/O, no clock); `decide.py` feeds it.
+from now. Pure arithmetic on plain numbers (no I/O, no clock); the `decide` package feeds it.
 
 Per role, in its own unit (prompt tokens for prefill, generated tokens for decode):
 
