@@ -233,7 +233,7 @@ def test_killed_leader_hands_over_within_the_lease_without_scaling_twice(
         if env.emu is not None:  # least privilege: the chart grants exactly what they called
             calls = called(list(env.emu.requests), ("poolpilot-autoscaler/",))
             # (no scale-down here: the pods patch before one is checked in
-            # test_autoscaler_victims.py)
+            # test_autoscaler_victims_cluster.py)
             refused, unused = compare(calls, chart_rules("-autoscaler", "-autoscaler-leader"),
                                       {("", "pods", "patch")})
             assert refused == set(), f"calls the chart's autoscaler rules refuse: {refused}"
