@@ -1,0 +1,285 @@
+"""The engines' Deployments and Services, and the vLLM launch command they run.
+
+Part of the pure builders (poolpilot.operator.builders): no I/O and no clock.
+"""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+from poolpilot.operator.building_blocks import (
+    COMPILE_CACHE_DIR,
+    ENGINE_CONTAINER,
+    KV_EVENTS_PORT,
+    KV_REPLAY_PORT,
+    MODEL_CACHE_DIR,
+    MODEL_PVC_DIR,
+    MULTUS_NETWORKS,
+    PRESTOP_SLEEP_SECONDS,
+    STARTUP_PROBE_FAILURES,
+    STARTUP_PROBE_PERIOD,
+    Capabilities,
+    Obj,
+    Pool,
+    _container_security,
+    _engine_args_value,
+    _http_probe,
+    _merged_resources,
+    _meta,
+    _pod_security,
+    _replicas_enforced,
+    _scrape_annotations,
+    _spread,
+    pod_labels,
+    pod_selector,
+)
+from poolpilot.operator.pod_overlays import (
+    _merge_env,
+    _overlay_pod,
+    _template_resources,
+)
+
+from poolpilot import api, handoff, names
+from poolpilot.apitypes import quantity_value
+
+# ---------------------------------------------------------------------------------------------
+# Engines
+
+
+def model_location(spec: api.InferencePoolSpec) -> str:
+    """What the launcher's --model gets: a Hub id, or the folder inside the mounted PVC."""
+    pvc = spec.model.source.pvc
+    if pvc is None:
+        return spec.model.name
+    sub = pvc.path.strip("/")
+    return f"{MODEL_PVC_DIR}/{sub}" if sub else MODEL_PVC_DIR
+
+
+def _precise(spec: api.InferencePoolSpec) -> bool:
+    return spec.router.prefix_routing == api.PrefixRouting.PRECISE
+
+
+def _nixl(spec: api.InferencePoolSpec) -> bool:
+    return spec.mode == api.Mode.DISAGGREGATED and spec.kv_transfer.connector == api.Connector.NIXL
+
+
+def _engine_ports(spec: api.InferencePoolSpec) -> list[Obj]:
+    ports: list[Obj] = [{"name": "http", "containerPort": names.ENGINE_PORT, "protocol": "TCP"}]
+    if _nixl(spec):
+        # NIXL's side channel: decode engines fetch a prefill engine's KV layout there.
+        ports.append({"name": "nixl", "containerPort": spec.kv_transfer.side_channel_port,
+                      "protocol": "TCP"})
+    if _precise(spec):
+        ports += [{"name": "kv-events", "containerPort": KV_EVENTS_PORT, "protocol": "TCP"},
+                  {"name": "kv-replay", "containerPort": KV_REPLAY_PORT, "protocol": "TCP"}]
+    return ports
+
+
+def launch_command(spec: api.InferencePoolSpec, role: str) -> list[str]:
+    """The engine container's command (the launcher contract of the runtime image)."""
+    role_spec = spec.role(role)
+    launcher_role = "aggregated" if role == "engine" else role
+    connector = "none" if spec.mode == api.Mode.AGGREGATED else str(spec.kv_transfer.connector)
+    cmd = [
+        "poolpilot", "launch",
+        "--role", launcher_role,
+        "--model", model_location(spec),
+        "--port", str(names.ENGINE_PORT),
+        "--served-name", spec.served_name(),
+        "--kv-connector", connector,
+    ]  # fmt: skip
+    if connector != "none" and spec.kv_transfer.extra_config:
+        cmd += ["--kv-config", _engine_args_value(spec.kv_transfer.extra_config)]
+    if connector == str(api.Connector.NIXL):
+        # The prefill's KV hold covers the router's handoff (its connect timeout x attempts).
+        cmd += ["--kv-lease-seconds", str(handoff.kv_lease_seconds())]
+    cmd += ["--tensor-parallel", str(role_spec.tensor_parallel_size)]
+    if _precise(spec):
+        cmd += ["--kv-events-port", str(KV_EVENTS_PORT), "--kv-replay-port", str(KV_REPLAY_PORT)]
+    # vLLM drains on SIGTERM for what the grace period leaves after the preStop.
+    cmd += ["--grace-seconds", str(role_spec.termination_grace_period_seconds),
+            "--prestop-seconds", str(PRESTOP_SLEEP_SECONDS)]
+    args = {**spec.runtime.engine_args, **role_spec.engine_args}
+    for key in sorted(args):
+        cmd += ["--engine-arg", f"{key}={_engine_args_value(args[key])}"]
+    return cmd
+
+
+def _engine_env(pool: Pool, role: str) -> list[Obj]:
+    spec = pool.spec
+    env: list[Obj] = [
+        {"name": "POOLPILOT_POOL", "value": pool.name},
+        {"name": "POOLPILOT_ROLE", "value": role},
+        {"name": "HOME", "value": "/tmp"},
+        {"name": "TMPDIR", "value": "/tmp"},
+        {"name": "HF_HOME", "value": MODEL_CACHE_DIR},
+        {"name": "XDG_CACHE_HOME", "value": COMPILE_CACHE_DIR},
+        {"name": "VLLM_CACHE_ROOT", "value": f"{COMPILE_CACHE_DIR}/vllm"},
+        {"name": "TRITON_CACHE_DIR", "value": f"{COMPILE_CACHE_DIR}/triton"},
+        {"name": "TORCHINDUCTOR_CACHE_DIR", "value": f"{COMPILE_CACHE_DIR}/torchinductor"},
+        # NIXL's side channel must advertise the pod's own address to the decode peers.
+        {"name": "VLLM_NIXL_SIDE_CHANNEL_HOST",
+         "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+    ]  # fmt: skip
+    hf = spec.model.source.hugging_face
+    if hf is not None and hf.token_secret is not None:
+        env.append(
+            {
+                "name": "HF_TOKEN",
+                "valueFrom": {
+                    "secretKeyRef": {"name": hf.token_secret.name, "key": hf.token_secret.key}
+                },
+            }
+        )
+    if spec.model.source.pvc is not None:
+        env.append({"name": "HF_HUB_OFFLINE", "value": "1"})
+    if _nixl(spec):
+        env.append({"name": "VLLM_NIXL_SIDE_CHANNEL_PORT",
+                    "value": str(spec.kv_transfer.side_channel_port)})
+    rdma = spec.kv_transfer.rdma
+    if rdma is not None and _nixl(spec):
+        if rdma.ucx_tls:
+            env.append({"name": "UCX_TLS", "value": rdma.ucx_tls})
+        if rdma.ucx_net_devices:
+            env.append({"name": "UCX_NET_DEVICES", "value": rdma.ucx_net_devices})
+    return _merge_env(env, [{"name": e.name, "value": e.value} for e in spec.runtime.env])
+
+
+def _engine_volumes(spec: api.InferencePoolSpec, role: str) -> tuple[list[Obj], list[Obj]]:
+    """Every path the engine writes (its root filesystem is read-only), each bounded."""
+    size = spec.runtime.storage
+    volumes: list[Obj] = [{"name": "tmp", "emptyDir": {"sizeLimit": size.tmp}},
+                          {"name": "compile-cache", "emptyDir": {"sizeLimit": size.compile_cache}}]
+    mounts: list[Obj] = [{"name": "tmp", "mountPath": "/tmp"},
+                         {"name": "compile-cache", "mountPath": COMPILE_CACHE_DIR}]
+    pvc = spec.model.source.pvc
+    if pvc is not None:
+        volumes.append(
+            {
+                "name": "model",
+                "persistentVolumeClaim": {"claimName": pvc.claim_name, "readOnly": True},
+            }
+        )
+        mounts.append({"name": "model", "mountPath": MODEL_PVC_DIR, "readOnly": True})
+    else:
+        volumes.append({"name": "model-cache", "emptyDir": {"sizeLimit": size.model_cache}})
+        mounts.append({"name": "model-cache", "mountPath": MODEL_CACHE_DIR})
+    # Tensor-parallel ranks, NCCL and torch's data loaders use shared memory; a container's
+    # default /dev/shm is 64 MiB. In memory, so it counts against the container's memory.
+    volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": size.shm}})
+    mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
+    return volumes, mounts
+
+
+def _ephemeral_request(spec: api.InferencePoolSpec) -> str:
+    """What the disk-backed emptyDirs may hold: the scheduler places the pod where it fits."""
+    size = spec.runtime.storage
+    parts = [size.tmp, size.compile_cache]
+    if spec.model.source.pvc is None:
+        parts.append(size.model_cache)
+    total = sum(((quantity_value(q) or Decimal(0)) for q in parts), Decimal(0))
+    return _quantity(total)
+
+
+def _quantity(value: Decimal) -> str:
+    """Bytes as a Kubernetes quantity, in the largest binary unit that divides them."""
+    n = int(value)
+    for unit, power in (("Ti", 40), ("Gi", 30), ("Mi", 20), ("Ki", 10)):
+        if n and n % (1 << power) == 0:
+            return f"{n >> power}{unit}"
+    return str(n)
+
+
+def _engine_templates(spec: api.InferencePoolSpec, role: str) -> list[api.PodTemplate]:
+    return [spec.pod_template, spec.role(role).pod_template]
+
+
+def build_engine_deployment(pool: Pool, role: str, caps: Capabilities | None = None) -> Obj:
+    """Deployment `P-<role>` running vLLM through the launcher for prefill/decode/engine."""
+    caps = caps or Capabilities()
+    spec = pool.spec
+    role_spec = spec.role(role)
+    name = names.child_name(pool.name, role)
+    volumes, mounts = _engine_volumes(spec, role)
+    templates = _engine_templates(spec, role)
+    rdma = spec.kv_transfer.rdma if _nixl(spec) else None
+    resources = _merged_resources(
+        spec.runtime.resources, role_spec.resources, *_template_resources(templates),
+        gpus=role_spec.gpus, extra={rdma.resource: str(rdma.count)} if rdma else None,
+        defaults=api.ResourceRequirements(
+            requests={"ephemeral-storage": _ephemeral_request(spec)}))
+    container: Obj = {
+        "name": ENGINE_CONTAINER,
+        "image": spec.runtime.image,
+        "imagePullPolicy": spec.runtime.image_pull_policy,
+        "command": launch_command(spec, role),
+        "ports": _engine_ports(spec),
+        "env": _engine_env(pool, role),
+        "resources": resources,
+        "readinessProbe": _http_probe(period=5, failures=3),
+        "livenessProbe": _http_probe(period=15, failures=4, timeout=5),
+        "startupProbe": _http_probe(period=STARTUP_PROBE_PERIOD, failures=STARTUP_PROBE_FAILURES),
+        "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(PRESTOP_SLEEP_SECONDS)]}}},
+        # IPC_LOCK: RDMA pins (registers) the KV buffers it transfers from.
+        "securityContext": {**_container_security(["IPC_LOCK"] if rdma else None),
+                            "readOnlyRootFilesystem": True},
+        "volumeMounts": mounts,
+    }
+    pod_spec: Obj = {
+        "automountServiceAccountToken": False,
+        "terminationGracePeriodSeconds": role_spec.termination_grace_period_seconds,
+        "securityContext": _pod_security(),
+        "containers": [container],
+        "volumes": volumes,
+        "topologySpreadConstraints": _spread(pool, role),
+    }
+    if spec.runtime.node_selector:
+        pod_spec["nodeSelector"] = dict(sorted(spec.runtime.node_selector.items()))
+    if spec.runtime.tolerations:
+        pod_spec["tolerations"] = [t.to_wire() for t in spec.runtime.tolerations]
+    if spec.runtime.image_pull_secrets:
+        pod_spec["imagePullSecrets"] = [s.to_wire() for s in spec.runtime.image_pull_secrets]
+    template_meta: Obj = {"labels": pod_labels(pool, role)}
+    annotations = {} if caps.monitoring else _scrape_annotations()
+    if rdma is not None and rdma.networks:
+        annotations[MULTUS_NETWORKS] = ",".join(rdma.networks)
+    if annotations:
+        template_meta["annotations"] = dict(sorted(annotations.items()))
+    template: Obj = {"metadata": template_meta, "spec": pod_spec}
+    for overlay in templates:
+        _overlay_pod(template, overlay)
+    dep_spec: Obj = {
+        "selector": {"matchLabels": names.selector(pool.name, role)},
+        # Surge, never drop: a replaced engine keeps serving until its successor is ready.
+        "strategy": {
+            "type": "RollingUpdate",
+            "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+        },
+        "template": template,
+    }
+    if _replicas_enforced(spec, role):
+        dep_spec = {"replicas": role_spec.replicas, **dep_spec}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _meta(pool, name, role),
+        "spec": dep_spec,
+    }
+
+
+def build_engine_service(pool: Pool, role: str) -> Obj:
+    """Headless Service `P-<role>`: its EndpointSlices are the router's discovery source."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _meta(pool, names.child_name(pool.name, role), role),
+        "spec": {
+            "clusterIP": "None",
+            "selector": pod_selector(pool, role),
+            "ports": [
+                {"name": "http", "port": names.ENGINE_PORT, "targetPort": "http", "protocol": "TCP"}
+            ],
+        },
+    }
+
+
