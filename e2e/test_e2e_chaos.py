@@ -65,13 +65,27 @@ class Run:
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
+    yield from chaos_run_of(tmp_path_factory, None)
+
+
+# The engines stay alive but stop answering (SIGSTOP) or slow down 10x, one at a time.
+ALIVE_FAULTS = "hung-prefill,hung-decode,slow-decode"
+
+
+@pytest.fixture(scope="module")
+def alive_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
+    yield from chaos_run_of(tmp_path_factory, ALIVE_FAULTS)
+
+
+def chaos_run_of(tmp_path_factory: pytest.TempPathFactory, faults: str | None) -> Iterator[Run]:
     out = tmp_path_factory.mktemp("chaos")
     cfg = SandboxConfig(out_dir=out, speed=SPEED, scrape_interval_s=5.0, cold_start_s=20.0,
                         sim_gpu="a100")
-    # The options `poolpilot sandbox --chaos 4 --rate-scale 0.3 --speed 8` parses into.
+    # The options `poolpilot sandbox --chaos 4 --rate-scale 0.3 --speed 8 [--chaos-faults
+    # FAULTS]` parse into.
     args = argparse.Namespace(trace=BURST_TRACE, trace_format=None, rate_scale=RATE_SCALE,
                               start=0.0, duration=None, engine="sim", chaos=SEED,
-                              chaos_faults=None)
+                              chaos_faults=faults)
     with SandboxThread(cfg) as sb:
         s = sb.sandbox
         pool = sb.call(s.apply(write_pool(out, pool_manifest("chaos"))))
@@ -183,3 +197,32 @@ def test_no_scale_down_while_metrics_are_missing_or_the_demand_is_hidden(run: Ru
         downs = [e["message"] for e in events
                  if e.get("reason") == "ScaledDown" and start <= _time(e) <= end]
         assert not downs, (f["kind"], downs)
+
+
+@pytest.mark.xfail(reason="the router keeps a few requests on a stopped decode engine for the "
+                   "whole stop (seed 4: 3 of 96 waited 28.6 s against an 11 s bound)",
+                   strict=False)
+def test_hung_and_slow_engines_cost_a_deadline_and_lose_nothing(alive_run: Run) -> None:
+    """A stopped (SIGSTOP) prefill engine, then a stopped decode engine, then a decode engine
+    at 10x its step time: every request waiting on a hung engine hears from the pool within
+    the TTFT target + one router deadline (not the 120 s idle timeout), none is lost
+    silently, and the pool is back at its size after each."""
+    chaos = alive_run.chaos
+    kinds = sorted(f["kind"] for f in chaos["faults"] if f["injected_s"] is not None)
+    assert kinds == sorted(ALIVE_FAULTS.split(",")), chaos["faults"]
+    verdicts = chaos["verdicts"]
+    assert verdicts["hung_engine_costs_a_deadline"]["ok"], \
+        (verdicts["hung_engine_costs_a_deadline"]["detail"], json.dumps(chaos["hung_waits"]))
+    assert verdicts["no_request_lost_silently"]["ok"], chaos["requests"]
+    assert verdicts["back_to_desired_size"]["ok"], verdicts
+    for w in chaos["hung_waits"]:
+        assert w["requests_waiting"] > 0, w  # the stop caught requests to judge
+        assert w["longest_wait_s"] is not None and w["longest_wait_s"] <= w["bound_s"], w
+    # Each stopped engine was continued: its process is alive and ready again.
+    ctl = alive_run.sb.sandbox.controller
+    assert ctl is not None
+    runtimes = ctl.kubelet.runtimes
+    for f in chaos["faults"]:
+        rt = runtimes.get((alive_run.pool.namespace, f["target"]))
+        if rt is not None:
+            assert rt.child is not None and rt.child.alive(), f

@@ -59,6 +59,9 @@ DOWNTIME_S: Mapping[str, tuple[float, float]] = {
 # Real seconds a restarted Python process or Prometheus may take to serve on a loaded machine
 # (imports, the TSDB's WAL replay, a pod's first probe); counted at the run's speed.
 STARTUP_ALLOWANCE_REAL_S = 15.0
+# Real seconds of timing slack in a hung engine's wait bound (the router's timers, the
+# clients' event loop on a loaded machine); counted at the run's speed.
+WAIT_ALLOWANCE_REAL_S = 0.25
 MIN_GAP_S = 5.0  # simulated seconds between one fault's recovery and the next fault
 
 
@@ -265,13 +268,14 @@ class Targets:
 
     ttft_s: float
     itl_s: float
+    allowance_s: float = 0.0  # the clients' and the router's timing on a loaded machine
 
     def wait_bound_s(self, role: str) -> float:
         """The longest a request may wait on a hung engine of `role`: the TTFT target plus
-        the deadline after which the router gives up on that engine."""
+        the deadline after which the router gives up on that engine (plus the allowance)."""
         deadline = PREFILL_DEADLINE_TTFTS * self.ttft_s if role == "prefill" else \
             DECODE_STALL_ITLS * self.itl_s
-        return round(self.ttft_s + deadline, 3)
+        return round(self.ttft_s + deadline + self.allowance_s, 3)
 
 
 def wait_on(o: Outcome, stopped_s: float, resumed_s: float) -> float | None:

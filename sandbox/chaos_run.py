@@ -446,7 +446,8 @@ class ChaosRun:
     def section(self, results: Sequence[Any], trace_len: int,
                 events: Sequence[dict[str, Any]]) -> dict[str, Any]:
         slo = self.pool.spec.slo
-        targets = C.Targets(ttft_s=slo.ttft.seconds, itl_s=slo.itl.seconds)
+        targets = C.Targets(ttft_s=slo.ttft.seconds, itl_s=slo.itl.seconds,
+                            allowance_s=C.WAIT_ALLOWANCE_REAL_S * self.speed)
         out = C.section(self.seed, self.records, self.outcomes(results), trace_len, events,
                         self.down_window_s, self.bounds.interval_s,
                         DECISION_LAG_REAL_S * self.speed, targets)
@@ -460,7 +461,8 @@ class ChaosRun:
             "a hung engine: every request waiting during the stop hears from the pool (a "
             "token, its answer or an error) within the TTFT target + one router deadline: "
             f"{C.PREFILL_DEADLINE_TTFTS:g} x TTFT target (prefill), {C.DECODE_STALL_ITLS:g} x "
-            f"ITL target (decode, aggregated); here prefill {targets.wait_bound_s('prefill'):g}s, "
+            f"ITL target (decode, aggregated), + {C.WAIT_ALLOWANCE_REAL_S:g} real seconds x "
+            f"speed; here prefill {targets.wait_bound_s('prefill'):g}s, "
             f"decode {targets.wait_bound_s('decode'):g}s")
         out["watch"] = [
             {"t": self.sim(s.t), "sizes": {r: list(v) for r, v in s.sizes.items()},

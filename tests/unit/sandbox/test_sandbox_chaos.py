@@ -221,6 +221,7 @@ def test_wait_bound_is_the_ttft_target_plus_the_roles_router_deadline() -> None:
     assert T.wait_bound_s("prefill") == 1.0 + 5 * 1.0
     assert T.wait_bound_s("decode") == 1.0 + 200 * 0.05
     assert T.wait_bound_s("engine") == T.wait_bound_s("decode")
+    assert C.Targets(1.0, 0.05, allowance_s=2.0).wait_bound_s("prefill") == 8.0
 
 
 def streamed(sent: float, tokens: tuple[float, ...], finished: float | None = None,
