@@ -199,9 +199,10 @@ def test_no_scale_down_while_metrics_are_missing_or_the_demand_is_hidden(run: Ru
         assert not downs, (f["kind"], downs)
 
 
-@pytest.mark.xfail(reason="the router keeps a few requests on a stopped decode engine for the "
-                   "whole stop (seed 4: 3 of 96 waited 28.6 s against an 11 s bound)",
-                   strict=False)
+@pytest.mark.xfail(reason="a few requests whose KV handoff hits the stopped decode engine wait "
+                   "about two decode deadlines before their first token (the handoff's, then "
+                   "the local retry's): seed 4 gave 2-3 of 68-96 at 22-29 s against a 13 s "
+                   "bound in two runs of three", strict=False)
 def test_hung_and_slow_engines_cost_a_deadline_and_lose_nothing(alive_run: Run) -> None:
     """A stopped (SIGSTOP) prefill engine, then a stopped decode engine, then a decode engine
     at 10x its step time: every request waiting on a hung engine hears from the pool within
@@ -215,6 +216,8 @@ def test_hung_and_slow_engines_cost_a_deadline_and_lose_nothing(alive_run: Run) 
         (verdicts["hung_engine_costs_a_deadline"]["detail"], json.dumps(chaos["hung_waits"]))
     assert verdicts["no_request_lost_silently"]["ok"], chaos["requests"]
     assert verdicts["back_to_desired_size"]["ok"], verdicts
+    # a slow engine is measured, not missing: scaling up for it is no fault of the autoscaler
+    assert verdicts["no_scale_down_from_missing_metrics"]["ok"], verdicts
     for w in chaos["hung_waits"]:
         assert w["requests_waiting"] > 0, w  # the stop caught requests to judge
         assert w["longest_wait_s"] is not None and w["longest_wait_s"] <= w["bound_s"], w

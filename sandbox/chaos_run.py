@@ -302,7 +302,9 @@ class ChaosRun:
         child = rt.child
         assert child is not None
         rec.target = name
-        rec.sole = len(running) == 1
+        # A hung sole engine hides the demand as a dead one does (its role serves nothing, its
+        # metrics cannot be scraped); a slow one is measured, and scaling up for it is right.
+        rec.sole = what == "hung" and len(running) == 1
         rec.bound_s = C.recovery_bound_s(rec.fault, self.bounds, rt.restarts)
         before = set(await self.pods() or {})
         url = self._engine_url(rt)
