@@ -361,20 +361,29 @@ def local_prefill_policy(args: argparse.Namespace) -> lp.LocalPrefillPolicy | No
                                  cost=lp.PRESETS[args.local_prefill_profile])
 
 
+# No deadline is shorter than this many seconds of the router's own clock. Under time
+# compression (--speed) the targets shrink but the machine's scheduling pauses do not: at
+# --speed 8 a 1.25 s decode deadline took a busy 2-core machine for hung engines (streams cut,
+# healthy engines ejected). At --speed 1 the default deadlines (5 s, 10 s) are above it.
+MIN_DEADLINE_S = 3.0
+
+
 def prefill_deadline(args: argparse.Namespace) -> float | None:
-    """Seconds (of the router's clock: target / --speed) a prefill may take to answer."""
+    """Seconds (of the router's clock: target / --speed, at least MIN_DEADLINE_S) a prefill
+    may take to answer."""
     if not args.prefill_deadline_ttfts:
         return None
     ttft = 1.0 if args.ttft_target is None else float(args.ttft_target)
-    return float(args.prefill_deadline_ttfts) * ttft / float(args.speed)
+    return max(MIN_DEADLINE_S, float(args.prefill_deadline_ttfts) * ttft / float(args.speed))
 
 
 def decode_stall(args: argparse.Namespace) -> float | None:
-    """Seconds (of the router's clock: target / --speed) a stream may go without a token."""
+    """Seconds (of the router's clock: target / --speed, at least MIN_DEADLINE_S) a stream may
+    go without a token."""
     if not args.decode_stall_itls:
         return None
     itl = 0.05 if args.itl_target is None else float(args.itl_target)
-    return float(args.decode_stall_itls) * itl / float(args.speed)
+    return max(MIN_DEADLINE_S, float(args.decode_stall_itls) * itl / float(args.speed))
 
 
 def prefill_seed(args: argparse.Namespace) -> float:

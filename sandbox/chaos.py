@@ -269,12 +269,16 @@ class Targets:
     ttft_s: float
     itl_s: float
     allowance_s: float = 0.0  # the clients' and the router's timing on a loaded machine
+    # The router's floor on every deadline (router.main.MIN_DEADLINE_S real seconds, at the
+    # run's speed): under time compression it, not the target, may be the deadline.
+    min_deadline_s: float = 0.0
 
     def wait_bound_s(self, role: str) -> float:
         """The longest a request may wait on a hung engine of `role`: the TTFT target plus
         the deadline after which the router gives up on that engine (plus the allowance)."""
         deadline = PREFILL_DEADLINE_TTFTS * self.ttft_s if role == "prefill" else \
             DECODE_STALL_ITLS * self.itl_s
+        deadline = max(deadline, self.min_deadline_s)
         return round(self.ttft_s + deadline + self.allowance_s, 3)
 
 

@@ -39,6 +39,7 @@ from urllib.parse import urlsplit
 
 import httpx
 from poolpilot.emulator.cluster import pods as P
+from poolpilot.router.main import MIN_DEADLINE_S
 
 from poolpilot import names, workloads
 from poolpilot.api import AutoscalingMode
@@ -449,7 +450,8 @@ class ChaosRun:
                 events: Sequence[dict[str, Any]]) -> dict[str, Any]:
         slo = self.pool.spec.slo
         targets = C.Targets(ttft_s=slo.ttft.seconds, itl_s=slo.itl.seconds,
-                            allowance_s=C.WAIT_ALLOWANCE_REAL_S * self.speed)
+                            allowance_s=C.WAIT_ALLOWANCE_REAL_S * self.speed,
+                            min_deadline_s=MIN_DEADLINE_S * self.speed)
         out = C.section(self.seed, self.records, self.outcomes(results), trace_len, events,
                         self.down_window_s, self.bounds.interval_s,
                         DECISION_LAG_REAL_S * self.speed, targets)

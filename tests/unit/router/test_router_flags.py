@@ -108,9 +108,10 @@ class DeadlineCase:
 DEADLINES = [
     DeadlineCase("default-5-ttft-targets", (), 0, 0.0, 5.0),
     DeadlineCase("targets-from-flags", ("--ttft-target", "0.5", "--prefill-deadline-ttfts",
-                                        "2"), 0, 0.0, 1.0),
+                                        "2"), 0, 0.0, 3.0),  # 1 s, raised to the floor
     DeadlineCase("queued-work-extends-it", (), 20_000, 10_000.0, 7.0),
-    DeadlineCase("sandbox-clock", ("--speed", "4"), 20_000, 10_000.0, 1.75),
+    # 5 TTFT targets at --speed 4 are 1.25 s: the floor (3 s) plus the queue's 0.5 s.
+    DeadlineCase("sandbox-clock", ("--speed", "4"), 20_000, 10_000.0, 3.5),
     DeadlineCase("never-past-the-idle-timeout", ("--idle-timeout", "6"), 10**9, 1000.0, 6.0),
     DeadlineCase("off", ("--prefill-deadline-ttfts", "0"), 100, 1000.0, None),
 ]

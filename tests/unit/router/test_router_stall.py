@@ -29,9 +29,11 @@ CASES = [
     StallCase("default-200-itls-after-a-handoff", (), True, 10.0, 10.0),
     # An engine that prefills itself also has the prefill deadline (5 TTFT targets).
     StallCase("local-prefill-adds-the-prefill-deadline", (), False, 15.0, 10.0),
-    StallCase("from-flags", ("--itl-target", "0.1", "--decode-stall-itls", "20"), True, 2.0,
-              2.0),
-    StallCase("sandbox-clock", ("--speed", "10"), True, 1.0, 1.0),
+    # 20 x 0.1 s and 200 x 0.05 s / 10 are 2 s and 1 s: both raised to the 3 s floor (a
+    # compressed clock's deadline must stay above the machine's scheduling pauses).
+    StallCase("from-flags", ("--itl-target", "0.1", "--decode-stall-itls", "20"), True, 3.0,
+              3.0),
+    StallCase("sandbox-clock", ("--speed", "10"), True, 3.0, 3.0),
     StallCase("no-prefill-deadline-no-first-token-deadline",
               ("--prefill-deadline-ttfts", "0"), False, None, 10.0),
     StallCase("off", ("--decode-stall-itls", "0"), True, None, None),
