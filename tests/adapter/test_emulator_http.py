@@ -387,10 +387,10 @@ async def test_table_output_has_crd_printer_columns(emu: KubeEmulator, ns: str) 
     assert table["kind"] == "Table"
     cols = [c["name"] for c in table["columnDefinitions"]]
     assert [c["name"] for c in table["columnDefinitions"] if not c["priority"]] == [
-        "Name", "Mode", "Prefill", "Decode", "Engine", "TTFT", "Ready", "Age"]
+        "Name", "Mode", "Prefill", "Decode", "TTFT", "Ready", "Reason", "Age"]
     cells = dict(zip(cols, table["rows"][0]["cells"], strict=True))
-    assert (cells["Name"], cells["Mode"], cells["Prefill"], cells["Ready"]) == (
-        "p", "Disaggregated", "1/1", "True")
+    assert (cells["Name"], cells["Mode"], cells["Prefill"], cells["Ready"], cells["Reason"]) == (
+        "p", "Disaggregated", "1/1", "True", "AllReady")
 
 
 # --- faults ---------------------------------------------------------------------------------
