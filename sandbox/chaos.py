@@ -396,24 +396,34 @@ def judge_recovery(records: Sequence[FaultRecord]) -> Verdict:
     return Verdict("back_to_desired_size", not problems, detail)
 
 
-def errors_by_fault(records: Sequence[FaultRecord],
-                    outcomes: Sequence[Outcome]) -> tuple[dict[int, dict[str, int]], int]:
-    """Errors (and any other non-answer) attributed to the fault whose span [injected, end]
-    holds the request's send or finish; the count of those outside every fault comes second."""
+def errors_by_fault(records: Sequence[FaultRecord], outcomes: Sequence[Outcome]) \
+        -> tuple[dict[int, dict[str, int]], list[Outcome]]:
+    """Errors (and any other non-answer) attributed to the first fault whose span [injected,
+    end] overlaps the request's life [sent, finished]: one in flight across the whole fault
+    counts too. Those outside every fault come second."""
     per: dict[int, dict[str, int]] = {r.fault.index: {} for r in records}
-    outside = 0
+    outside: list[Outcome] = []
     for o in outcomes:
         if o.kind == "answered":
             continue
         key = o.kind if o.kind != "error" else error_kind(o.error)
-        hit = next((r for r in records if _in(o.sent_s, r.injected_s, r.end_s)
-                    or (o.finished_s is not None and _in(o.finished_s, r.injected_s, r.end_s))),
-                   None)
+        hit = next((r for r in records if _overlaps(o, r)), None)
         if hit is None:
-            outside += 1
+            outside.append(o)
             continue
         per[hit.fault.index][key] = per[hit.fault.index].get(key, 0) + 1
     return per, outside
+
+
+# Enough of the errors outside every fault to tell when and why they happened.
+OUTSIDE_SHOWN = 20
+
+
+def _overlaps(o: Outcome, r: FaultRecord) -> bool:
+    if r.injected_s is None or r.end_s is None:
+        return False
+    finished = o.finished_s if o.finished_s is not None else float("inf")
+    return o.sent_s <= r.end_s and finished >= r.injected_s
 
 
 def events_during(r: FaultRecord, events: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
@@ -453,7 +463,10 @@ def section(seed: int, records: Sequence[FaultRecord], outcomes: Sequence[Outcom
     return {
         "seed": seed,
         "faults_injected": sum(r.injected_s is not None for r in records),
-        "requests": {**req, "errors_outside_faults": outside},
+        "requests": {**req, "errors_outside_faults": len(outside)},
+        "outside_faults": [{"sent_s": round(o.sent_s, 2), "finished_s": None if o.finished_s
+                            is None else round(o.finished_s, 2), "kind": o.kind,
+                            "error": o.error} for o in outside[:OUTSIDE_SHOWN]],
         "scale_events_during_faults": sum(len(f["scale_events"]) for f in faults),
         "faults": faults,
         **({"hung_waits": hung.data["checked"]} if hung is not None else {}),

@@ -415,6 +415,21 @@ class ChaosRun:
                     for c in (p.get("status") or {}).get("conditions") or [])
                 for p in items if not p["metadata"].get("deletionTimestamp")}
 
+    async def routers_ready(self) -> bool:
+        """The pool as its clients reach it is whole: every ready router answers /ready (it
+        has an admitted engine of every role). Kubernetes shows a restarted pod ready before
+        its EndpointSlice, and the routers' watch of it, have caught up."""
+        urls = self.sandbox.router_urls(self.pool)
+        if not urls:
+            return False
+        for url in urls:
+            try:
+                if (await self._http.get(url.removesuffix("/v1") + "/ready")).status_code != 200:
+                    return False
+            except httpx.HTTPError:
+                return False
+        return True
+
     async def _until_recovered(self, rec: C.FaultRecord, killed: float,
                                serving: Callable[[], Any], before: set[str]) -> None:
         """Poll until the component serves, and then the cluster shows the pool healed: the
@@ -427,8 +442,9 @@ class ChaosRun:
                 s = await self.observe()
                 pods = await self.pods()
                 if (s is not None and pods is not None and s.asked_as_desired(self.autoscaled)
-                        and all(pods.get(name, True) for name in before)):
-                    rec.recovered_s = self.sim(s.t)
+                        and all(pods.get(name, True) for name in before)
+                        and await self.routers_ready()):
+                    rec.recovered_s = self.sim(time.monotonic())
                     log.info("chaos: %s back at t=%.1fs (%.1fs after the kill, bound %.0fs)",
                              rec.fault.kind, rec.recovered_s, rec.recovery_s, rec.bound_s)
                     return

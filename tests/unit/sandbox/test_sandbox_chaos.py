@@ -133,10 +133,12 @@ def test_errors_are_attributed_to_the_fault_they_fall_in() -> None:
             outcome("error", 90, "InternalServerError: Error code: 502 - {...}"),
             outcome("answered", 110), outcome("error", 10)]
     outs[1] = C.Outcome(90, 105, False, 0, 10, outs[1].error)  # sent before, failed during
+    # in flight across the whole fault: sent before it, failed after it ended
+    outs.append(C.Outcome(95, 130, False, 0, 10, "InternalServerError: Error code: 503 - x"))
     per, outside = C.errors_by_fault([r], outs)
     assert per == {0: {"APIConnectionError: Connection error.": 1,
-                       "InternalServerError 502": 1}}
-    assert outside == 1
+                       "InternalServerError 502": 1, "InternalServerError 503": 1}}
+    assert [o.sent_s for o in outside] == [10]
 
 
 def test_section_counts_and_verdicts() -> None:
