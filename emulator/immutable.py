@@ -17,6 +17,7 @@ _IMMUTABLE: dict[str, tuple[str, ...]] = {
     "deployments.apps": ("spec.selector",),
     "statefulsets.apps": ("spec.selector", "spec.serviceName", "spec.podManagementPolicy"),
     "daemonsets.apps": ("spec.selector",),
+    "jobs.batch": ("spec.selector", "spec.template", "spec.completions"),
     "rolebindings.rbac.authorization.k8s.io": ("roleRef",),
     "clusterrolebindings.rbac.authorization.k8s.io": ("roleRef",),
     "services": ("spec.clusterIP",),

@@ -102,6 +102,10 @@ BUILTINS: tuple[ResourceType, ...] = (
        status=True, scale=True),
     _b("apps", "v1", "statefulsets", "StatefulSet", short_names=("sts",), categories=("all",),
        status=True, scale=True),
+    # The model cache's prefetcher and prefetch Job (stored; no controller runs them here).
+    _b("apps", "v1", "daemonsets", "DaemonSet", short_names=("ds",), categories=("all",),
+       status=True),
+    _b("batch", "v1", "jobs", "Job", categories=("all",), status=True),
     _b("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", short_names=("pdb",),
        status=True),
     _b("discovery.k8s.io", "v1", "endpointslices", "EndpointSlice"),

@@ -41,7 +41,9 @@ def _resolve(node: Any, defs: dict[str, Any]) -> Any:
     if "anyOf" in node:
         # Optional[X] -> X (absence, not null, means unset in Kubernetes).
         options = [o for o in node["anyOf"] if o.get("type") != "null"]
-        rest = {k: v for k, v in node.items() if k != "anyOf"}
+        # A null default is no default (an optional int-or-string keeps its anyOf).
+        rest = {k: v for k, v in node.items()
+                if k != "anyOf" and not (k == "default" and v is None)}
         if len(options) == 1:
             return _resolve({**options[0], **rest}, defs)
         return {**{k: _resolve(v, defs) for k, v in rest.items()},

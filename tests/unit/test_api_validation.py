@@ -17,7 +17,8 @@ from poolpilot.runtime import launcher
 from poolpilot import api, crd, re2
 from poolpilot.validate import InvalidPool, parse_pool, parse_spec
 
-EXAMPLES = sorted(Path(__file__).parents[2].joinpath("examples").glob("*.yaml"))
+EXAMPLES = sorted([*Path(__file__).parents[2].joinpath("examples").glob("*.yaml"),
+                   *Path(__file__).parents[2].joinpath("examples", "model-cache").glob("*.yaml")])
 CRD = crd.build_crd()
 
 
