@@ -281,6 +281,7 @@ class SimServerConfig:
     engine_id: str | None = None
     kv_lease_seconds: float = KV_LEASE_DEFAULT
     itl_budget: float | None = None
+    metrics_port: int | None = None  # /metrics on a port of its own too (as poolpilot launch)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> SimServerConfig:
@@ -602,6 +603,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kv-lease-seconds", type=float, default=D.kv_lease_seconds,
                         help="prefill: how long a prompt's KV waits for a decode engine to read "
                              "it (simulated seconds; default 30, vLLM 0.32's kv_lease_duration)")
+    parser.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
+                        help="serve /metrics on this port too, at the same address (as "
+                        "`poolpilot launch --metrics-port` does for vLLM)")
     parser.add_argument("--itl-budget", type=float, default=None, metavar="SECONDS",
                         help="while it prefills a plain request itself (the router's local-"
                              "prefill fallback on a decode engine), size each step's prompt "
@@ -626,6 +630,13 @@ async def _serve(server: SimServer) -> int:
     await site.start()
     if server.port == 0:
         server.port = runner.addresses[0][1]
+    metrics_runner = None
+    if server.cfg.metrics_port is not None:
+        metrics_app = web.Application()
+        metrics_app.router.add_get("/metrics", server.metrics)
+        metrics_runner = web.AppRunner(metrics_app, access_log=None)
+        await metrics_runner.setup()
+        await web.TCPSite(metrics_runner, server.host, server.cfg.metrics_port).start()
     sm = server.step_model
     print(f"engine-sim {server.role} {sm.model.name} on {sm.tp} x {sm.gpu.name} "
           f"(KV {server.engine.core.memory.kv_tokens} tokens, max_model_len "
@@ -637,4 +648,6 @@ async def _serve(server: SimServer) -> int:
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     await runner.cleanup()
+    if metrics_runner is not None:
+        await metrics_runner.cleanup()
     return 0

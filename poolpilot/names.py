@@ -16,8 +16,14 @@ FIELD_MANAGER = "poolpilot-operator"
 # pod marked draining.
 DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
 DRAINING = "poolpilot.dev/draining"
+# On an engine pod, written once it is ready (by the autoscaler): its cold start's phases as
+# JSON, seconds (scheduled, container, engine: {phase: s}, total, compileCache).
+COLD_START_ANNOTATION = "poolpilot.dev/cold-start"
 ROUTER_PORT = 8000
 ENGINE_PORT = 8000
+# Engines' and routers' /metrics for Prometheus, on a port of its own, so NetworkPolicies can
+# let the monitoring namespace reach metrics and nothing else (the serving ports take prompts).
+METRICS_PORT = 8090
 
 ENGINE_ROLES = ("prefill", "decode", "engine")
 ROLES = (*ENGINE_ROLES, "router")

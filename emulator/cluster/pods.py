@@ -304,6 +304,9 @@ def _engine_command(rest: list[str], ip: str, mapping: EngineMapping,
             cmd += ["--no-enable-prefix-caching"]
         if itl_budget is not None and role == "decode":
             cmd += ["--itl-budget", f"{itl_budget:g}"]
+        metrics_port = _option(rest, "--metrics-port")
+        if metrics_port:  # where the pod's scrape annotation points
+            cmd += ["--metrics-port", metrics_port]
         return cmd
     if mapping.engine == "vllm-cpu":
         if not mapping.tiny_model:
