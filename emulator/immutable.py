@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-Obj = dict[str, Any]
+from poolpilot.apitypes import Obj
 
 # (resource key, dotted path): the path may not change after creation.
 _IMMUTABLE: dict[str, tuple[str, ...]] = {

@@ -33,7 +33,7 @@ from poolpilot.kubeclient import credentials
 from poolpilot.kubeclient.errors import ApiError, from_body
 from yarl import URL
 
-Obj = dict[str, Any]
+from poolpilot.apitypes import Obj
 
 JSON = "application/json"
 MERGE_PATCH = "application/merge-patch+json"

@@ -38,6 +38,9 @@ from pydantic_core import PydanticCustomError, core_schema
 
 from poolpilot import re2
 
+# A Kubernetes object as its JSON (what the API server sends and takes), the one name for it.
+Obj = dict[str, Any]
+
 # ---------------------------------------------------------------------------------------------
 # Value types: each one's check here and its OpenAPI schema in the CRD say the same thing.
 

@@ -5,13 +5,12 @@ template changes replaced surge-first), and the Deployment's status from its pod
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+
+from poolpilot.apitypes import Obj
 
 from . import pods as P
 from .kubeapi import KubeClient
 from .status_cache import StatusCache
-
-Obj = dict[str, Any]
 
 
 class DeploymentController:

@@ -25,11 +25,11 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import httpx
 
 from poolpilot import names
+from poolpilot.apitypes import Obj
 from poolpilot.validate import InvalidPool, parse_spec
 
 from . import pods as P
@@ -39,7 +39,6 @@ from .status_cache import StatusCache
 
 log = logging.getLogger("poolpilot.emulator.cluster.kubelet")
 
-Obj = dict[str, Any]
 
 
 def _bindable(ip: str, port: int) -> bool:

@@ -18,8 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from poolpilot import names
-
-Obj = dict[str, Any]
+from poolpilot.apitypes import Obj
 
 FINALIZER = "sandbox.poolpilot.dev/process"
 TEMPLATE_HASH = "pod-template-hash"

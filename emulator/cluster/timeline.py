@@ -6,13 +6,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from poolpilot import names
+from poolpilot.apitypes import Obj
 
 from . import pods as P
-
-Obj = dict[str, Any]
 
 
 @dataclass
