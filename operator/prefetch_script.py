@@ -138,7 +138,8 @@ def main(argv: Iterable[str] | None = None) -> int:
             files, size = (fetch_hf(args.repo, args.dest, args.revision) if args.source == "hf"
                            else fetch_s3(args.uri, args.dest))
         except Exception as exc:  # the last line is the pod's termination message
-            print(f"prefetch of {source} failed: {type(exc).__name__}: {exc}", file=sys.stderr,
+            why = " ".join(str(exc).split())  # the Hub's errors run over several lines
+            print(f"prefetch of {source} failed: {type(exc).__name__}: {why}", file=sys.stderr,
                   flush=True)
             return 1
         mark_complete(args.dest, source, files, size)
