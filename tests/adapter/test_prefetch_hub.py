@@ -52,7 +52,7 @@ class Hub(BaseHTTPRequestHandler):
     def _json(self, value: object) -> None:
         self._send(200, json.dumps(value).encode(), {"Content-Type": "application/json"})
 
-    def do_GET(self) -> None:  # noqa: N802
+    def do_GET(self) -> None:
         path = self.path.split("?")[0]
         if self.gated:
             self._send(401, b'{"error": "Access to model org/tiny-8B is restricted."}',
