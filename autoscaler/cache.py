@@ -27,10 +27,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from poolpilot.autoscaler.kube import (
+    LWS_RECHECK_S,
     MANAGER,
     KubeClient,
     KubeError,
@@ -42,6 +44,7 @@ from poolpilot.autoscaler.kube import (
 from poolpilot.kubeclient import KubeClient as SharedClient
 
 from poolpilot import api, names
+from poolpilot import leaderworkerset as lws
 
 log = logging.getLogger("poolpilot.autoscaler.cache")
 
@@ -178,6 +181,8 @@ class WatchedKube(KubeClient):
                      field_selector="status.phase=Pending", keep=stuck_pod, **opts)
             for ns in scopes]
         self.sync_timeout = sync_timeout if sync_timeout is not None else 3 * kube.timeout
+        self._informer_options = opts
+        self.lws_informers: list[Informer] = []  # started once the kind is served
         self._tasks: list[asyncio.Task[None]] = []
 
     @property
@@ -228,7 +233,27 @@ class WatchedKube(KubeClient):
                 key = (meta.get("namespace", ""), labels.get(names.POOL_LABEL, ""),
                        labels.get(names.ROLE_LABEL, ""))
                 pods.setdefault(key, []).append(pod)
-        return Workloads(deployments=deployments, pods=pods)
+        return Workloads(deployments={**deployments, **await self.leader_worker_sets()},
+                         pods=pods)
+
+    async def leader_worker_sets(self) -> dict[tuple[str, str], Obj]:
+        """Multi-node roles' LeaderWorkerSets, from watches started once the cluster serves
+        the kind (asked again every LWS_RECHECK_S until it does: most clusters never will)."""
+        if not self.lws_informers:
+            if time.monotonic() < self._no_sets_until:
+                return {}
+            if not await self.kube.serves(lws.API_VERSION, lws.KIND):
+                self._no_sets_until = time.monotonic() + LWS_RECHECK_S
+                return {}
+            managed = f"{names.MANAGED_BY}={names.MANAGER}"
+            self.lws_informers = [
+                Informer(self.kube, lws.API_VERSION, lws.KIND, ns, label_selector=managed,
+                         keep=slim_deployment, **self._informer_options)
+                for ns in self.namespaces or (None,)]
+            self._tasks += [asyncio.create_task(i.run(), name=f"watch {i.what}")
+                            for i in self.lws_informers]
+        await self._current(self.lws_informers)
+        return self._index_sets(o for inf in self.lws_informers for o in inf.objects.values())
 
     def _cached_pool(self, namespace: str, name: str) -> tuple[Informer, Obj] | None:
         for inf in self.pool_informers:

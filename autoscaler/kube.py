@@ -2,7 +2,8 @@
 and Events.
 
 Each cycle lists InferencePools, Deployments and pods once (cluster-wide, or once per watched
-namespace), never per pool. Writes: the Deployment's scale subresource, the pool's status
+namespace), never per pool, and the LeaderWorkerSets of multi-node roles. Writes: the
+scale subresource of the Deployment (or LeaderWorkerSet) of a role, the pool's status
 subresource (only the autoscaler's own fields and conditions) and Events; before a scale-down,
 the role's pods are listed and the victims annotated (`victims.py`: the pod-deletion-cost and
 the router's draining mark).
@@ -10,7 +11,9 @@ the router's draining mark).
 
 from __future__ import annotations
 
+import logging
 import socket
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -21,10 +24,14 @@ from poolpilot.kubeclient import ApiError, NoCredentials
 from poolpilot.kubeclient import KubeClient as SharedClient
 
 from poolpilot import api, names, workloads
+from poolpilot import leaderworkerset as lws
 
 Obj = dict[str, Any]
 MANAGER = "poolpilot-autoscaler"
 CONFLICT_RETRIES = 5
+# Where the cluster serves no LeaderWorkerSets, look again this often (it may be installed).
+LWS_RECHECK_S = 60.0
+log = logging.getLogger("poolpilot.autoscaler.kube")
 
 
 # The shared client's error (transient or permanent), under the name this adapter used.
@@ -64,14 +71,24 @@ class Workloads:
         stuck = [p for p in pods if unschedulable(p) is not None]
         message = unschedulable(stuck[0]) or "" if stuck else ""
         ready = min(ready, replicas) if replicas else 0
+        # Replicas, not pods: the pods of one LeaderWorkerSet group are one replica.
+        stuck_replicas = len({_replica_of(p) for p in stuck})
         return RoleState(
             replicas=replicas,
             ready=ready,
             # Asked for but not ready and not stuck: Pending or loading weights, on the way.
-            starting=max(0, replicas - ready - len(stuck)),
-            unschedulable=len(stuck),
+            starting=max(0, replicas - ready - stuck_replicas),
+            unschedulable=stuck_replicas,
             unschedulable_message=message,
         )
+
+
+def _replica_of(pod: Obj) -> str:
+    """The replica a pod is part of: its LeaderWorkerSet group, or itself."""
+    meta = pod.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    group = labels.get(lws.GROUP_INDEX_LABEL)
+    return f"{labels.get(lws.NAME_LABEL)}/{group}" if group is not None else str(meta.get("name"))
 
 
 def own_pods(pods: Iterable[Obj], pool_uid: str) -> list[Obj]:
@@ -126,6 +143,10 @@ class KubeClient:
     def __init__(self, kube: SharedClient, namespaces: Iterable[str] = ()) -> None:
         self.kube = kube
         self.namespaces = tuple(namespaces)
+        # (namespace, POOL-ROLE) -> the role's LeaderWorkerSet, from the last view: what
+        # `scale` resizes instead of a Deployment.
+        self._sets: dict[tuple[str, str], str] = {}
+        self._no_sets_until = 0.0
 
     @classmethod
     async def connect(cls, kubeconfig: str | None = None, namespaces: Iterable[str] = (),
@@ -176,12 +197,53 @@ class KubeClient:
                    labels.get(names.ROLE_LABEL, ""))
             by_pool.setdefault(key, []).append(pod)
         return Workloads(
-            deployments={(d["metadata"]["namespace"], d["metadata"]["name"]): d for d in deps},
+            deployments={**{(d["metadata"]["namespace"], d["metadata"]["name"]): d
+                            for d in deps}, **await self.leader_worker_sets()},
             pods=by_pool,
         )
 
+    async def leader_worker_sets(self) -> dict[tuple[str, str], Obj]:
+        """The LeaderWorkerSets of multi-node roles, keyed as the role's Deployment would be,
+        (namespace, POOL-ROLE): their spec.replicas and status counts are groups, read like a
+        Deployment's (`workloads.counts`). None where the cluster serves no LeaderWorkerSet
+        (looked for again every LWS_RECHECK_S) or RBAC refuses the list (an older chart)."""
+        if time.monotonic() < self._no_sets_until:
+            return {}
+        try:
+            sets = await self._list(lws.API_VERSION, lws.KIND,
+                                    f"{names.MANAGED_BY}={names.MANAGER}")
+        except KubeError as exc:
+            if exc.status not in (403, 404):
+                raise
+            if exc.status == 403:
+                log.warning("cannot list LeaderWorkerSets (multi-node roles are not scaled): "
+                            "%s", exc)
+            self._no_sets_until = time.monotonic() + LWS_RECHECK_S
+            self._sets = {}
+            return {}
+        return self._index_sets(sets)
+
+    def _index_sets(self, sets: Iterable[Obj]) -> dict[tuple[str, str], Obj]:
+        """Sets by (namespace, POOL-ROLE), remembered as what `scale` resizes."""
+        out: dict[tuple[str, str], Obj] = {}
+        for obj in sets:
+            meta = obj["metadata"]
+            labels = meta.get("labels") or {}
+            pool, role = labels.get(names.POOL_LABEL), labels.get(names.ROLE_LABEL)
+            if pool and role:
+                out[(meta["namespace"], names.child_name(pool, role))] = obj
+        self._sets = {key: obj["metadata"]["name"] for key, obj in out.items()}
+        return out
+
     async def scale(self, namespace: str, name: str, replicas: int) -> None:
-        await self.kube.merge_patch("apps/v1", "Deployment", namespace, name,
+        """Resize a role (`name` is POOL-ROLE) through the scale subresource of what runs it:
+        its LeaderWorkerSet (replicas are groups) when the last view found one, else its
+        Deployment."""
+        api_version, kind = "apps/v1", "Deployment"
+        target = self._sets.get((namespace, name))
+        if target is not None:
+            api_version, kind, name = lws.API_VERSION, lws.KIND, target
+        await self.kube.merge_patch(api_version, kind, namespace, name,
                                     {"spec": {"replicas": replicas}}, subresource="scale",
                                     manager=MANAGER)
 
@@ -189,6 +251,11 @@ class KubeClient:
                         ) -> list[Obj]:
         """Every pod of one role of the pool with this uid (`own_pods`; the cycle's view
         keeps only unschedulable ones): listed before a scale-down chooses its victims."""
+        if (namespace, names.child_name(pool, role)) in self._sets:
+            # A LeaderWorkerSet removes its highest-indexed groups, whatever a pod's deletion
+            # cost says: no pod can be chosen (and marked draining) ahead of the scale-down.
+            # The removed leaders drain through their preStop and vLLM's shutdown timeout.
+            return []
         selector = (f"{names.MANAGED_BY}={names.MANAGER},{names.POOL_LABEL}={pool},"
                     f"{names.ROLE_LABEL}={role}")
         pods = await self.kube.list("v1", "Pod", namespace, label_selector=selector)

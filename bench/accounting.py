@@ -8,8 +8,9 @@ Definitions (the same for every policy, from the replay's exact records, not fro
   +inf (so a policy cannot look better by starving requests); nearest-rank percentiles.
 - ITL p90 is the p90, over requests with at least two tokens, of each request's own p90
   inter-token gap (the statistic the SLO checks).
-- GPU-hours: each pod counts from the moment it is requested (cold start included) until it has
-  left (drained), times its GPUs.
+- GPU-hours: each replica counts from the moment it is requested (cold start included) until
+  it has left (drained), times its GPUs: a multi-node replica (a LeaderWorkerSet group of
+  `nodes` pods) holds nodes x gpus-per-pod.
 - Goodput per GPU (DistServe, OSDI 2024): goodput is the highest request rate served while at
   least `attainment_goal` (90%) of requests meet the SLO; per GPU it is divided by the
   time-averaged number of GPUs. A replay measures one rate, so a run at or above the goal has
@@ -28,6 +29,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from poolpilot.leaderworkerset import gpus_per_replica
 
 ATTAINMENT_GOAL = 0.9
 
@@ -55,14 +58,19 @@ class Outcome:
 
 @dataclass
 class Span:
-    """One pod's life: requested (billing starts), ready, gone (billing ends)."""
+    """One replica's life: requested (billing starts), ready, gone (billing ends)."""
 
     role: str
     requested_at: float
     ready_at: float
-    gpus: int
+    gpus: int  # per pod
     removal_requested_at: float | None = None
     gone_at: float | None = None
+    nodes: int = 1  # pods in the replica (nodesPerReplica), each with `gpus`
+
+    @property
+    def replica_gpus(self) -> int:
+        return gpus_per_replica(self.gpus, self.nodes)
 
 
 @dataclass
@@ -81,8 +89,9 @@ class Ledger:
     spans: list[Span] = field(default_factory=list)
     events: list[ScaleEvent] = field(default_factory=list)
 
-    def request(self, role: str, t: float, ready_at: float, gpus: int) -> Span:
-        span = Span(role, t, ready_at, gpus)
+    def request(self, role: str, t: float, ready_at: float, gpus: int, nodes: int = 1) -> Span:
+        """A replica asked for at `t`: `gpus` per pod, `nodes` pods (a multi-node group)."""
+        span = Span(role, t, ready_at, gpus, nodes=nodes)
         self.spans.append(span)
         return span
 
@@ -102,7 +111,7 @@ class Ledger:
             if role is not None and s.role != role:
                 continue
             stop = end if s.gone_at is None else min(s.gone_at, end)
-            total += max(0.0, stop - s.requested_at) * s.gpus
+            total += max(0.0, stop - s.requested_at) * s.replica_gpus
         return total / 3600.0
 
     def replicas_at(self, role: str, t: float) -> int:

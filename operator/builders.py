@@ -44,6 +44,7 @@ from poolpilot.operator.engine_pods import (
     launch_command,
     model_location,
 )
+from poolpilot.operator import multinode
 from poolpilot.operator.policies import (
     build_engine_network_policy,
     build_pdb,
@@ -127,8 +128,11 @@ def build_children(pool: Pool, caps: Capabilities | None = None) -> list[Obj]:
         objs += [build_router_role(pool), build_router_role_binding(pool)]
     if network_policies_on(pool, caps):  # before the pods they protect
         objs += [build_engine_network_policy(pool), build_router_network_policy(pool)]
-    objs += [build_engine_service(pool, r) for r in roles]
-    objs += [build_engine_deployment(pool, r, caps) for r in roles]
+    objs += [multinode.leader_only_service(build_engine_service(pool, r))
+             if multinode.multi_node(spec, r) else build_engine_service(pool, r) for r in roles]
+    objs += [multinode.build_engine_leaderworkerset(pool, build_engine_deployment(pool, r, caps))
+             if multinode.multi_node(spec, r) else build_engine_deployment(pool, r, caps)
+             for r in roles]
     objs += [build_router_service(pool), build_router_deployment(pool, caps)]
     objs += [build_pdb(pool, r) for r in (*roles, "router")]
     if caps.monitoring:

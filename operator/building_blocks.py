@@ -70,6 +70,9 @@ class Capabilities:
     # NetworkPolicies for pools whose spec.networkPolicy.enabled is unset: on unless the
     # operator runs with --no-network-policies.
     network_policies: bool = True
+    # leaderworkerset.x-k8s.io/v1 is served: multi-node roles (nodesPerReplica > 1) run on it
+    # (they are rendered either way; without it their apply fails with a message saying so).
+    leader_worker_set: bool = False
 
 
 # ---------------------------------------------------------------------------------------------

@@ -94,6 +94,8 @@ def launch_command(spec: api.InferencePoolSpec, role: str) -> list[str]:
         # The prefill's KV hold covers the router's handoff (its connect timeout x attempts).
         cmd += ["--kv-lease-seconds", str(handoff.kv_lease_seconds())]
     cmd += ["--tensor-parallel", str(role_spec.tensor_parallel_size)]
+    if role_spec.nodes_per_replica > 1:  # a LeaderWorkerSet group (operator/multinode.py)
+        cmd += ["--nodes", str(role_spec.nodes_per_replica)]
     if _precise(spec):
         cmd += ["--kv-events-port", str(KV_EVENTS_PORT), "--kv-replay-port", str(KV_REPLAY_PORT)]
     # vLLM drains on SIGTERM for what the grace period leaves after the preStop.

@@ -37,6 +37,10 @@ class Discovered:
     def network_policies(self) -> bool:
         return "networking.k8s.io" in self.groups
 
+    @property
+    def leader_worker_set(self) -> bool:
+        return "leaderworkerset.x-k8s.io" in self.groups
+
 
 class KubeApi:
     """One per operator process (kept in Kopf's memo)."""
@@ -73,7 +77,8 @@ class KubeApi:
         await self.kube.delete(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"],
                                uid=meta.get("uid"))
 
-    async def apply_size(self, namespace: str, name: str, replicas: int) -> None:
+    async def apply_size(self, namespace: str, name: str, replicas: int,
+                         api_version: str = "apps/v1", kind: str = "Deployment") -> None:
         """Set a Deployment's size as a separate apply manager, SIZE_MANAGER.
 
         With autoscaling on, the operator's own apply leaves `replicas` out; had it owned the
@@ -81,7 +86,7 @@ class KubeApi:
         manager (the Kubernetes docs' HPA hand-over pattern) keeps it until the autoscaler
         takes it over through the scale subresource.
         """
-        body = {"apiVersion": "apps/v1", "kind": "Deployment",
+        body = {"apiVersion": api_version, "kind": kind,
                 "metadata": {"name": name, "namespace": namespace},
                 "spec": {"replicas": replicas}}
         await self.kube.apply(body, manager=SIZE_MANAGER)

@@ -17,18 +17,21 @@ from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
-from poolpilot.operator import builders
+from poolpilot.operator import builders, multinode
 from poolpilot.operator.kubeapi import ApiError, Discovered
 
 from poolpilot import api, names, workloads
+from poolpilot import leaderworkerset as lws
 from poolpilot.apitypes import quantity_value
 
 Obj = dict[str, Any]
 T = TypeVar("T")
+# What runs a role's engines: a Deployment, or a LeaderWorkerSet for multi-node replicas.
+WORKLOAD_KINDS = ("Deployment", lws.KIND)
 DIGEST_ANNOTATION = "poolpilot.dev/applied-digest"
 
 # Stale children are deleted workloads first, so nothing routes to a half-removed role.
-_DELETE_ORDER = ("Deployment", "PodDisruptionBudget", "Service", "PodMonitor", "ServiceMonitor",
+_DELETE_ORDER = ("LeaderWorkerSet", "Deployment", "PodDisruptionBudget", "Service", "PodMonitor", "ServiceMonitor",
                  "RoleBinding", "Role", "ServiceAccount", "ConfigMap", "NetworkPolicy")
 
 
@@ -38,7 +41,8 @@ class Cluster(Protocol):
     async def get(self, api_version: str, kind: str, namespace: str, name: str) -> Obj | None: ...
     async def apply(self, obj: Obj) -> Obj: ...
     async def delete(self, obj: Obj) -> None: ...
-    async def apply_size(self, namespace: str, name: str, replicas: int) -> None: ...
+    async def apply_size(self, namespace: str, name: str, replicas: int,
+                         api_version: str = "apps/v1", kind: str = "Deployment") -> None: ...
 
 
 @dataclass
@@ -59,7 +63,8 @@ def capabilities(discovered: Discovered, monitor_labels: tuple[tuple[str, str], 
     return builders.Capabilities(monitoring=discovered.monitoring, rbac=discovered.rbac,
                                  monitor_labels=monitor_labels,
                                  networking=discovered.network_policies,
-                                 network_policies=network_policies)
+                                 network_policies=network_policies,
+                                 leader_worker_set=discovered.leader_worker_set)
 
 
 def label(obj: Obj) -> str:
@@ -164,6 +169,19 @@ def possible_children(pool: builders.Pool, caps: builders.Capabilities) -> list[
         for obj in (builders.build_pod_monitor(monitors, caps),
                     builders.build_service_monitor(monitors, caps)):
             seen.setdefault(builders.object_key(obj), obj)
+    if caps.leader_worker_set or any(multinode.multi_node(pool.spec, r)
+                                     for r in names.ENGINE_ROLES):
+        # Each role's workload in the other shape (Deployment <-> LeaderWorkerSet), so that a
+        # change of nodesPerReplica finds the one to replace.
+        for role in names.ENGINE_ROLES:
+            role_spec = pool.spec.role(role)
+            nodes = 1 if role_spec.nodes_per_replica > 1 else 2
+            other = pool.spec.model_copy(update={role: role_spec.model_copy(
+                update={"nodes_per_replica": nodes})})
+            variant = builders.Pool(pool.name, pool.namespace, other, pool.uid)
+            dep = builders.build_engine_deployment(variant, role, caps)
+            obj = multinode.build_engine_leaderworkerset(variant, dep) if nodes > 1 else dep
+            seen.setdefault(builders.object_key(obj), obj)
     if caps.networking:  # so that turning them off finds the ones to delete
         for obj in (builders.build_engine_network_policy(pool),
                     builders.build_router_network_policy(pool)):
@@ -219,7 +237,7 @@ async def reconcile(cluster: Cluster, pool: builders.Pool, caps: builders.Capabi
     for obj in desired:
         key = builders.object_key(obj)
         cur = live.get(key)
-        is_dep = obj["kind"] == "Deployment"
+        is_dep = obj["kind"] in WORKLOAD_KINDS
         if cur is not None and not _ours(cur, pool):
             out.conflicts.append(label(obj))
             continue
@@ -236,13 +254,14 @@ async def reconcile(cluster: Cluster, pool: builders.Pool, caps: builders.Capabi
                 # Hand the size over before our apply stops setting it, so the Deployment
                 # keeps its size (see KubeApi.apply_size).
                 await _doing(f"hand over the size of {label(obj)}", cluster.apply_size(
-                    pool.namespace, obj["metadata"]["name"], int(cur["spec"].get("replicas", 1))))
+                    pool.namespace, obj["metadata"]["name"], int(cur["spec"].get("replicas", 1)),
+                    **_kind_of(obj)))
                 out.writes += 1
         result = await _doing(f"apply {label(obj)}", cluster.apply(obj))
         out.writes += 1
         if starting_size is not None and starting_size != result["spec"].get("replicas"):
             await _doing(f"set the size of {label(obj)}", cluster.apply_size(
-                pool.namespace, obj["metadata"]["name"], starting_size))
+                pool.namespace, obj["metadata"]["name"], starting_size, **_kind_of(obj)))
             out.writes += 1
             result["spec"]["replicas"] = starting_size
         if cur is None:
@@ -258,8 +277,10 @@ async def reconcile(cluster: Cluster, pool: builders.Pool, caps: builders.Capabi
     stale = [o for k, o in live.items() if k not in wanted and _owned_by(o, pool.uid)]
     # The other mode's roles go only once the new engines serve (the pool keeps serving);
     # anything else turned off (NetworkPolicies, monitors) goes at once.
+    # So does a role's workload of the other shape (nodesPerReplica changed across 1).
     old_roles = [o for o in stale if _role_of(o) in names.ENGINE_ROLES
-                 and _role_of(o) not in pool.spec.engine_roles()]
+                 and (_role_of(o) not in pool.spec.engine_roles()
+                      or o["kind"] in WORKLOAD_KINDS)]
     if old_roles:
         out.waiting = _ready_for_cutover(out.deployments, pool.spec.engine_roles())
         if out.waiting is not None:
@@ -284,6 +305,14 @@ async def remove_orphans(cluster: Cluster, pool: builders.Pool,
             await cluster.delete(obj)
             removed.append(f"{key[1]}/{key[2]}")
     return removed
+
+
+def _kind_of(obj: Obj) -> dict[str, str]:
+    """apply_size's keywords for a workload other than a Deployment (fakes of the Cluster
+    protocol written for Deployments keep working)."""
+    if obj["kind"] == "Deployment":
+        return {}
+    return {"api_version": obj["apiVersion"], "kind": obj["kind"]}
 
 
 def _digest_of(obj: Obj) -> str | None:

@@ -13,6 +13,10 @@ that makes the ReplicaSet controller take them). An endpoint whose pod is marked
 request (those in flight finish), unless every endpoint of its role is marked: a role is never
 left with nothing to send to on a mark alone.
 
+A multi-node role (a LeaderWorkerSet group per replica) is served by each group's leader: its
+Service selects leaders only, and an endpoint whose pod is a group's worker (worker index not
+0) is dropped here too, should a Service select more.
+
 Only the operator sets `poolpilot.dev/pool-uid` on the pods it creates, and the Services
 select by it (docs/operator.md), so the EndpointSlices hold only the pool's own pods; with
 `--pool-uid` the pod watch selects by it too, so a stray pod labelled {pool, role} is not
@@ -26,6 +30,7 @@ import logging
 from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Any
 
+from poolpilot.leaderworkerset import WORKER_INDEX_LABEL, is_worker
 from poolpilot.names import (
     DRAINING,
     ENGINE_PORT,
@@ -63,12 +68,14 @@ def role_of_service(pool: str, service: str) -> str | None:
 
 
 def endpoints_from_slices(pool: str, slices: Iterable[Mapping[str, Any]],
-                          draining: Collection[str] = frozenset()) -> dict[str, list[str]]:
+                          draining: Collection[str] = frozenset(),
+                          workers: Collection[str] = frozenset()) -> dict[str, list[str]]:
     """URLs per role from EndpointSlice objects (camelCase dicts as the API serves them).
 
     An address counts unless its `conditions.ready` is false (absent means ready, as in
     Kubernetes), or its pod (`targetRef`) is in `draining` while another endpoint of the role
-    is not; the port is the one named `http`, else the first, else the engine port."""
+    is not; the port is the one named `http`, else the first, else the engine port. Pods in
+    `workers` (multi-node groups' non-leaders, which serve nothing) never count."""
     out: dict[str, list[str]] = {role: [] for role in ENGINE_ROLES}
     held: dict[str, list[str]] = {role: [] for role in ENGINE_ROLES}  # draining pods' URLs
     for s in slices:
@@ -83,6 +90,8 @@ def endpoints_from_slices(pool: str, slices: Iterable[Mapping[str, Any]],
             if (ep.get("conditions") or {}).get("ready") is False:
                 continue
             pod = (ep.get("targetRef") or {}).get("name")
+            if pod in workers:
+                continue
             for address in (ep.get("addresses") or [])[:1]:
                 host = f"[{address}]" if ":" in address else address
                 (held if pod in draining else out)[role].append(f"http://{host}:{port}")
@@ -94,6 +103,12 @@ def draining_pods(pods: Iterable[Mapping[str, Any]]) -> frozenset[str]:
     return frozenset(str(meta.get("name")) for p in pods
                      if ((meta := p.get("metadata") or {}).get("annotations") or {}).get(
                          DRAINING) == "true")
+
+
+def worker_pods(pods: Iterable[Mapping[str, Any]]) -> frozenset[str]:
+    """Names of the pods that are workers of a LeaderWorkerSet group (not its leader)."""
+    return frozenset(str(meta.get("name")) for p in pods
+                     if is_worker((meta := p.get("metadata") or {}).get("labels") or {}))
 
 
 def pod_selector(pool: str, pool_uid: str | None = None) -> str:
@@ -131,7 +146,8 @@ class KubernetesDiscovery:
 
     def _emit(self) -> None:
         current = endpoints_from_slices(self.pool, self._slices.values(),
-                                        draining_pods(self._pods.values()))
+                                        draining_pods(self._pods.values()),
+                                        worker_pods(self._pods.values()))
         initial = not self.synced.is_set()
         for role, urls in current.items():
             if self._last.get(role) != urls:
@@ -196,7 +212,9 @@ class KubernetesDiscovery:
         else:
             self._pods[name] = _slim(obj)
         after = self._pods.get(name)
-        if draining_pods([before or {}]) != draining_pods([after or {}]) and self.synced.is_set():
+        changed = (draining_pods([before or {}]) != draining_pods([after or {}])
+                   or worker_pods([before or {}]) != worker_pods([after or {}]))
+        if changed and self.synced.is_set():
             self._emit()
 
     def _apply(self, kind: str, obj: Mapping[str, Any]) -> None:
@@ -211,6 +229,8 @@ class KubernetesDiscovery:
 
 
 def _slim(pod: Mapping[str, Any]) -> dict[str, Any]:
-    """What discovery keeps of a pod: its name and annotations."""
+    """What discovery keeps of a pod: its name, annotations and LWS worker index."""
     meta = pod.get("metadata") or {}
-    return {"metadata": {"name": meta.get("name"), "annotations": meta.get("annotations") or {}}}
+    labels = {k: v for k, v in (meta.get("labels") or {}).items() if k == WORKER_INDEX_LABEL}
+    return {"metadata": {"name": meta.get("name"), "annotations": meta.get("annotations") or {},
+                         "labels": labels}}

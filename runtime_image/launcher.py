@@ -24,6 +24,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from poolpilot.runtime import multinode
+
 from poolpilot import handoff
 
 ROLES = ("prefill", "decode", "aggregated")
@@ -55,6 +57,7 @@ OWN_FLAGS = {
     "served-model-name": "--served-name",
     "tensor-parallel-size": "--tensor-parallel",
     "kv-transfer-config": "--kv-connector/--kv-config",
+    **multinode.NODE_FLAGS,
 }
 
 
@@ -96,6 +99,8 @@ class LaunchSpec:
     # The pod's grace period and its preStop sleep (None: vLLM's own --shutdown-timeout, 0).
     grace_seconds: int | None = None
     prestop_seconds: int = 0
+    # --nodes > 1: this pod's place in its LeaderWorkerSet group (from the LWS environment).
+    group: multinode.GroupMember | None = None
 
 
 def kebab(key: str) -> str:
@@ -278,7 +283,14 @@ def build_command(spec: LaunchSpec) -> list[str]:
     if drain is not None:
         cmd += ["--shutdown-timeout", str(drain)]
         own[SHUTDOWN_FLAG] = "--grace-seconds/--prestop-seconds"
-    return cmd + engine_arg_flags(spec.engine_args, own)
+    cmd += engine_arg_flags(spec.engine_args, own)
+    if spec.group is not None:
+        try:
+            cmd = multinode.group_command(cmd, spec.group, spec.tensor_parallel,
+                                          spec.engine_args, SERVER_MODULE)
+        except multinode.GroupError as exc:
+            raise LaunchError(str(exc)) from None
+    return cmd
 
 
 def launch_env(spec: LaunchSpec, base: Mapping[str, str]) -> dict[str, str]:
@@ -362,6 +374,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--tensor-parallel", type=int, default=1, help="tensor-parallel size")
     parser.add_argument(
+        "--nodes", type=int, default=1,
+        help="pods in this replica's LeaderWorkerSet group (default 1): vLLM runs across them "
+        "(--tensor-parallel per pod, pipeline parallel across pods), the leader serving and "
+        "the others headless, from LWS_LEADER_ADDRESS and LWS_WORKER_INDEX",
+    )
+    parser.add_argument(
         "--engine-arg",
         action="append",
         default=[],
@@ -383,6 +401,10 @@ def spec_from_args(args: argparse.Namespace) -> LaunchSpec:
         raise LaunchError(f"--kv-config: not valid JSON ({exc})") from exc
     if not isinstance(kv_config, dict):
         raise LaunchError('--kv-config: must be a JSON object, e.g. {"kv_buffer_device":"cpu"}')
+    try:
+        group = multinode.group_member(args.nodes, os.environ)
+    except multinode.GroupError as exc:
+        raise LaunchError(str(exc)) from None
     return LaunchSpec(
         role=args.role,
         model=args.model,
@@ -399,6 +421,7 @@ def spec_from_args(args: argparse.Namespace) -> LaunchSpec:
         kv_replay_port=args.kv_replay_port,
         grace_seconds=args.grace_seconds,
         prestop_seconds=args.prestop_seconds,
+        group=group,
     )
 
 

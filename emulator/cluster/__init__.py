@@ -4,6 +4,7 @@ beside the emulator).
 
 - controller.py: one pass every period runs the jobs below;
 - deployments.py: Deployments -> Pods (ReplicaSet logic) and Deployment status;
+- leaderworkersets.py: LeaderWorkerSets -> groups of Pods and their status;
 - kubelet.py: Pods -> local processes (processes.py) on their own loopback addresses,
   readiness, restarts, graceful deletion;
 - endpoints.py: EndpointSlices for every Service with a selector;

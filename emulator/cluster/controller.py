@@ -3,6 +3,7 @@ in a real cluster, for the objects poolpilot makes (the sandbox runs it beside t
 One pass every `period_s` runs five jobs, each in a module of its own:
 
 - deployments.py: Deployments -> Pods (ReplicaSet logic) and Deployment status;
+- leaderworkersets.py: LeaderWorkerSets -> groups of Pods and their status (multi-node roles);
 - kubelet.py: Pods -> local processes on their own loopback addresses, readiness, restarts,
   graceful deletion;
 - endpoints.py: EndpointSlices for every Service with a selector;
@@ -26,6 +27,7 @@ from .deployments import DeploymentController
 from .endpoints import EndpointSlices
 from .kubeapi import ApiError, KubeClient
 from .kubelet import Kubelet, KubeletConfig
+from .leaderworkersets import LeaderWorkerSetController
 from .processes import ProcessTable
 from .scrape import ScrapeTargets
 from .timeline import Timeline
@@ -50,6 +52,7 @@ class Controller:
         self.kube = kube
         self.cfg = cfg
         self.deployments = DeploymentController(kube)
+        self.leader_worker_sets = LeaderWorkerSetController(kube)
         self.kubelet = Kubelet(kube, procs, KubeletConfig(
             workdir=cfg.workdir, kubeconfig=cfg.kubeconfig, mapping=cfg.mapping,
             speed=cfg.speed, cold_start_s=cfg.cold_start_s, extra_env=cfg.extra_env))
@@ -76,13 +79,16 @@ class Controller:
 
     async def reconcile_once(self) -> None:
         deployments = await self.kube.list("Deployment")
+        sets = await self.leader_worker_sets.list()
         pods = await self.kube.list("Pod")
         now = time.monotonic()
         await self.deployments.scale(deployments, pods, self._ready(pods))
+        await self.leader_worker_sets.scale(sets, pods, self._ready(pods))
         await self.kubelet.sync(pods)
         pods = await self.kube.list("Pod")  # the pods just created or deleted
         ready = self._ready(pods)
         await self.deployments.write_status(deployments, pods, ready)
+        await self.leader_worker_sets.write_status(sets, pods, ready)
         await self.endpoints.sync([self.kubelet.view(p) for p in pods])
         if self.scrape is not None:
             self.scrape.sync([self.kubelet.view(p) for p in pods if self.kubelet.is_running(p)])

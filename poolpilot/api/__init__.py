@@ -151,6 +151,11 @@ RESERVED_ENGINE_ARGS: dict[str, str] = {
     "servedModelName": "from spec.model.servedName",
     "tensorParallelSize": "from the role's tensorParallelSize",
     "kvTransferConfig": "from spec.kvTransfer (connector and extraConfig)",
+    # A multi-node replica's place in its LeaderWorkerSet group (the launcher's --nodes).
+    "nnodes": "from the role's nodesPerReplica",
+    "nodeRank": "from the pod's index in its LeaderWorkerSet group",
+    "masterAddr": "from the group's leader (LWS_LEADER_ADDRESS)",
+    "headless": "(every pod of a multi-node group but the leader runs headless)",
 }
 # kvTransfer.extraConfig keys the launcher sets from the connector and the role.
 RESERVED_CONNECTOR_KEYS: dict[str, str] = {
@@ -391,6 +396,11 @@ MIN_ENGINE_GRACE_SECONDS = 16
 MIN_PREFILL_NIXL_GRACE_SECONDS = 10 + handoff.kv_lease_seconds() + 5
 
 
+# A LeaderWorkerSet group's size; beyond this, a replica is more nodes than one failure domain
+# should hold (any pod's restart recreates the whole group).
+MAX_NODES_PER_REPLICA = 64
+
+
 class EngineRoleSpec(ApiModel):
     """Size and bounds of one engine role (prefill, decode, or the aggregated engine)."""
 
@@ -420,6 +430,15 @@ class EngineRoleSpec(ApiModel):
     )
     tensor_parallel_size: Int32 = Field(
         default=1, ge=1, description="Tensor-parallel ranks per pod; needs gpus >= this."
+    )
+    # Not Int32: its own le (the int32 maximum) would override this one.
+    nodes_per_replica: int = Field(
+        default=1, ge=1, le=MAX_NODES_PER_REPLICA, json_schema_extra={"format": "int32"},
+        description="Pods (nodes) per replica, each with `gpus` GPUs and tensorParallelSize "
+        "ranks. Above 1 a replica is a group of pods on a LeaderWorkerSet "
+        "(leaderworkerset.x-k8s.io, which must be installed): vLLM runs pipeline parallel "
+        "across the group (or tensor parallel, with engineArgs {pipelineParallelSize: 1}); "
+        "the leader serves, the router sends only to leaders, and scaling adds whole groups.",
     )
     resources: ResourceRequirements = Field(
         default_factory=ResourceRequirements,

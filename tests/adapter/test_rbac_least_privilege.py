@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from poolpilot.emulator.cluster import leaderworkersets
 from poolpilot.emulator.server import KubeEmulator
 from poolpilot.operator import builders
 from poolpilot.operator.handlers import OperatorConfig
@@ -51,6 +52,7 @@ def emu(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[KubeEmulator
         kubeconfig = emulator.write_kubeconfig(tmp_path_factory.mktemp("rbac") / "kubeconfig")
         kubectl = Kubectl(kubeconfig)
         install(kubectl, monitoring=True)
+        kubectl.apply(leaderworkersets.crd(), server_side=True)
         kubectl.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}})
         yield emulator, kubeconfig
 
@@ -91,6 +93,19 @@ def operator_scenario(emu: KubeEmulator, kubectl: Kubectl) -> None:
     wait_for(lambda: not [k for k in ("configmaps", "deployments", "rolebindings")
                           if emu.objects(k, NS, f"{names.POOL_LABEL}={b}")] or None,
              what="beta's children removed")
+    # Multi-node decode: its LeaderWorkerSet made and sized; back to one node per replica,
+    # the set goes once the role's Deployment (and the other role's) has a ready pod.
+    d, lws_kind = "delta", "leaderworkersets.leaderworkerset.x-k8s.io"
+    kubectl.apply(pool(d, decode={"gpus": 0, "nodesPerReplica": 2}))
+    wait_for(lambda: kubectl.get(lws_kind, f"{d}-decode-lws", NS), what="the LeaderWorkerSet")
+    kubectl.apply(pool(d))
+    wait_for(lambda: kubectl.get("deployment", f"{d}-decode", NS), what="decode's Deployment")
+    for role in ("prefill", "decode"):
+        kubectl("patch", "deployment", f"{d}-{role}", "-n", NS, "--subresource=status",
+                "--type=merge", "-p", '{"status": {"replicas": 1, "readyReplicas": 1}}')
+    wait_for(lambda: kubectl.get(lws_kind, f"{d}-decode-lws", NS) is None,
+             what="the LeaderWorkerSet removed")
+    kubectl("delete", "inferencepool", d, "-n", NS)
     kubectl("delete", "inferencepool", a, "-n", NS)  # Kopf lets go of its finalizer
     wait_for(lambda: kubectl.get("inferencepool", a, NS) is None, what="alpha deleted")
 

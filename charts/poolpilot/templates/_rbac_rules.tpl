@@ -35,6 +35,10 @@ a verb no call used. Server-side apply is a PATCH, and `create` when it makes th
 - apiGroups: [networking.k8s.io]
   resources: [networkpolicies]
   verbs: [get, create, patch, delete]
+# Multi-node roles (nodesPerReplica > 1): their LeaderWorkerSets, sized once by apply.
+- apiGroups: [leaderworkerset.x-k8s.io]
+  resources: [leaderworkersets]
+  verbs: [get, create, patch, delete]
 - apiGroups: [rbac.authorization.k8s.io]
   resources: [roles, rolebindings]
   verbs: [get, create, patch, delete]
@@ -88,6 +92,13 @@ a verb no call used. Server-side apply is a PATCH, and `create` when it makes th
   verbs: [list, watch]
 - apiGroups: [apps]
   resources: [deployments/scale]
+  verbs: [patch]
+# Multi-node roles run on LeaderWorkerSets, resized (whole groups) through /scale.
+- apiGroups: [leaderworkerset.x-k8s.io]
+  resources: [leaderworkersets]
+  verbs: [list, watch]
+- apiGroups: [leaderworkerset.x-k8s.io]
+  resources: [leaderworkersets/scale]
   verbs: [patch]
 # Ready, Pending and Unschedulable pods count as capacity on the way or ScalingLimited;
 # before a scale-down the pods that go are annotated (pod-deletion-cost, draining).

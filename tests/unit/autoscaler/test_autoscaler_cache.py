@@ -90,6 +90,9 @@ class FakeApi:
         finally:
             self.watches[kind].remove(q)
 
+    async def serves(self, api_version: str, kind: str) -> bool:
+        return kind in KINDS
+
     async def get(self, api_version: str | None, kind: str, namespace: str | None, name: str,
                   subresource: str | None = None) -> Obj | None:
         self.calls.append(("GET", kind))
