@@ -79,7 +79,7 @@ class Controller:
 
     async def reconcile_once(self) -> None:
         deployments = await self.kube.list("Deployment")
-        sets = await self.leader_worker_sets.list()
+        sets = await self.leader_worker_sets.list_sets()
         pods = await self.kube.list("Pod")
         now = time.monotonic()
         await self.deployments.scale(deployments, pods, self._ready(pods))

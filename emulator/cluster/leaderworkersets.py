@@ -264,7 +264,7 @@ class LeaderWorkerSetController:
                 raise
         self._installed = True
 
-    async def list(self) -> list[Obj]:
+    async def list_sets(self) -> list[Obj]:
         await self.install()
         try:
             return await self.kube.list(lws.KIND)
