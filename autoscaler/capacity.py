@@ -56,6 +56,8 @@ class Memory:
     `seen`: (time, replicas asked, ready) at the previous decision. `orders`: times of
     scale-ups whose pods are not ready yet, oldest first. `cold_start`: learned seconds from a
     scale-up to a ready replica. `samples`: demand samples within the forecast window.
+    `measured`: the cold start has been learned from measured starts (`learn_measured`), which
+    the ready transitions then no longer move.
     `tokens_per_request`: the last known mean prompt length (prefill). `busy_since`: when the
     role's current saturated stretch began (None: not saturated). `first_seen`: the first
     decision with the role's rates (a rate window that reaches back before the series began
@@ -71,6 +73,7 @@ class Memory:
     busy_since: float | None = None
     first_seen: float | None = None
     headroom: float | None = None
+    measured: bool = False
 
 
 def _ordered_times(samples: Sequence[Sample]) -> list[float] | None:
@@ -99,7 +102,8 @@ def after(samples: Sequence[Sample], t: float) -> tuple[Sample, ...]:
 def track_starts(mem: Memory, replicas: int, ready: int, now: float) -> Memory:
     """Follow the role's pods: a rise in replicas asked is an order (placed at the previous
     decision, when this autoscaler scaled); a fall cancels the newest orders (starting pods go
-    first); a rise in ready replicas completes the oldest orders and teaches the cold start."""
+    first); a rise in ready replicas completes the oldest orders and teaches the cold start
+    (unless measured starts teach it: `learn_measured`)."""
     orders = list(mem.orders)
     cold = mem.cold_start
     if mem.seen is not None:
@@ -110,10 +114,27 @@ def track_starts(mem: Memory, replicas: int, ready: int, now: float) -> Memory:
             del orders[max(0, len(orders) - (asked0 - replicas)):]
         if ready > ready0:
             done, orders = orders[: ready - ready0], orders[ready - ready0:]
-            for t in done:
+            for t in done if not mem.measured else ():
                 sample = now - t
                 cold = sample if cold is None else cold + COLD_START_ALPHA * (sample - cold)
     return replace(mem, seen=(now, replicas, ready), orders=tuple(orders), cold_start=cold)
+
+
+def learn_measured(mem: Memory, samples: Sequence[float]) -> Memory:
+    """Learn the cold start from measured starts of new pods (seconds from the pod's creation
+    to its engine's first /health 200: the pod's own timestamps and the phases the engine
+    launcher measured), in the order they became ready. The first replaces what the ready
+    transitions taught (a transition is seen at the next decision, up to one interval late,
+    and is matched to the oldest order, whichever pod it was); the next move it as they would
+    (COLD_START_ALPHA). Samples that are no duration (NaN, <= 0) are left out."""
+    cold, measured = mem.cold_start, mem.measured
+    for sample in samples:
+        if not (math.isfinite(sample) and sample > 0):
+            continue
+        cold = sample if not measured or cold is None else (
+            cold + COLD_START_ALPHA * (sample - cold))
+        measured = True
+    return replace(mem, cold_start=cold, measured=measured)
 
 
 def remember(mem: Memory, now: float, rate: float, backlog: float, window: float) -> Memory:

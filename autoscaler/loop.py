@@ -19,9 +19,17 @@ from typing import Any
 
 from poolpilot.autoscaler import decide as core
 from poolpilot.autoscaler import victims
+from poolpilot.autoscaler.capacity import Memory, learn_measured
 from poolpilot.autoscaler.kube import Kube, Obj, parse_time, pod_ready, rfc3339
 from poolpilot.autoscaler.metrics import AutoscalerMetrics
-from poolpilot.autoscaler.observe import MetricsSource, Snapshot, observation
+from poolpilot.autoscaler.observe import (
+    MetricsSource,
+    Snapshot,
+    cold_start_annotation,
+    observation,
+    pod_start_times,
+)
+from poolpilot.autoscaler.queries import COMPILE_CACHE_PHASE
 from poolpilot.autoscaler.shard import Shard
 from pydantic import ValidationError
 
@@ -43,11 +51,32 @@ class Options:
 
 
 @dataclass
+class ColdStarts:
+    """One role's measured cold starts: the pods already learned from (and annotated), the
+    ready count last seen, and until when to look for the starts of pods that became ready
+    (Prometheus scrapes a new pod's phases some seconds after it is ready)."""
+
+    learned: frozenset[str] = frozenset()
+    ready: int = -1
+    look_until: float = -math.inf
+    asked: float = -math.inf
+
+
+# How long after a rise in ready pods to look for their measured starts, and how often; at
+# most this many such questions per cycle (a restarted autoscaler with 1,000 pools asks for
+# each role's once, over a few minutes, not 2,000 queries in its first cycle).
+COLD_START_LOOK_SECONDS = 120.0
+COLD_START_ASK_EVERY = 15.0
+COLD_START_QUERIES_PER_CYCLE = 16
+
+
+@dataclass
 class PoolState:
     history: core.History
     last_decided: float = -math.inf
     last_status_write: float = -math.inf
     last_limited: bool = False
+    cold_starts: dict[str, ColdStarts] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -103,6 +132,7 @@ class Autoscaler:
         self.clock = clock
         self.pools: dict[tuple[str, str], PoolState] = {}
         self._specs: dict[tuple[Any, Any], Parsed] = {}
+        self._cold_start_budget = COLD_START_QUERIES_PER_CYCLE
 
     async def run(self, stop: asyncio.Event, once: bool = False) -> None:
         while not stop.is_set():
@@ -155,6 +185,7 @@ class Autoscaler:
         mine = frozenset(name for _, name in seen) if shard.split else None
         snap = await asyncio.to_thread(self.source.fetch, ttft_qs, itl_qs, mine)
         res.queries = snap.queries
+        self._cold_start_budget = COLD_START_QUERIES_PER_CYCLE
         now = self.clock()
         # Pools are independent: their writes overlap, a few at a time.
         limit = asyncio.Semaphore(self.opt.concurrency)
@@ -217,6 +248,8 @@ class Autoscaler:
                                              if r in states})
         obs = observation(ns, name, states, snap, spec.slo.ttft.quantile, spec.slo.itl.quantile,
                           router=wl.role_state(ns, name, "router", uid))
+        for role, state in states.items():
+            await self._measured_cold_starts(ns, name, role, state.ready, uid, st, now)
         d = core.decide(obs, policy, st.history, now)
         # The recommendations are remembered now; a role's scale time (its cooldown clock)
         # only once the write has succeeded, below: a failed write must not start a cooldown
@@ -265,6 +298,61 @@ class Autoscaler:
             await self.kube.event(obj, d.scaling_limited.reason, d.scaling_limited.message,
                                   "Warning")
         st.last_limited = d.scaling_limited.status
+
+    async def _measured_cold_starts(self, ns: str, pool: str, role: str, ready: int,
+                                    uid: str, st: PoolState, now: float) -> None:
+        """Learn the role's cold start from its new pods' measured starts and write each on
+        its pod (poolpilot.dev/cold-start). Asked from Prometheus only for a while after the
+        ready count rose (or the pool is new to this process: its pods teach it at once),
+        so a pool whose engines export no phases costs nothing in steady state."""
+        cs = st.cold_starts.setdefault(role, ColdStarts())
+        if ready > cs.ready:
+            cs.look_until = now + COLD_START_LOOK_SECONDS / self.opt.speed
+        cs.ready = ready
+        fetch = getattr(self.source, "cold_starts", None)
+        # (a role never asked keeps its turn past the window: its pods were scraped long ago)
+        if (fetch is None or len(cs.learned) >= ready or self._cold_start_budget <= 0
+                or (now > cs.look_until and cs.asked > -math.inf)
+                or now - cs.asked < COLD_START_ASK_EVERY / self.opt.speed):
+            return
+        self._cold_start_budget -= 1
+        cs.asked = now
+        try:
+            measured = await asyncio.to_thread(fetch, ns, pool, role)
+            new = sorted(set(measured) - cs.learned)
+            if not new:
+                return
+            pods = {str((p.get("metadata") or {}).get("name", "")): p
+                    for p in await self.kube.role_pods(ns, pool, role, uid)}
+            notes = []
+            for pod_name in new:
+                if pod_name not in pods:
+                    continue  # gone already (its series lingers until it is stale)
+                phases = dict(measured[pod_name])
+                hit = phases.pop(COMPILE_CACHE_PHASE, None)
+                note = cold_start_annotation(phases, hit, *pod_start_times(pods[pod_name]))
+                notes.append((pod_name, note))
+            # Oldest first, so the learned value ends on the newest start.
+            notes.sort(key=lambda n: pod_start_times(pods[n[0]])[0] or 0.0)
+            mem = st.history.memory.get(role, Memory())
+            st.history = replace(st.history, memory={
+                **st.history.memory,
+                role: learn_measured(mem, [note["total"] for _, note in notes])})
+            cs.learned = frozenset(p for p in cs.learned | {n for n, _ in notes}
+                                   if p in measured)
+            for pod_name, note in notes:
+                value = json.dumps(note, separators=(",", ":"))
+                current = ((pods[pod_name].get("metadata") or {}).get("annotations")
+                           or {}).get(names.COLD_START_ANNOTATION)
+                if not self.opt.dry_run and current != value:
+                    await self.kube.annotate_pod(ns, pod_name,
+                                                 {names.COLD_START_ANNOTATION: value})
+            if notes:
+                log.info("pool %s/%s %s: measured cold starts %s", ns, pool, role,
+                         json.dumps(dict(notes), separators=(",", ":")))
+        except Exception as exc:  # best effort: the ready transitions still teach it
+            log.warning("pool %s/%s: reading the %s cold starts failed: %s", ns, pool, role,
+                        exc)
 
     async def _mark_victims(self, ns: str, pool: str, role: str, replicas: int,
                             pool_uid: str = "") -> list[str]:

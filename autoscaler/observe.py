@@ -22,6 +22,8 @@ from poolpilot.autoscaler import recording
 from poolpilot.autoscaler.decide import Observation, RoleObservation
 from poolpilot.autoscaler.promaccess import PrometheusAccess
 
+from poolpilot.metrics import COLD_START_PHASES, COLD_START_TOTAL
+
 log = logging.getLogger("poolpilot.autoscaler")
 GroupKey = tuple[str, str, str]  # (namespace, pool, role); role "" for per-pool series
 
@@ -225,6 +227,71 @@ class PrometheusSource:
                     values[str(series["metric"].get(label, ""))] = point[1]
             setattr(out, key, values)
         return out
+
+
+    def cold_starts(self, namespace: str, pool: str, role: str) -> dict[str, dict[str, float]]:
+        """The measured cold starts of one role's pods: pod -> {phase: seconds, and
+        queries.COMPILE_CACHE_PHASE: 1 hit / 0 miss}; pods without the launcher's series
+        are absent. A failed query is no data (nothing learned, nothing written)."""
+        promql = self.query_set.cold_start_query(namespace, pool, role)
+        try:
+            result = self._query(promql)["result"]
+        except Exception as exc:
+            log.info("pool %s/%s: %s cold starts unavailable: %s", namespace, pool, role, exc)
+            return {}
+        return pod_phases(result)
+
+
+def pod_phases(result: Iterable[Any]) -> dict[str, dict[str, float]]:
+    """An instant vector by (pod, phase) as pod -> {phase: value}; malformed series and
+    values that are no duration (NaN, negative) are left out."""
+    out: dict[str, dict[str, float]] = {}
+    for series in result:
+        point = sample_value(series)
+        if isinstance(point, str) or not math.isfinite(point[1]) or point[1] < 0:
+            continue
+        labels = series["metric"]
+        pod, phase = str(labels.get("pod", "")), str(labels.get("phase", ""))
+        if pod and phase:
+            out.setdefault(pod, {})[phase] = point[1]
+    return out
+
+
+def pod_start_times(pod: Mapping[str, Any]) -> tuple[float | None, float | None, float | None]:
+    """(created, scheduled, container started) of a pod, Unix seconds, None where unknown:
+    metadata.creationTimestamp, the PodScheduled condition's transition to True, and the
+    (first) running container's startedAt."""
+    from poolpilot.autoscaler.kube import parse_time  # (kube imports this module)
+
+    meta, status = pod.get("metadata") or {}, pod.get("status") or {}
+    scheduled = next((parse_time(c.get("lastTransitionTime"))
+                      for c in status.get("conditions") or []
+                      if c.get("type") == "PodScheduled" and c.get("status") == "True"), None)
+    started = next((parse_time(((c.get("state") or {}).get("running") or {}).get("startedAt"))
+                    for c in status.get("containerStatuses") or []
+                    if ((c.get("state") or {}).get("running") or {}).get("startedAt")), None)
+    return parse_time(meta.get("creationTimestamp")), scheduled, started
+
+
+def cold_start_annotation(phases: Mapping[str, float], cache_hit: float | None,
+                          created: float | None, scheduled: float | None,
+                          started: float | None) -> dict[str, Any]:
+    """What the pod's poolpilot.dev/cold-start annotation says, seconds to 0.01: `scheduled`
+    (creation to PodScheduled), `container` (scheduled to the container's start: image pull,
+    volumes), `engine` (the launcher's phases, in their order), `total` (creation to ready
+    where the pod's timestamps are known, else the engine's part) and `compileCache`."""
+    note: dict[str, Any] = {}
+    if created is not None and scheduled is not None:
+        note["scheduled"] = round(max(0.0, scheduled - created), 2)
+    if scheduled is not None and started is not None:
+        note["container"] = round(max(0.0, started - scheduled), 2)
+    note["engine"] = {p: round(phases[p], 2) for p in COLD_START_PHASES if p in phases}
+    engine = phases.get(COLD_START_TOTAL, 0.0)
+    before = max(0.0, started - created) if created is not None and started is not None else 0.0
+    note["total"] = round(before + engine, 2)
+    if cache_hit is not None:
+        note["compileCache"] = "hit" if cache_hit >= 1 else "miss"
+    return note
 
 
 @dataclass

@@ -47,6 +47,8 @@ PREFIX_HIT_RATE = "prefix_hit_rate"
 POD_IN_FLIGHT = "pod_in_flight"
 POD_PREFIX_HITS = "pod_prefix_hits"
 ENDPOINT_EXPECTED_HITS = "endpoint_expected_hits"
+# The compile-cache gauge's place among a pod's cold-start phases (cold_start_query).
+COMPILE_CACHE_PHASE = "compile_cache_hit"
 
 
 def name_variants(metric: str) -> list[str]:
@@ -135,6 +137,15 @@ class QuerySet:
             ENDPOINT_EXPECTED_HITS: (f"sum by (endpoint) (rate({m.ROUTER_PREFIX_EXPECTED_HITS}"
                                      f'{{namespace="{namespace}", pool="{pool}"}}[{w}]))'),
         }
+
+    def cold_start_query(self, namespace: str, pool: str, role: str) -> str:
+        """Per pod of one role: the phases of its engine's cold start (the launcher's series,
+        by `pod` and `phase`) and its compile-cache gauge (as phase COMPILE_CACHE_PHASE).
+        Asked only while a role has ready pods whose start is not measured yet."""
+        sel = f'{{namespace="{namespace}", pool="{pool}", role="{role}"}}'
+        return (f"max by (pod, phase) ({m.ENGINE_COLD_START}{sel}) or label_replace("
+                f"max by (pod) ({m.ENGINE_COMPILE_CACHE_HIT}{sel}), "
+                f'"phase", "{COMPILE_CACHE_PHASE}", "", "")')
 
     def _quantile(self, q: float, histogram: str) -> str:
         return f"histogram_quantile({q:g}, {self.bucket_rates(histogram)})"

@@ -33,6 +33,18 @@ VLLM_NIXL_EXPIRED = "vllm:nixl_num_kv_expired_reqs"  # counter (prefill side)
 VLLM_NIXL_AFTER_EXPIRY = "vllm:nixl_num_notifications_after_expiry"  # counter
 VLLM_LABELS = ("model_name", "engine")  # labels on every vLLM engine metric
 
+# The engine launcher's cold-start phases (runtime_image/coldstart.py), served on the engine's
+# own /metrics: seconds each phase of the engine's start took {phase} (phase "total": the
+# launcher's start to the first /health 200), and whether vLLM found its compile cache (1 hit,
+# 0 compiled; no series without torch.compile).
+ENGINE_COLD_START = "poolpilot_engine_cold_start_seconds"  # gauge {phase}
+ENGINE_COMPILE_CACHE_HIT = "poolpilot_engine_compile_cache_hit"  # gauge
+# In the order they happen; a phase that did not happen (compile with --enforce-eager, graphs
+# on CPU) has no series.
+COLD_START_PHASES = ("import", "engine", "weights", "compile", "graphs", "warmup", "server",
+                     "ready")
+COLD_START_TOTAL = "total"
+
 # NVIDIA DCGM exporter: GPU utilization (percent of the sample period a kernel ran), per GPU.
 DCGM_GPU_UTIL = "DCGM_FI_DEV_GPU_UTIL"  # gauge, 0..100
 
