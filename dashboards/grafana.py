@@ -84,6 +84,9 @@ def _panel_json(p: Panel, pid: int, x: int, y: int) -> Json:
     if p.kind == "stat":
         options = {"reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
                    "colorMode": "value", "graphMode": "area", "textMode": "auto"}
+    if p.kind == "bargauge":  # one bar per series, its last value
+        options = {"reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
+                   "displayMode": "basic", "orientation": "horizontal", "showUnfilled": True}
     options.update(p.extra_options)
     return {
         "id": pid,
@@ -268,6 +271,24 @@ def _prefix_hit_panel(f: tuple[str, ...]) -> Panel:
         "the engine keeps (it evicted blocks), or the router's token estimate is off.")
 
 
+def _cold_start_panel(f: tuple[str, ...]) -> Panel:
+    """The phases of the engines' cold starts per role (the launcher's series), the mean over
+    the role's current pods, in the order they happen."""
+    phases = 'phase!="total"'
+    return Panel("Cold-start phases per role (mean of the current pods)", [
+        Query(_by("avg", f"{BY_ROLE}, phase", m.ENGINE_COLD_START, *f, ENGINE_ROLES, phases),
+              "{{pool}} {{role}} {{phase}}"),
+        Query(_by("avg", BY_ROLE, m.ENGINE_COLD_START, *f, ENGINE_ROLES, 'phase="total"'),
+              "{{pool}} {{role}} total"),
+    ], unit="s", kind="bargauge", width=24, height=10,
+        description="Seconds each phase of an engine's start took, from the launcher's "
+        f"{m.ENGINE_COLD_START}: import (python, torch, vLLM), engine (config, engine core "
+        "process), weights, compile (torch.compile; none with enforceEager), graphs (CUDA "
+        "graphs; none on CPU), warmup (KV cache, profiling), server (the API server), ready "
+        "(to the first /health 200). Total: the container's start to ready. What came before "
+        "(scheduling, image pull) is in each pod's poolpilot.dev/cold-start annotation.")
+
+
 def pool_dashboard() -> Json:
     f = (NS, POOL)
     items: list[Panel | Row] = [
@@ -340,6 +361,7 @@ def pool_dashboard() -> Json:
                   f"{_by('sum', BY_POOL, m.AUTOSCALER_DESIRED, *f, DECODE)}",
                   "{{pool}} desired prefill:decode"),
         ], description="Prefill replicas per decode replica (Disaggregated pools)."),
+        _cold_start_panel(f),
     ]
     return dashboard("poolpilot-pool", "poolpilot / Pool",
                      "One InferencePool: latency against its SLO, load and replicas per role.",
