@@ -13,6 +13,11 @@ that makes the ReplicaSet controller take them). An endpoint whose pod is marked
 request (those in flight finish), unless every endpoint of its role is marked: a role is never
 left with nothing to send to on a mark alone.
 
+A terminating endpoint gets no new request at once, whatever else is left: one whose slice
+conditions say `terminating: true` or `serving: false` (as well as `ready: false`), or whose
+pod has a `deletionTimestamp` (the pod watch often sees the deletion before the slice
+changes). Requests in flight there finish: the engine drains on SIGTERM within its grace.
+
 A multi-node role (a LeaderWorkerSet group per replica) is served by each group's leader: its
 Service selects leaders only, and an endpoint whose pod is a group's worker (worker index not
 0) is dropped here too, should a Service select more.
@@ -69,13 +74,16 @@ def role_of_service(pool: str, service: str) -> str | None:
 
 def endpoints_from_slices(pool: str, slices: Iterable[Mapping[str, Any]],
                           draining: Collection[str] = frozenset(),
-                          workers: Collection[str] = frozenset()) -> dict[str, list[str]]:
+                          workers: Collection[str] = frozenset(),
+                          terminating: Collection[str] = frozenset()) -> dict[str, list[str]]:
     """URLs per role from EndpointSlice objects (camelCase dicts as the API serves them).
 
     An address counts unless its `conditions.ready` is false (absent means ready, as in
     Kubernetes), or its pod (`targetRef`) is in `draining` while another endpoint of the role
     is not; the port is the one named `http`, else the first, else the engine port. Pods in
-    `workers` (multi-node groups' non-leaders, which serve nothing) never count."""
+    `workers` (multi-node groups' non-leaders, which serve nothing) never count, nor do
+    terminating endpoints (`conditions.terminating` true, `serving` false, or the pod in
+    `terminating`)."""
     out: dict[str, list[str]] = {role: [] for role in ENGINE_ROLES}
     held: dict[str, list[str]] = {role: [] for role in ENGINE_ROLES}  # draining pods' URLs
     for s in slices:
@@ -87,10 +95,12 @@ def endpoints_from_slices(pool: str, slices: Iterable[Mapping[str, Any]],
         named = [p for p in ports if p.get("name") == "http" and p.get("port")]
         port = (named or [p for p in ports if p.get("port")] or [{"port": ENGINE_PORT}])[0]["port"]
         for ep in s.get("endpoints") or []:
-            if (ep.get("conditions") or {}).get("ready") is False:
+            conditions = ep.get("conditions") or {}
+            if (conditions.get("ready") is False or conditions.get("serving") is False
+                    or conditions.get("terminating") is True):
                 continue
             pod = (ep.get("targetRef") or {}).get("name")
-            if pod in workers:
+            if pod in workers or pod in terminating:
                 continue
             for address in (ep.get("addresses") or [])[:1]:
                 host = f"[{address}]" if ":" in address else address
@@ -103,6 +113,12 @@ def draining_pods(pods: Iterable[Mapping[str, Any]]) -> frozenset[str]:
     return frozenset(str(meta.get("name")) for p in pods
                      if ((meta := p.get("metadata") or {}).get("annotations") or {}).get(
                          DRAINING) == "true")
+
+
+def terminating_pods(pods: Iterable[Mapping[str, Any]]) -> frozenset[str]:
+    """Names of the pods being deleted (a `deletionTimestamp`: SIGTERM is on its way)."""
+    return frozenset(str(meta.get("name")) for p in pods
+                     if (meta := p.get("metadata") or {}).get("deletionTimestamp"))
 
 
 def worker_pods(pods: Iterable[Mapping[str, Any]]) -> frozenset[str]:
@@ -147,7 +163,8 @@ class KubernetesDiscovery:
     def _emit(self) -> None:
         current = endpoints_from_slices(self.pool, self._slices.values(),
                                         draining_pods(self._pods.values()),
-                                        worker_pods(self._pods.values()))
+                                        worker_pods(self._pods.values()),
+                                        terminating_pods(self._pods.values()))
         initial = not self.synced.is_set()
         for role, urls in current.items():
             if self._last.get(role) != urls:
@@ -213,7 +230,8 @@ class KubernetesDiscovery:
             self._pods[name] = _slim(obj)
         after = self._pods.get(name)
         changed = (draining_pods([before or {}]) != draining_pods([after or {}])
-                   or worker_pods([before or {}]) != worker_pods([after or {}]))
+                   or worker_pods([before or {}]) != worker_pods([after or {}])
+                   or terminating_pods([before or {}]) != terminating_pods([after or {}]))
         if changed and self.synced.is_set():
             self._emit()
 
@@ -229,8 +247,9 @@ class KubernetesDiscovery:
 
 
 def _slim(pod: Mapping[str, Any]) -> dict[str, Any]:
-    """What discovery keeps of a pod: its name, annotations and LWS worker index."""
+    """What discovery keeps of a pod: its name, annotations, LWS worker index and
+    deletionTimestamp."""
     meta = pod.get("metadata") or {}
     labels = {k: v for k, v in (meta.get("labels") or {}).items() if k == WORKER_INDEX_LABEL}
     return {"metadata": {"name": meta.get("name"), "annotations": meta.get("annotations") or {},
-                         "labels": labels}}
+                         "labels": labels, "deletionTimestamp": meta.get("deletionTimestamp")}}
