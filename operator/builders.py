@@ -11,6 +11,7 @@ This module puts them together (`build_children`) and re-exports their names as 
 
 from __future__ import annotations
 
+from poolpilot.operator import multinode
 from poolpilot.operator.building_blocks import (
     COMPILE_CACHE_DIR,
     CONFIG_HASH_ANNOTATION,
@@ -44,7 +45,7 @@ from poolpilot.operator.engine_pods import (
     launch_command,
     model_location,
 )
-from poolpilot.operator import multinode
+from poolpilot.operator.gateway_objects import build_gateway_objects
 from poolpilot.operator.policies import (
     build_engine_network_policy,
     build_pdb,
@@ -140,6 +141,7 @@ def build_children(pool: Pool, caps: Capabilities | None = None) -> list[Obj]:
             objs.append(build_pod_monitor(pool, caps))
         if spec.monitoring.service_monitor:
             objs.append(build_service_monitor(pool, caps))
+    objs += build_gateway_objects(pool, caps)  # last: the route once its backend exists
     return objs
 
 

@@ -26,6 +26,9 @@ ROUTER_CONFIG_KEY = "router.json"
 ROUTER_KEYS_DIR = "/etc/poolpilot/router-keys"  # spec.router.apiKeySecret, mounted
 ROUTER_KEYS_FILE = "api-keys"
 CONFIG_HASH_ANNOTATION = "poolpilot.dev/config-hash"
+# On engine pods of a pool with spec.gateway.inferencePool: what its GIE InferencePool selects
+# (routers never carry it; pod templates may not set poolpilot.dev/ labels).
+GATEWAY_POOL_LABEL = "poolpilot.dev/gie-endpoint"
 # Grace periods are per role (spec.<role>.terminationGracePeriodSeconds, default 120 s for
 # engines, 60 s for routers): the launcher gives vLLM what is left after the preStop as its
 # --shutdown-timeout, so in-flight generations finish after the endpoint is removed.
@@ -70,6 +73,8 @@ class Capabilities:
     # NetworkPolicies for pools whose spec.networkPolicy.enabled is unset: on unless the
     # operator runs with --no-network-policies.
     network_policies: bool = True
+    gateway_api: bool = True  # gateway.networking.k8s.io/v1 HTTPRoute (spec.gateway)
+    inference_pools: bool = True  # inference.networking.k8s.io/v1 InferencePool (GIE)
     # leaderworkerset.x-k8s.io/v1 is served: multi-node roles (nodesPerReplica > 1) run on it
     # (they are rendered either way; without it their apply fails with a message saying so).
     leader_worker_set: bool = False
@@ -101,6 +106,9 @@ def pod_labels(pool: Pool, role: str) -> dict[str, str]:
     labels = names.labels(pool.name, role)
     if pool.uid:
         labels[names.POOL_UID_LABEL] = pool.uid
+    gateway = pool.spec.gateway
+    if role in names.ENGINE_ROLES and gateway is not None and gateway.inference_pool:
+        labels[GATEWAY_POOL_LABEL] = "true"
     return labels
 
 

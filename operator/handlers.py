@@ -22,7 +22,7 @@ from typing import Any
 
 import kopf
 from poolpilot.kubeclient import credentials
-from poolpilot.operator import builders, reconcile, retry, status
+from poolpilot.operator import builders, gateway_objects, reconcile, retry, status
 from poolpilot.operator import metrics as opmetrics
 from poolpilot.operator.kubeapi import ApiError, Discovered, KubeApi
 from poolpilot.operator.metrics import OperatorMetrics
@@ -228,6 +228,11 @@ async def _handle_locked(body: kopf.Body, process: Process, memory: PoolMemory,
         return
     pool = builders.Pool(name=name, namespace=namespace, spec=spec, uid=meta.get("uid"))
     try:
+        if _gateway_apis_missing(spec, caps):
+            # Their CRDs may have been installed since we looked: look again (one GET /apis).
+            process.discovered = await kube.discover()
+            caps = reconcile.capabilities(process.discovered, config.monitor_labels,
+                                          config.network_policies)
         outcome = await reconcile.reconcile(kube, pool, caps)
         roles = [*spec.engine_roles(), "router"]
         observations = [status.RoleObservation.from_deployment(r, outcome.deployments.get(r))
@@ -257,9 +262,12 @@ async def _handle_locked(body: kopf.Body, process: Process, memory: PoolMemory,
         blocked = status.Blocked(status.NAME_CONFLICT,
                                  reconcile.conflict_message(outcome.conflicts))
         logger.warning("%s/%s: %s", namespace, name, blocked.message)
+    routed = (None if spec.gateway is None else
+              gateway_objects.route_condition(pool, outcome.route, caps))
     result = status.compute_status(generation=generation, roles=observations, pods=pods,
                                    previous=previous, endpoint=endpoint, now=_now(),
-                                   stale_roles=stale, blocked=blocked)
+                                   stale_roles=stale, blocked=blocked, routed=routed,
+                                   unrouted=spec.gateway is None)
     try:
         await _write_status(kube, body, memory, result.status, previous)
     except ApiError as exc:
@@ -273,6 +281,12 @@ async def _handle_locked(body: kopf.Body, process: Process, memory: PoolMemory,
     _post(body, result.events)
     if outcome.waiting and not from_timer:
         raise kopf.TemporaryError(f"mode switch: {outcome.waiting}", delay=config.cutover_poll)
+
+
+def _gateway_apis_missing(spec: api.InferencePoolSpec, caps: builders.Capabilities) -> bool:
+    gateway = spec.gateway
+    return gateway is not None and not (
+        caps.gateway_api and (caps.inference_pools or not gateway.inference_pool))
 
 
 def _succeeded(memory: PoolMemory) -> None:
@@ -363,6 +377,8 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig,
             user_agent=f"{names.FIELD_MANAGER}/{config.identity or 'main'}")
         memo["process"] = Process(kube, await kube.discover(),
                                   asyncio.Semaphore(config.max_concurrent_reconciles), metrics)
+        if memo["process"].discovered.inference_pools:
+            logging.getLogger("poolpilot.operator").warning(gateway_objects.KIND_CLASH_WARNING)
 
     @kopf.on.cleanup(registry=registry)
     async def cleanup(memo: kopf.Memo, **_: Any) -> None:

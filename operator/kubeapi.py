@@ -38,6 +38,14 @@ class Discovered:
         return "networking.k8s.io" in self.groups
 
     @property
+    def gateway_api(self) -> bool:
+        return "gateway.networking.k8s.io" in self.groups
+
+    @property
+    def inference_pools(self) -> bool:
+        return "inference.networking.k8s.io" in self.groups
+
+    @property
     def leader_worker_set(self) -> bool:
         return "leaderworkerset.x-k8s.io" in self.groups
 

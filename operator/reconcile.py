@@ -17,7 +17,7 @@ from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
-from poolpilot.operator import builders, multinode
+from poolpilot.operator import builders, gateway_objects, multinode
 from poolpilot.operator.kubeapi import ApiError, Discovered
 
 from poolpilot import api, names, workloads
@@ -31,8 +31,9 @@ WORKLOAD_KINDS = ("Deployment", lws.KIND)
 DIGEST_ANNOTATION = "poolpilot.dev/applied-digest"
 
 # Stale children are deleted workloads first, so nothing routes to a half-removed role.
-_DELETE_ORDER = ("LeaderWorkerSet", "Deployment", "PodDisruptionBudget", "Service", "PodMonitor", "ServiceMonitor",
-                 "RoleBinding", "Role", "ServiceAccount", "ConfigMap", "NetworkPolicy")
+_DELETE_ORDER = ("HTTPRoute", "InferencePool", "LeaderWorkerSet", "Deployment",
+                 "PodDisruptionBudget", "Service", "PodMonitor", "ServiceMonitor", "RoleBinding",
+                 "Role", "ServiceAccount", "ConfigMap", "NetworkPolicy")
 
 
 class Cluster(Protocol):
@@ -55,6 +56,7 @@ class Outcome:
     conflicts: list[str] = field(default_factory=list)  # names taken by objects not ours
     pool_gone: bool = False  # the pool was deleted while we looked: nothing was written
     deployments: dict[str, Obj] = field(default_factory=dict)  # role -> live Deployment
+    route: Obj | None = None  # the live HTTPRoute (spec.gateway), with its status
     writes: int = 0
 
 
@@ -64,6 +66,8 @@ def capabilities(discovered: Discovered, monitor_labels: tuple[tuple[str, str], 
                                  monitor_labels=monitor_labels,
                                  networking=discovered.network_policies,
                                  network_policies=network_policies,
+                                 gateway_api=discovered.gateway_api,
+                                 inference_pools=discovered.inference_pools,
                                  leader_worker_set=discovered.leader_worker_set)
 
 
@@ -182,6 +186,8 @@ def possible_children(pool: builders.Pool, caps: builders.Capabilities) -> list[
             dep = builders.build_engine_deployment(variant, role, caps)
             obj = multinode.build_engine_leaderworkerset(variant, dep) if nodes > 1 else dep
             seen.setdefault(builders.object_key(obj), obj)
+    for obj in gateway_objects.gateway_keys(pool, caps):  # so a removed spec.gateway finds them
+        seen.setdefault(builders.object_key(obj), obj)
     if caps.networking:  # so that turning them off finds the ones to delete
         for obj in (builders.build_engine_network_policy(pool),
                     builders.build_router_network_policy(pool)):
@@ -242,6 +248,8 @@ async def reconcile(cluster: Cluster, pool: builders.Pool, caps: builders.Capabi
             out.conflicts.append(label(obj))
             continue
         if cur is not None and contained(obj, cur):
+            if obj["kind"] == "HTTPRoute":
+                out.route = cur
             if is_dep:
                 out.deployments[_role_of(obj)] = cur
             continue
@@ -272,6 +280,8 @@ async def reconcile(cluster: Cluster, pool: builders.Pool, caps: builders.Capabi
             out.repaired.append(label(obj))
         if is_dep:
             out.deployments[_role_of(obj)] = result
+        if obj["kind"] == "HTTPRoute":
+            out.route = result
 
     wanted = {builders.object_key(o) for o in desired}
     stale = [o for k, o in live.items() if k not in wanted and _owned_by(o, pool.uid)]

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from poolpilot.operator import builders, labels, peering
+from poolpilot.operator import builders, gateway_objects, labels, peering
 
 from poolpilot import api, fileerrors
 from poolpilot.validate import (
@@ -132,6 +132,9 @@ def run(args: argparse.Namespace) -> int:
                                  monitor_labels=monitor_labels,
                                  network_policies=args.network_policies)
     sys.stdout.write(render(pools, caps, args.output))
+    if any(p.spec.gateway is not None and p.spec.gateway.inference_pool for p in pools):
+        # On stderr: stdout stays a manifest to pipe into kubectl.
+        print(f"poolpilot render: note: {gateway_objects.KIND_CLASH_WARNING}", file=sys.stderr)
     if args.peering_crds:
         sys.stdout.write(("---\n" if args.output == "yaml" else "") + _peering(args.output))
     return 0

@@ -11,10 +11,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from poolpilot.operator.gateway_objects import ROUTE_PENDING, Routed
+
 from poolpilot import names, workloads
 
 READY, PROGRESSING, DEGRADED = "Ready", "Progressing", "Degraded"
-OWNED_CONDITIONS = (READY, PROGRESSING, DEGRADED)
+# Routed: the pool's HTTPRoute as its Gateways report it (pools with spec.gateway only).
+ROUTED = "Routed"
+OWNED_CONDITIONS = (READY, PROGRESSING, DEGRADED, ROUTED)
 
 # Reasons (CamelCase, as Kubernetes conditions use).
 POD_PENDING = "PodsPending"
@@ -193,6 +197,8 @@ def compute_status(
     invalid: list[str] | None = None,
     blocked: Blocked | None = None,
     stale_roles: tuple[str, ...] = (),
+    routed: Routed | None = None,
+    unrouted: bool = False,
 ) -> StatusResult:
     """The new status and the Events its transitions deserve.
 
@@ -200,6 +206,7 @@ def compute_status(
     role entries: the children were left untouched, so what they report is still true.
     `blocked` (a permanent API refusal) does the same with its own reason and message.
     `stale_roles` are roles of the other mode whose entries are removed (set to None).
+    `routed` sets the Routed condition; `unrouted` (spec.gateway removed) drops it.
     """
     previous = previous or {}
     prev_conditions = {c.get("type"): c for c in previous.get("conditions") or []}
@@ -276,9 +283,14 @@ def compute_status(
             if previous.get(role) is not None:
                 out[role] = None
         out["endpoint"] = endpoint
+        if routed is not None:
+            conditions[ROUTED] = _condition(ROUTED, routed.ok, routed.reason, routed.message,
+                                            generation, now, prev_conditions)
 
     merged = [conditions.get(t, c) for t, c in prev_conditions.items()]
     merged += [c for t, c in conditions.items() if t not in prev_conditions]
+    if unrouted and blocked is None:
+        merged = [c for c in merged if c.get("type") != ROUTED]
     out["conditions"] = sorted(merged, key=_condition_order)
     out["observedGeneration"] = generation
     return StatusResult(status=out, events=_transition_events(prev_conditions, conditions))
@@ -292,9 +304,10 @@ def _condition_order(cond: dict[str, Any]) -> tuple[int, str]:
 def _transition_events(
     before: dict[str, dict[str, Any]], after: dict[str, dict[str, Any]]
 ) -> list[EventSpec]:
-    """Events for Ready and Degraded when their status or reason changed; nothing otherwise."""
+    """Events for Ready, Degraded and Routed when their status or reason changed; nothing
+    otherwise. Waiting for a Gateway's verdict (Routed=False, Pending) is not a warning."""
     events = []
-    for ctype in (READY, DEGRADED):
+    for ctype in (READY, DEGRADED, ROUTED):
         new = after.get(ctype)
         old = before.get(ctype) or {}
         if new is None or (old.get("status"), old.get("reason")) == (new["status"], new["reason"]):
@@ -302,6 +315,8 @@ def _transition_events(
         bad = (ctype == READY) != (new["status"] == "True")
         if ctype == READY and new["status"] == "False" and not old:
             bad = new["reason"] in _DEGRADING  # a new pool is not ready yet: not a warning
+        if ctype == ROUTED:  # like Ready: False is the bad news, unless still pending
+            bad = new["status"] == "False" and new["reason"] != ROUTE_PENDING
         events.append(
             EventSpec(
                 type="Warning" if bad else "Normal",

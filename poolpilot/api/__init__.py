@@ -37,6 +37,7 @@ from poolpilot.api.common import (
     SecretKeyRef,
     Toleration,
 )
+from poolpilot.api.gateway import GatewaySpec
 from poolpilot.api.podtemplate import (
     CONTAINER_OWNED,
     OWNED_ENV,
@@ -619,6 +620,11 @@ class InferencePoolSpec(ApiModel):
     )
     network_policy: NetworkPolicySpec = Field(
         default_factory=NetworkPolicySpec, description="NetworkPolicies around the pool."
+    )
+    gateway: GatewaySpec | None = Field(
+        default=None,
+        description="Reach the pool through a Gateway: an HTTPRoute to the router, or to a "
+        "GIE InferencePool of the engines (Gateway API Inference Extension).",
     )
     pod_template: PodTemplate = Field(
         default_factory=PodTemplate,

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from poolpilot.emulator.cluster import leaderworkersets
 from poolpilot.emulator.server import KubeEmulator
 from poolpilot.operator import builders
@@ -37,6 +38,11 @@ CONFIG = OperatorConfig(drift_interval=1.0, cutover_poll=0.3, network_policies=T
 # (OpenShift enables it), setting blockOwnerDeletion on a child's owner reference requires
 # `update` on the owner's finalizers subresource.
 OPERATOR_ADMISSION = {("poolpilot.dev", "inferencepools/finalizers", "update")}
+# Ours in full: the Gateway API Inference Extension's kind is also named InferencePool.
+POOLS = "inferencepools.poolpilot.dev"
+# A pool behind a Gateway through a GIE InferencePool: its HTTPRoute and its GIE pool.
+GATEWAY = {"parentRefs": [{"name": "gw"}], "inferencePool": True,
+           "endpointPickerRef": {"name": "epp", "port": {"number": 9002}}}
 
 
 def pool(name: str, **spec: Any) -> dict[str, Any]:
@@ -52,20 +58,24 @@ def emu(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[KubeEmulator
         kubeconfig = emulator.write_kubeconfig(tmp_path_factory.mktemp("rbac") / "kubeconfig")
         kubectl = Kubectl(kubeconfig)
         install(kubectl, monitoring=True)
+        kubectl.apply(*[yaml.safe_load(p.read_text()) for p in sorted(
+            (ROOT / "tests" / "fixtures" / "upstream" / "gateway").glob("*.yaml"))],
+            server_side=True)
         kubectl.apply(leaderworkersets.crd(), server_side=True)
         kubectl.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}})
         yield emulator, kubeconfig
 
 
 def _settled(kubectl: Kubectl, name: str) -> bool:
-    obj = kubectl.get("inferencepool", name, NS) or {}
+    obj = kubectl.get(POOLS, name, NS) or {}
     gen = obj.get("metadata", {}).get("generation")
     return bool(gen) and (obj.get("status") or {}).get("observedGeneration") == gen
 
 
 def operator_scenario(emu: KubeEmulator, kubectl: Kubectl) -> None:
     a = "alpha"
-    kubectl.apply(pool(a))  # create: every child kind, monitors and NetworkPolicies
+    kubectl.apply(pool(a, gateway=GATEWAY))  # create: every child kind, monitors,
+    # NetworkPolicies, the HTTPRoute and the GIE InferencePool
     wait_for(lambda: _settled(kubectl, a), what="alpha reconciled")
     kubectl("delete", "service", f"{a}-router", "-n", NS)  # drift: re-created
     wait_for(lambda: kubectl.get("service", f"{a}-router", NS), what="drift repaired")
@@ -78,7 +88,9 @@ def operator_scenario(emu: KubeEmulator, kubectl: Kubectl) -> None:
             "--type=merge", "-p", '{"status": {"replicas": 1, "readyReplicas": 1}}')
     wait_for(lambda: kubectl.get("deployment", f"{a}-decode", NS) is None
              and kubectl.get("networkpolicy", f"{a}-engines", NS) is None
-             and kubectl.get("podmonitor", f"{a}-engines", NS) is None, what="removals")
+             and kubectl.get("podmonitor", f"{a}-engines", NS) is None
+             and kubectl.get("httproutes.gateway.networking.k8s.io", a, NS) is None,
+             what="removals")
     # A pool deleted (its finalizer removed by hand) while a reconcile writes: the operator
     # deletes what it wrote after the pool was gone, every kind of child (held at the first).
     b = "beta"
@@ -86,8 +98,8 @@ def operator_scenario(emu: KubeEmulator, kubectl: Kubectl) -> None:
     try:
         kubectl.apply(pool(b))
         wait_for(lambda: held.hits >= 1, what="beta's reconcile held")
-        emu.delete("inferencepools", b, NS)
-        emu.patch("inferencepools", b, {"metadata": {"finalizers": None}}, NS)
+        emu.delete(POOLS, b, NS)
+        emu.patch(POOLS, b, {"metadata": {"finalizers": None}}, NS)
     finally:
         held.release()
     wait_for(lambda: not [k for k in ("configmaps", "deployments", "rolebindings")
@@ -106,8 +118,8 @@ def operator_scenario(emu: KubeEmulator, kubectl: Kubectl) -> None:
     wait_for(lambda: kubectl.get(lws_kind, f"{d}-decode-lws", NS) is None,
              what="the LeaderWorkerSet removed")
     kubectl("delete", "inferencepool", d, "-n", NS)
-    kubectl("delete", "inferencepool", a, "-n", NS)  # Kopf lets go of its finalizer
-    wait_for(lambda: kubectl.get("inferencepool", a, NS) is None, what="alpha deleted")
+    kubectl("delete", POOLS, a, "-n", NS)  # Kopf lets go of its finalizer
+    wait_for(lambda: kubectl.get(POOLS, a, NS) is None, what="alpha deleted")
 
 
 def test_operator_rbac_is_what_the_operator_calls(emu: tuple[KubeEmulator, Path]) -> None:

@@ -35,6 +35,13 @@ a verb no call used. Server-side apply is a PATCH, and `create` when it makes th
 - apiGroups: [networking.k8s.io]
   resources: [networkpolicies]
   verbs: [get, create, patch, delete]
+# spec.gateway: the pool's HTTPRoute and, with inferencePool, its GIE InferencePool.
+- apiGroups: [gateway.networking.k8s.io]
+  resources: [httproutes]
+  verbs: [get, create, patch, delete]
+- apiGroups: [inference.networking.k8s.io]
+  resources: [inferencepools]
+  verbs: [get, create, patch, delete]
 # Multi-node roles (nodesPerReplica > 1): their LeaderWorkerSets, sized once by apply.
 - apiGroups: [leaderworkerset.x-k8s.io]
   resources: [leaderworkersets]
