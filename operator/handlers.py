@@ -13,6 +13,7 @@ overlapping, its backoff and its last status write).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime
 import logging
 import os
@@ -228,6 +229,11 @@ async def _handle_locked(body: kopf.Body, process: Process, memory: PoolMemory,
         return
     pool = builders.Pool(name=name, namespace=namespace, spec=spec, uid=meta.get("uid"))
     try:
+        if reconcile.needs_leader_worker_set(spec) and not caps.leader_worker_set:
+            # LWS may have been installed since we looked: look again (one GET /apis).
+            process.discovered = await kube.discover()
+            caps = dataclasses.replace(
+                caps, leader_worker_set=process.discovered.leader_worker_set)
         if _gateway_apis_missing(spec, caps):
             # Their CRDs may have been installed since we looked: look again (one GET /apis).
             process.discovered = await kube.discover()

@@ -71,6 +71,11 @@ def capabilities(discovered: Discovered, monitor_labels: tuple[tuple[str, str], 
                                  leader_worker_set=discovered.leader_worker_set)
 
 
+def needs_leader_worker_set(spec: api.InferencePoolSpec) -> bool:
+    """Some role of the pool runs multi-node replicas (on a LeaderWorkerSet)."""
+    return any(multinode.multi_node(spec, r) for r in spec.engine_roles())
+
+
 def label(obj: Obj) -> str:
     return f"{obj['kind']}/{obj['metadata']['name']}"
 
@@ -173,10 +178,11 @@ def possible_children(pool: builders.Pool, caps: builders.Capabilities) -> list[
         for obj in (builders.build_pod_monitor(monitors, caps),
                     builders.build_service_monitor(monitors, caps)):
             seen.setdefault(builders.object_key(obj), obj)
-    if caps.leader_worker_set or any(multinode.multi_node(pool.spec, r)
-                                     for r in names.ENGINE_ROLES):
+    if caps.leader_worker_set:
         # Each role's workload in the other shape (Deployment <-> LeaderWorkerSet), so that a
-        # change of nodesPerReplica finds the one to replace.
+        # change of nodesPerReplica finds the one to replace. Only where the kind is served:
+        # a GET of a kind the cluster lacks makes the client rediscover the API, and several
+        # at once break its discovery cache (the handler rediscovers when a pool needs LWS).
         for role in names.ENGINE_ROLES:
             role_spec = pool.spec.role(role)
             nodes = 1 if role_spec.nodes_per_replica > 1 else 2
@@ -192,7 +198,8 @@ def possible_children(pool: builders.Pool, caps: builders.Capabilities) -> list[
         for obj in (builders.build_engine_network_policy(pool),
                     builders.build_router_network_policy(pool)):
             seen.setdefault(builders.object_key(obj), obj)
-    return list(seen.values())
+    # Not even the pool's own set where the kind is not served (its apply says so instead).
+    return [o for o in seen.values() if caps.leader_worker_set or o["kind"] != lws.KIND]
 
 
 async def live_children(
