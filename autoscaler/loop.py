@@ -112,6 +112,7 @@ def scaled_policy(p: core.Policy, speed: float) -> core.Policy:
         scale_up=b(p.scale_up),
         scale_down=b(p.scale_down),
         max_metric_age=p.max_metric_age / speed,
+        interval=p.interval / speed,
         cold_start=p.cold_start / speed,
         backlog_drain=p.backlog_drain / speed,
         forecast_window=p.forecast_window / speed,
@@ -215,6 +216,11 @@ class Autoscaler:
             return known
         spec = parse_spec(obj.get("spec") or {})
         policy = scaled_policy(core.Policy.from_spec(spec), self.opt.speed)
+        # the window the signals' rates are taken over (already on the sandbox's clock): how
+        # late a rise shows, which the forecast's margin covers
+        window = getattr(getattr(self.source, "query_set", None), "window_seconds", None)
+        if isinstance(window, int | float) and window > 0:
+            policy = replace(policy, rate_window=float(window))
         parsed = self._specs[key] = Parsed(version, spec, policy)
         return parsed
 

@@ -24,6 +24,14 @@ from typing import Any
 
 from poolpilot.bench import report
 from poolpilot.bench.ceiling import slo_ceiling
+from poolpilot.bench.cold_start import PHASES, PROFILES, ColdStart, parse_phases, profile
+from poolpilot.bench.cold_start_sweep import markdown as sweep_markdown
+from poolpilot.bench.cold_start_sweep import (
+    monotone_drops,
+    parse_cold_starts,
+    run_sweep,
+    sweep_document,
+)
 from poolpilot.bench.oracle import DEFAULT_WINDOW_S, plan_oracle, warm_start
 from poolpilot.bench.policies.base import Bounds, Policy
 from poolpilot.bench.policies.oracle import Oracle
@@ -76,8 +84,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--slo-itl", type=float, default=0.05, help="ITL target, seconds (0.05)")
     p.add_argument("--rate-scale", type=float, default=1.0,
                    help="multiply the request rate, keeping the trace's clock (1.0)")
-    p.add_argument("--cold-start", type=float, default=120.0,
+    p.add_argument("--cold-start", type=float, default=None,
                    help="seconds from a scale-up until the new pod serves (120)")
+    p.add_argument("--cold-start-phases", default=None, metavar="PHASES",
+                   help="the cold start as phases, e.g. pull=1,load=17,compile=5,graphs=6 "
+                        f"(phases: {', '.join(PHASES)}; the cold start is their sum)")
+    p.add_argument("--cold-start-profile", choices=PROFILES, default=None,
+                   help="the cold start's phases from where the image and weights are, scaled "
+                        "to --model and --tensor-parallel (docs/bench.md)")
+    p.add_argument("--cold-start-sweep", default=None, metavar="SECONDS",
+                   help="replay every policy at each of these cold starts, e.g. 120,60,30,20 "
+                        "(the fixed pools and the oracle's needs once); --json gets the sweep "
+                        "document, --markdown its summary table")
+    p.add_argument("--warm-placeholders", type=int, default=0, metavar="K",
+                   help="K GPU nodes kept warm by a placeholder pod (no GPU request): a "
+                        "scale-up that finds one free starts with --warm-cold-start (0)")
+    p.add_argument("--warm-cold-start", type=float, default=None, metavar="S",
+                   help="cold start of a replica placed on a warm node (default: the "
+                        "warm-node profile's)")
     p.add_argument("--duration", type=float, default=None,
                    help="replay only the first SECONDS of the trace")
     p.add_argument("--policies", default=",".join(POLICIES),
@@ -179,6 +203,7 @@ def _build(name: str, params: dict[str, float], trace: Sequence[TraceRequest],
                                autoscaling=opts.autoscaling,
                                forecast=params.get("forecast", 1.0) > 0,
                                hits=params.get("hits", 1.0) > 0,
+                               room=params.get("room", 1.0) > 0,
                                profile=profile_targets(warmup_load(trace), cap))
     if name == "hpa":
         return HPAGpuUtil(bounds, initial, target_util=params.get("target", TARGET_UTIL))
@@ -359,8 +384,17 @@ def _check(args: argparse.Namespace) -> None:
                     ("--scrape-interval", args.scrape_interval)):
         if not v > 0:
             raise ValueError(f"{flag} must be > 0 seconds, got {v}")
-    if args.cold_start < 0:
+    if args.cold_start is not None and not 0 <= args.cold_start < math.inf:
         raise ValueError(f"--cold-start must be >= 0 seconds, got {args.cold_start}")
+    given = [f for f, v in (("--cold-start", args.cold_start),
+                            ("--cold-start-phases", args.cold_start_phases),
+                            ("--cold-start-profile", args.cold_start_profile)) if v is not None]
+    if len(given) > 1:
+        raise ValueError(f"{' and '.join(given)}: give the cold start one way only")
+    if args.warm_placeholders < 0:
+        raise ValueError(f"--warm-placeholders must be >= 0, got {args.warm_placeholders}")
+    if args.warm_cold_start is not None and not 0 <= args.warm_cold_start < math.inf:
+        raise ValueError(f"--warm-cold-start must be >= 0 seconds, got {args.warm_cold_start}")
     for flag, v in (("--goal", args.goal), ("--oracle-target", args.oracle_target)):
         if v is not None and not 0 < v <= 1:
             raise ValueError(f"{flag} must be a share in (0, 1], got {v}")
@@ -382,11 +416,20 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError("--trace is required (or --replot a saved JSON)")
         _check(args)
         names = parse_policies(args.policies, args.sweep)
+        sweep = parse_cold_starts(args.cold_start_sweep) if args.cold_start_sweep else None
+        if sweep is not None and (args.cold_start_phases or args.cold_start_profile):
+            raise ValueError("--cold-start-sweep takes totals: leave out --cold-start-phases "
+                             "and --cold-start-profile")
+        phases = cold_start_of(args)
         raw = load_trace(args.trace, args.format)
         trace = scale_load(first_seconds(raw, args.duration), args.rate_scale, args.seed)
+        warm_cold = (args.warm_cold_start if args.warm_cold_start is not None
+                     else profile("warm-node", args.model, args.tensor_parallel).total)
         cfg = BenchConfig(model=args.model, gpu=args.gpu, tensor_parallel=args.tensor_parallel,
                           slo_ttft=args.slo_ttft, slo_itl=args.slo_itl,
-                          cold_start=args.cold_start, scrape_interval=args.scrape_interval,
+                          cold_start=phases.total, scrape_interval=args.scrape_interval,
+                          warm_placeholders=args.warm_placeholders,
+                          warm_cold_start=warm_cold,
                           # a role with no replica cannot serve: every policy keeps one
                           min_replicas=max(1, args.min_replicas),
                           max_replicas=args.max_replicas,
@@ -414,6 +457,8 @@ def run(args: argparse.Namespace) -> int:
                   f"(TP {cfg.tensor_parallel}); SLO TTFT {cfg.slo_ttft:g}s ITL {cfg.slo_itl:g}s; "
                   f"{100 * ceiling.share:.1f}% of requests can meet it on an idle pool "
                   f"(prompts up to {ceiling.longest_prompt:,} tokens)")
+    if sweep is not None:
+        return _run_sweep(args, names, trace, cfg, opts, sweep, ceiling, console)
     started = time.perf_counter()
     with Progress(TextColumn("{task.description:<34}"), BarColumn(),
                   TextColumn("{task.percentage:>5.1f}%"), TimeElapsedColumn(),
@@ -444,6 +489,7 @@ def run(args: argparse.Namespace) -> int:
         "oracle": {"window_s": opts.oracle_window,
                    "target": opts.oracle_target or opts.goal},
         "poolpilot_autoscaling": opts.autoscaling,
+        "cold_start_phases": phases.as_json(),
         "wall_seconds": round(wall, 2),
         # every request hits every block an earlier request had (an infinite cache reachable
         # from anywhere): the most any routing could reach
@@ -454,6 +500,56 @@ def run(args: argparse.Namespace) -> int:
         Path(args.json_out).write_text(json.dumps(doc, indent=2, default=_json_default) + "\n")
     render(doc, args, console)
     console.print(f"replayed {len(names)} policies in {wall:.1f} s wall")
+    return 0
+
+
+def cold_start_of(args: argparse.Namespace) -> ColdStart:
+    """The cold start the options give: phases, a profile's phases, or a total (120 s)."""
+    if args.cold_start_phases is not None:
+        return parse_phases(args.cold_start_phases)
+    if args.cold_start_profile is not None:
+        return profile(args.cold_start_profile, args.model, args.tensor_parallel)
+    total = 120.0 if args.cold_start is None else args.cold_start
+    return ColdStart((("total", total),))
+
+
+def _run_sweep(args: argparse.Namespace, names: list[str], trace: list[TraceRequest],
+               cfg: BenchConfig, opts: Options, sweep: list[float], ceiling: Any,
+               console: Console) -> int:
+    """`--cold-start-sweep`: every policy at each cold start (bench/cold_start_sweep.py)."""
+    started = time.perf_counter()
+    console.print(f"cold-start sweep {', '.join(f'{c:g}s' for c in sweep)}: "
+                  f"{len(names)} policies each (the fixed pools and the oracle's needs once)")
+    try:
+        with Workers(args.jobs) as w:
+            results = run_sweep(names, trace, cfg, sweep, opts, w)
+    except (InvalidPool, ValueError) as exc:
+        return _fail(exc)
+    wall = time.perf_counter() - started
+    span = trace[-1].arrival_s
+    meta = {
+        "title": (f"{Path(args.trace).name} x{args.rate_scale:g}: {len(trace):,} requests, "
+                  f"{cfg.model} TP{cfg.tensor_parallel} on {cfg.gpu}"),
+        "trace": {"file": str(args.trace), "requests": len(trace), "span_s": span,
+                  "rate_scale": args.rate_scale, "duration": args.duration},
+        "config": {k: v for k, v in asdict(cfg).items() if k != "engine"},
+        "slo_ceiling": {"share": round(ceiling.share, 6),
+                        "longest_prompt": ceiling.longest_prompt},
+        "oracle": {"window_s": opts.oracle_window, "target": opts.oracle_target or opts.goal},
+        "poolpilot_autoscaling": opts.autoscaling,
+        "wall_seconds": round(wall, 2),
+    }
+    doc = sweep_document(results, meta, opts.goal)
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps(doc, indent=2, default=_json_default) + "\n")
+    table = sweep_markdown(doc, opts.goal)
+    if args.markdown:
+        Path(args.markdown).write_text(table + "\n")
+    print(table)
+    for longer, shorter, lost in monotone_drops(doc):
+        console.print(f"poolpilot lost {lost:.2f} points going from {longer}s to {shorter}s")
+    console.print(f"replayed {len(names)} policies at {len(sweep)} cold starts in {wall:.1f} s "
+                  "wall")
     return 0
 
 

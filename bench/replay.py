@@ -73,6 +73,10 @@ class BenchConfig:
     max_replicas: int = 32
     engine: EngineConfig = field(default_factory=EngineConfig)
     local_prefill: bool = False  # the router's local-prefill fallback (PoolSim.local_prefill)
+    # GPU nodes kept warm by a placeholder pod (no GPU request): a pod ordered while one of
+    # them is free lands there and starts in `warm_cold_start` instead of `cold_start`
+    warm_placeholders: int = 0
+    warm_cold_start: float = 0.0
     routing: str = DEFAULT_ROUTING  # the router's pick of prefill engines (ROUTING)
 
     def __post_init__(self) -> None:
@@ -177,11 +181,27 @@ class Replay:
         self._checked = self._misses = 0  # records already counted, and their misses
         self._arrivals = sorted(r.arrival_s for r in trace)
         self.imbalance: dict[str, list[float]] = {r: [] for r in ROLES}
+        self._warm_taken: set[int] = set()  # replicas on a warm node (--warm-placeholders)
+        self.warm_landings = 0
 
     # ---- pods ----
-    def _add(self, role: str, t: float, ready_at: float) -> None:
+    def _add(self, role: str, t: float, ready_at: float) -> int:
         rid = self.sim.add_replica(role, ready_at=ready_at)
         self.spans[rid] = self.ledger.request(role, t, ready_at, self.cfg.tensor_parallel)
+        return rid
+
+    def _order(self, role: str, t: float) -> None:
+        """A scale-up's pod: on a free warm node (a placeholder's) if there is one, else a
+        full cold start. The node is the pod's until it leaves; then it is warm again."""
+        cfg = self.cfg
+        self._warm_taken = {rid for rid in self._warm_taken
+                            if self.sim.replicas[rid].removed_at is None}
+        if len(self._warm_taken) < cfg.warm_placeholders:
+            start = min(cfg.cold_start, cfg.warm_cold_start)
+            self._warm_taken.add(self._add(role, t, t + start))
+            self.warm_landings += 1
+        else:
+            self._add(role, t, t + cfg.cold_start)
 
     def _remove(self, role: str, t: float) -> None:
         rid = self.sim.remove_replica(role)
@@ -259,7 +279,7 @@ class Replay:
                 self.reasons[role][reason] = self.reasons[role].get(reason, 0) + 1
                 self.ledger.events.append(ScaleEvent(t, role, cur, want, reason))
             for _ in range(want - cur):
-                self._add(role, t, t + self.cfg.cold_start)
+                self._order(role, t)
             for _ in range(cur - want):
                 self._remove(role, t)
 
@@ -341,6 +361,8 @@ class Replay:
         summary = summarize(outcomes, self.ledger, duration, cfg.slo_ttft, cfg.slo_itl)
         local = sum(self.sim.local_prefill_total.values()) if cfg.local_prefill else None
         info = dict(getattr(self.policy, "info", None) or {})
+        if cfg.warm_placeholders:
+            info["warm_landings"] = self.warm_landings  # scale-ups that found a warm node
         return RunResult(self.policy.name, summary, outcomes, self.ledger, self.timeline,
                          self.reasons, self.sim.events_processed, local, info, aborted_at,
                          self._cache(duration))

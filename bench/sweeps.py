@@ -34,7 +34,10 @@ KNOBS: dict[str, tuple[Knob, ...]] = {
                   # and poolpilot(hits=0) sizes prefill for every prompt token, as if the
                   # engines kept no prefix-cache counters
                   Knob("hits", "1: size prefill for the prompt tokens the prefix cache does "
-                               "not serve; 0: for every prompt token", 0.0, 1.0, inclusive=True)),
+                               "not serve; 0: for every prompt token", 0.0, 1.0, inclusive=True),
+                  # and poolpilot(room=0) keeps no burst room for the clumps it saw queue
+                  Knob("room", "1: keep room for the clumps seen queueing (burst room); 0: "
+                               "none", 0.0, 1.0, inclusive=True)),
     "hpa": (Knob("target", "target GPU utilization, percent (80)", 0.0, 100.0),),
     "keda-queue": (Knob("threshold", "waiting requests per replica (5)", 0.0),),
     "dynamo-sla": (

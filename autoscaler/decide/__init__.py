@@ -44,6 +44,7 @@ proposal's reason.
 from __future__ import annotations
 
 from poolpilot.autoscaler import capacity as model
+from poolpilot.autoscaler.decide.burst import Clumps
 from poolpilot.autoscaler.decide.checks import (
     _REQUIRED,
     broken_path,
@@ -58,6 +59,7 @@ from poolpilot.autoscaler.decide.learning import (
     QUEUED_SHARE,
     _latency_breach,
     _unit,
+    burst_room,
     learn_capacity,
     max_backlog,
     measure_need,
@@ -132,6 +134,7 @@ __all__ = [
     "_EPS",
     "_REQUIRED",
     "Behavior",
+    "Clumps",
     "ConditionDecision",
     "Decision",
     "History",
@@ -158,6 +161,7 @@ __all__ = [
     "_unschedulable_text",
     "apply_ratio_floor",
     "broken_path",
+    "burst_room",
     "check_data",
     "clamp_to_bounds",
     "cool_down",
@@ -197,6 +201,7 @@ def decide(observation: Observation, policy: Policy, history: History, now: floa
             capacity[role] = seed  # a profile's number: where the learning starts
     seen = {r: history.ready_change(r, observation.roles[r].ready_replicas, now) for r in roles}
     memory = dict(history.memory)
+    clumps = dict(history.clumps)
     proposals: dict[str, Proposal] = {}
     for role in roles:
         o = observation.roles[role]
@@ -212,6 +217,9 @@ def decide(observation: Observation, policy: Policy, history: History, now: floa
         need, memory[role] = measure_need(role, observation, policy, capacity, memory[role], now,
                                           settled=now - seen[role][1] >= settle_seconds(policy))
         proposals[role] = propose_from_signals(role, observation, policy, capacity, need)
+        if need is not None and role == PREFILL and policy.burst_room:
+            clumps[role], proposals[role].room = burst_room(
+                observation, policy, need, memory[role], clumps.get(role, Clumps()), now)
     presized = {r: presize(proposals[r]) for r in roles}
     floors = ratio_floors(observation, policy, capacity,
                           {r: (proposals[r], presized[r][0]) for r in roles})
@@ -231,7 +239,7 @@ def decide(observation: Observation, policy: Policy, history: History, now: floa
     pruned = tuple(r for r in recs if r.time > oldest) if keep > 0 else ()
     new_history = replace(
         history, recommendations=pruned, capacity=capacity,
-        ready_seen={**history.ready_seen, **seen}, memory=memory,
+        ready_seen={**history.ready_seen, **seen}, memory=memory, clumps=clumps,
     )
     return Decision(
         roles=decisions,

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from poolpilot.autoscaler import capacity as model
+from poolpilot.autoscaler.decide.burst import Clumps, observe, room
 from poolpilot.autoscaler.decide.checks import (
     ttft_owner,
 )
@@ -74,11 +75,28 @@ def measure_need(role: str, obs: Observation, p: Policy, capacity: Mapping[str, 
     recent = model.after(usable, now - p.forecast_window)
     quantile = p.rise_quantile if p.rise_quantile is not None else p.slo_quantile
     slope = model.trend(recent, p.forecast_window) if p.forecast else 0.0
-    rise = model.upside(usable, now, horizon, quantile) if p.forecast else 0.0
+    # The rises to ride out: those within the time from a rise's start until a replica
+    # ordered for it serves: the rate window the signals see it through, one decision
+    # interval, one cold start (not the cold start alone: at a short cold start the signals'
+    # own lag is most of it, and a margin of one cold start then left most clumps unserved).
+    reaction = horizon + p.rate_window + p.interval
+    rise = model.upside(usable, now, reaction, quantile) if p.forecast else 0.0
     need = model.need(per_replica, rate, backlog, slope, horizon, p.backlog_drain,
                       headroom, o.ready_replicas, o.starting, mem.orders, now, local, rise,
                       _unit(role, o))
     return need, mem
+
+
+def burst_room(obs: Observation, p: Policy, need: model.Need, mem: model.Memory,
+               clumps: Clumps, now: float) -> tuple[Clumps, float]:
+    """Prefill's clumps with this decision's seconds-scale demand added, and the burst room
+    they size, in replicas (`decide/burst.py`). Waiting prompts are counted as the capacity
+    model counts tokens: computed (not served by the prefix cache)."""
+    o = obs.roles[PREFILL]
+    waiting = _num(o.waiting) * (mem.tokens_per_request or 0.0) * o.miss
+    clumps = observe(clumps, now, need.rate, waiting, p.ttft_target, settled=o.starting == 0)
+    quantile = p.rise_quantile if p.rise_quantile is not None else p.slo_quantile
+    return clumps, room(clumps.peaks, quantile, need.per_replica)
 
 
 def _unit(role: str, o: RoleObservation) -> str:

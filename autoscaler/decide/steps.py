@@ -38,8 +38,9 @@ def size_from_capacity(s: Sized, prop: Proposal) -> Sized:
     if need is None:
         return s
     cur = prop.current
-    keep = min(_ceil(need.now), cur)
-    if keep < cur and need.now >= cur * (1 - prop.dead_band) - _EPS:
+    now = max(need.now, prop.room)  # the burst room is a floor under the demand's need
+    keep = min(_ceil(now), cur)
+    if keep < cur and now >= cur * (1 - prop.dead_band) - _EPS:
         keep = cur  # within the band: not worth a direction change
     if s.replicas > keep:
         return s  # a signal asks for more
@@ -48,7 +49,15 @@ def size_from_capacity(s: Sized, prop: Proposal) -> Sized:
     if s.replicas == keep == cur and prop.replicas is not None:
         return s  # the signals hold the size the model needs
     reason = Reason.CAPACITY_IDLE if keep < cur else Reason.CAPACITY_NEEDED
-    return Sized(keep, reason, need.describe())
+    return Sized(keep, reason, need.describe() + _room_text(prop))
+
+
+def _room_text(prop: Proposal) -> str:
+    """The burst room in a message, where it is what holds or orders the size."""
+    need = prop.need
+    if need is None or not prop.room > max(need.now, need.ahead):
+        return ""
+    return f"; burst room {prop.room:.2f} (clumps seen queueing)"
 
 
 def look_ahead(s: Sized, prop: Proposal) -> Sized:
@@ -57,14 +66,15 @@ def look_ahead(s: Sized, prop: Proposal) -> Sized:
     need = prop.need
     if need is None:
         return s
-    n = _ceil(need.ahead)
+    ahead = max(need.ahead, prop.room)
+    n = _ceil(ahead)
     if n <= max(s.replicas, prop.current):
         return s
-    rising = _ceil(need.ahead_of_current) < n
+    rising = _ceil(max(need.ahead_of_current, prop.room)) < n
     reason = Reason.DEMAND_RISING if rising else Reason.DEMAND_ABOVE_CAPACITY
     detail = need.describe() if s.reason not in (Reason.CAPACITY_NEEDED, Reason.CAPACITY_IDLE) \
-        else f"{need.ahead:.2f} replicas when one ordered now lands in {need.horizon:.0f}s"
-    return Sized(n, reason, detail)
+        else f"{ahead:.2f} replicas when one ordered now lands in {need.horizon:.0f}s"
+    return Sized(n, reason, detail + _room_text(prop))
 
 
 def presize(prop: Proposal) -> tuple[Sized, list[Step]]:

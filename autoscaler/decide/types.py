@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple
 
 from poolpilot.autoscaler import capacity as model
+from poolpilot.autoscaler.decide.burst import Clumps
 from poolpilot.autoscaler.frozen import replace
 
 from poolpilot.reasons import Reason, StepName
@@ -152,6 +153,11 @@ class Policy:
     slo_quantile: float = 0.9
     rise_quantile: float | None = None  # of the rises seen within a cold start (None: the SLO's)
     forecast: bool = True  # False: size for the demand of now (the bench's ablation)
+    # How late the pool sees and acts on a rise: the signals' rate window (the autoscaler's
+    # --rate-window) plus one decision interval (spec.autoscaling.intervalSeconds).
+    rate_window: float = 60.0
+    interval: float = 15.0
+    burst_room: bool = True  # False: no room for clumps (the bench's ablation; decide/burst.py)
     kv_failure_limit: float = 0.05
 
     @classmethod
@@ -179,6 +185,7 @@ class Policy:
             ratio_band=t.ratio_band,
             backlog_drain=t.backlog_drain_seconds,
             cold_start=float(a.cold_start_seconds),
+            interval=float(a.interval_seconds),
         )
 
     def min_replicas(self, role: str) -> int:
@@ -218,7 +225,8 @@ class History:
     None while the gap lasts: the down-window holds no recommendation from the gap and rates
     cover part of it, so no scale-down until the window has filled again (as after a restart).
     `memory`: role -> what the capacity model follows (orders on the way, the learned cold
-    start, demand samples; see `capacity.Memory`).
+    start, demand samples; see `capacity.Memory`). `clumps`: role -> the per-minute peaks of
+    its seconds-scale demand, which size its burst room (`decide/burst.py`).
     """
 
     started_at: float | None = None
@@ -228,6 +236,7 @@ class History:
     ready_seen: Mapping[str, tuple[int, float]] = field(default_factory=dict)
     resumed: Mapping[str, float | None] = field(default_factory=dict)
     memory: Mapping[str, model.Memory] = field(default_factory=dict)
+    clumps: Mapping[str, Clumps] = field(default_factory=dict)
 
     @classmethod
     def fresh(cls, now: float, last_scale: Mapping[str, float] | None = None) -> History:
@@ -350,6 +359,7 @@ class Proposal:
     reason: Reason = Reason.AT_RECOMMENDED_SIZE
     need: model.Need | None = None  # the capacity model, when the role's capacity is known
     dead_band: float = 0.0
+    room: float = 0.0  # replicas the burst room keeps (decide/burst.py), a floor under `need`
 
 
 def _bad(v: float | None) -> bool:

@@ -85,6 +85,7 @@ class PoolpilotPolicy:
         profile: dict[str, float] | None = None,
         forecast: bool = True,
         hits: bool = True,
+        room: bool = True,
     ) -> None:
         # A user who profiled the engine writes its per-replica throughputs into the spec's
         # targets (the same profile Dynamo's planner gets); explicit settings win.
@@ -93,7 +94,7 @@ class PoolpilotPolicy:
         if targets:
             given["targets"] = targets
         spec = parse_spec(pool_spec(bounds, slo_ttft, slo_itl, quantile, given))
-        self.policy = replace(ScalerPolicy.from_spec(spec), forecast=forecast)
+        self.policy = replace(ScalerPolicy.from_spec(spec), forecast=forecast, burst_room=room)
         self.quantile = quantile
         self.hits = hits  # False: the ablation that never sees the engines' hit rate
         self.interval = float(spec.autoscaling.interval_seconds)
