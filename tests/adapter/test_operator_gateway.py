@@ -193,3 +193,14 @@ def test_gateway_pools_without_and_then_with_the_gateway_api(cluster: Cluster) -
              and cluster.get("httproutes.gateway.networking.k8s.io", "picked") is None,
              what="the gateway objects deleted")
     wait_for(lambda: not cluster.condition("picked", "Routed"), what="Routed removed")
+
+
+def test_operator_warns_at_start_up_of_the_kind_clash(cluster: Cluster,
+                                                      caplog: pytest.LogCaptureFixture) -> None:
+    """With GIE's CRD served, a starting operator says how to name each InferencePool."""
+    cluster.kubectl.apply(*[yaml.safe_load(p.read_text()) for p in sorted(UPSTREAM.glob("*.yaml"))],
+                          server_side=True)
+    caplog.set_level("WARNING", logger="poolpilot.operator")
+    with running_operator(cluster.kubeconfig, CONFIG, standalone=True):
+        wait_for(lambda: any("inferencepools.poolpilot.dev" in r.getMessage()
+                             for r in caplog.records), what="the kind-clash warning")
