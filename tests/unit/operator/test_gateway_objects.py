@@ -46,6 +46,16 @@ def by_kind(objs: list[dict[str, Any]], api_version: str, kind: str) -> list[dic
     return [o for o in objs if o["apiVersion"] == api_version and o["kind"] == kind]
 
 
+def _prune(value: Any) -> Any:
+    """Empty maps and lists dropped: for Kubernetes, empty and unset mean the same."""
+    if isinstance(value, dict):
+        pruned = {k: _prune(v) for k, v in value.items()}
+        return {k: v for k, v in pruned.items() if v not in ({}, [])}
+    if isinstance(value, list):
+        return [_prune(v) for v in value]
+    return value
+
+
 def upstream_errors(obj: dict[str, Any]) -> list[str]:
     target = HTTPROUTE_CRD if obj["kind"] == "HTTPRoute" else GIE_CRD
     return crd_validation.validate(target, obj)[1]
@@ -58,7 +68,11 @@ def upstream_errors(obj: dict[str, Any]) -> list[str]:
 def test_example_is_valid_and_renders_objects_upstream_accepts(path: Path) -> None:
     doc = yaml.safe_load(path.read_text())
     parsed = parse_pool(doc)
-    assert crd_validation.validate(POOL_CRD, doc)[1] == []
+    defaulted, errors = crd_validation.validate(POOL_CRD, doc)
+    assert errors == []
+    # The API server's defaulting fills spec.gateway as the models do (parentRefs' group and
+    # kind, path, failureMode, ...).
+    assert _prune(defaulted["spec"]["gateway"]) == _prune(parsed.spec.to_wire()["gateway"])
     p = builders.Pool(parsed.metadata.name, parsed.metadata.namespace or "default",
                       parsed.spec, UID)
     objs = builders.build_children(p)
