@@ -311,7 +311,7 @@ def build_prefetch_configmap(pool: Pool) -> Obj:
             "data": {PREFETCH_KEY: PREFETCH_SCRIPT}}
 
 
-def _pvc(pool: Pool, name: str, size: str) -> Obj:
+def _pvc(pool: Pool, name: str, size: int | str) -> Obj:
     shared = pool.spec.model.cache.shared_volume
     # ReadWriteMany: one writer (the Job), readers on any node.
     spec: Obj = {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": size}}}
@@ -433,7 +433,7 @@ class EngineCache:
     volumes: list[Obj]
     mounts: list[Obj]
     init_containers: list[Obj]
-    emptydir_parts: list[str]  # sizes of the disk-backed emptyDirs it adds
+    emptydir_parts: list[int | str]  # sizes of the disk-backed emptyDirs it adds
 
 
 def engine_cache(pool: Pool) -> EngineCache:
@@ -445,7 +445,7 @@ def engine_cache(pool: Pool) -> EngineCache:
     volumes: list[Obj] = []
     mounts: list[Obj] = []
     init: list[Obj] = []
-    parts: list[str] = []
+    parts: list[int | str] = []
     if compile_shared(spec) and kind == api.CacheType.SHARED_VOLUME:
         volumes.append({"name": "compile-cache", "persistentVolumeClaim": {
             "claimName": compile_cache_pvc_name(pool)}})
@@ -458,7 +458,7 @@ def engine_cache(pool: Pool) -> EngineCache:
     mounts.append({"name": "compile-cache", "mountPath": COMPILE_CACHE_DIR})
     if spec.model.source.pvc is not None or kind == api.CacheType.STREAMING:
         return EngineCache(volumes, mounts, init, parts)
-    model_mount = {"name": "model-cache", "mountPath": MODEL_CACHE_DIR}
+    model_mount: Obj = {"name": "model-cache", "mountPath": MODEL_CACHE_DIR}
     if kind == api.CacheType.SHARED_VOLUME:
         volumes.append({"name": "model-cache", "persistentVolumeClaim": {
             "claimName": model_cache_pvc_name(pool), "readOnly": True}})
