@@ -24,6 +24,7 @@ from poolpilot.router import local_prefill as lp
 from poolpilot.router import pd, validate
 from poolpilot.router.balancer import Balancer, Endpoint
 from poolpilot.router.config import DISAGGREGATED, PREFIX_ROUTING, RouterConfig
+from poolpilot.router.deadline_budget import DeadlineBudget
 from poolpilot.router.errors import (
     NO_ENDPOINT,
     ClientError,
@@ -33,6 +34,7 @@ from poolpilot.router.errors import (
     openai_errors,
 )
 from poolpilot.router.health_checks import HealthChecks
+from poolpilot.router.kv_lease import GivenUp, KvLease, LeaseRanOut
 from poolpilot.router.metrics import (
     HandoffCounters,
     RouterMetrics,
@@ -83,11 +85,14 @@ class Router(HealthChecks, StreamRelay):
         self.prefill_rate = lp.RateEstimate(config.prefill_tokens_per_s)
         self.mean_prompt_tokens = 512.0  # for turning scraped queue lengths into tokens
         self.per_client: dict[str, int] = {}  # requests in flight per client
+        self.heard_from: dict[str, float] = {}  # per engine: its last streamed bytes
         self._releases: set[asyncio.Task[None]] = set()
         # Per prefill engine: its handoff counters at the last scrape, and this router's
         # prefills there since (to attribute expired or invalid handoffs).
         self._handoff_seen: dict[str, HandoffCounters] = {}
         self._prefills_since: dict[str, int] = {}
+        # Leases this router let run out (already counted): discounted from the engines'.
+        self.given_up = GivenUp()
         # Per engine: the max_model_len its GET /v1/models reported (learned on health
         # checks and on /v1/models calls), for refusing requests that cannot fit.
         self.max_model_len: dict[str, int] = {}
@@ -117,7 +122,9 @@ class Router(HealthChecks, StreamRelay):
 
     # -- lifecycle ---------------------------------------------------------------------------
 
-    def build_app(self) -> web.Application:
+    def build_app(self, metrics: bool = True) -> web.Application:
+        """The serving app; `metrics` False: /metrics is served by build_metrics_app on a
+        port of its own instead."""
         app = web.Application(client_max_size=self.config.max_request_bytes,
                               middlewares=[openai_errors])
         app.router.add_post("/v1/completions", self.handle_generate)
@@ -125,9 +132,16 @@ class Router(HealthChecks, StreamRelay):
         app.router.add_get("/v1/models", self.handle_models)
         app.router.add_get("/health", self.handle_health)
         app.router.add_get("/ready", self.handle_ready)
-        app.router.add_get("/metrics", self.handle_metrics)
+        if metrics:
+            app.router.add_get("/metrics", self.handle_metrics)
         app.on_startup.append(self._on_startup)
         app.on_cleanup.append(self._on_cleanup)
+        return app
+
+    def build_metrics_app(self) -> web.Application:
+        """/metrics alone (`poolpilot router --metrics-port`)."""
+        app = web.Application(middlewares=[openai_errors])
+        app.router.add_get("/metrics", self.handle_metrics)
         return app
 
     async def _on_startup(self, app: web.Application) -> None:
@@ -275,7 +289,8 @@ class Router(HealthChecks, StreamRelay):
         self.active += 1
         self._idle.clear()
         code = 500
-        progress = Progress(stream=body.get("stream") is True)
+        progress = Progress(stream=body.get("stream") is True,
+                            budget=DeadlineBudget(self.config.deadline_grace_s))
         try:
             response, code = await self._generate(request, body, start, progress)
             return response
@@ -285,7 +300,8 @@ class Router(HealthChecks, StreamRelay):
             code = 200 if progress.done_sent else 499
             if progress.kv_unclaimed():
                 avoid = [progress.decode_url] if progress.decode_url else []
-                self._release_kv(request.path, body, progress.kv, avoid=avoid)
+                self._release_kv(request.path, body, progress.kv, avoid=avoid,
+                                 lease=progress.lease)
             raise
         finally:
             self.metrics.observe_request(code)
@@ -320,7 +336,7 @@ class Router(HealthChecks, StreamRelay):
                                                prompt_tokens, progress, first=local.url,
                                                prompt=prompt)
             try:
-                prefill = await self._prefill(path, body, prompt_tokens, prompt)
+                prefill = await self._prefill(path, body, prompt_tokens, prompt, progress)
             except UpstreamError as exc:
                 if exc.url == NO_ENDPOINT and not self.config.local_when_no_prefill:
                     # Every prefill engine is ejected and local prefill is off: the client
@@ -336,16 +352,28 @@ class Router(HealthChecks, StreamRelay):
             progress.kv = pd.kv_params_from_prefill(prefill)
             try:
                 async with self._open("decode", path, pd.decode_body(body, progress.kv), tokens,
-                                      handoff=True, progress=progress) as att:
+                                      handoff=True, progress=progress,
+                                      budget=progress.budget) as att:
                     return await self._relay(request, att, stream, start, progress,
                                              handoff=True)
+            except LeaseRanOut as exc:
+                # No engine got the parameters: the blocks go with the lease (a release now
+                # would be the late read), and a decode engine computes the prompt itself.
+                self._count_given_up(exc.lease)
+                log.warning("KV handoff given up (%s); retrying with a local prefill", exc)
+                progress.kv = progress.lease = None
+                return await self._serve_local(request, body, start, lp.KV_TRANSFER_FAILED,
+                                               prompt_tokens, progress, prompt=prompt,
+                                               exclude=[u for u in [progress.decode_url] if u])
             except HandoffFailed as exc:
                 # Nothing reached the client: free the prefill's KV (no decode engine will
                 # read it) and serve the request with a local prefill instead of an error.
-                self.metrics.kv_failures_pool.inc()
+                if not self._lease_gone(progress.lease):  # else _release_kv counts it
+                    self.metrics.kv_failures_pool.inc()
                 log.warning("KV handoff failed (%s); retrying with a local prefill", exc.error)
-                self._release_kv(path, body, progress.kv, avoid=[exc.error.url])
-                progress.kv = None
+                self._release_kv(path, body, progress.kv, avoid=[exc.error.url],
+                                 lease=progress.lease)
+                progress.kv = progress.lease = None
                 # A decode engine that timed out is not asked again; one that answered (a
                 # failed KV load) may well prefill the prompt itself.
                 hung = [exc.error.url] if exc.error.status == 504 else []
@@ -354,8 +382,9 @@ class Router(HealthChecks, StreamRelay):
                                                exclude=hung)
             except UpstreamError:
                 if progress.kv_unclaimed():  # e.g. no decode engine at all
-                    self._release_kv(path, body, progress.kv, avoid=[])
-                    progress.kv = None
+                    self._release_kv(path, body, progress.kv, avoid=[],
+                                     lease=progress.lease)
+                    progress.kv = progress.lease = None
                 raise
         except ClientError as exc:
             return web.Response(
@@ -376,7 +405,7 @@ class Router(HealthChecks, StreamRelay):
     # -- releasing a prefill's KV --------------------------------------------------------------
 
     def _release_kv(self, path: str, body: dict[str, Any], kv: dict[str, Any] | None,
-                    avoid: list[str]) -> None:
+                    avoid: list[str], lease: KvLease | None = None) -> None:
         """Free the KV a prefill engine holds for a handoff that will not happen, instead of
         leaving it pinned until its lease runs out: a decode engine reads it for a one-token
         decode whose answer is dropped (the read is what makes the prefill engine free it, in
@@ -384,9 +413,24 @@ class Router(HealthChecks, StreamRelay):
         it."""
         if not kv:
             return  # shared-storage connectors (no parameters) pin nothing on the prefill
+        if lease is not None and self._lease_gone(lease):
+            # Too late to read: the lease frees the blocks. Counted once, here or by the
+            # scrape of the engine's expiry, whichever came first.
+            self._count_given_up(lease)
+            log.warning("prefill KV of %s not released: its lease on %s runs out too soon "
+                        "for a read", kv.get("remote_request_id"), lease.prefill_url)
+            return
         task = asyncio.create_task(self._drain(path, pd.release_body(body, kv), avoid))
         self._releases.add(task)
         task.add_done_callback(self._releases.discard)
+
+    def _lease_gone(self, lease: KvLease | None) -> bool:
+        """The prefill's KV may be freed before a decode engine could read it."""
+        return lease is not None and not lease.releasable(self.clock())
+
+    def _count_given_up(self, lease: KvLease) -> None:
+        if self.given_up.gave_up(lease, self.clock()):
+            self.metrics.kv_failures_pool.inc()
 
     async def _drain(self, path: str, body: dict[str, Any], avoid: list[str]) -> None:
         assert self.session is not None
@@ -455,7 +499,8 @@ class Router(HealthChecks, StreamRelay):
         """Serve the request aggregated on a decode engine: it prefills the prompt itself.
         `after`: the prefill's failure this retries, named in the error if this fails too.
         `exclude`: decode engines not to use (one whose handoff just failed)."""
-        self.metrics.local_prefill_reason[reason].inc()
+        if not progress.budget.spent(self.clock()):  # else _open answers the 504 at once
+            self.metrics.local_prefill_reason[reason].inc()
         tokens = prompt_tokens + pd.requested_output_tokens(body)
         try:
             return await self._open_relay("decode", request, pd.local_body(body), tokens, start,
@@ -483,7 +528,8 @@ class Router(HealthChecks, StreamRelay):
             try:
                 async with self._open(role, request.path, body, tokens, exclude=tried,
                                       first=first, local_tokens=local_tokens, prompt=prompt,
-                                      prompt_tokens=prompt_tokens) as att:
+                                      prompt_tokens=prompt_tokens,
+                                      budget=progress.budget) as att:
                     return await self._relay(request, att, progress.stream, start, progress)
             except FirstTokenStalled as exc:
                 log.warning("%s", exc)
@@ -497,16 +543,19 @@ class Router(HealthChecks, StreamRelay):
         raise last
 
     async def _prefill(self, path: str, body: dict[str, Any], tokens: int,
-                       prompt: PromptKeys | None = None) -> dict[str, Any]:
+                       prompt: PromptKeys | None = None,
+                       progress: Progress | None = None) -> dict[str, Any]:
         """Run the prefill step; a failure (before or while reading the answer) is retried on
-        another prefill engine. Returns the prefill's JSON answer."""
+        another prefill engine. Returns the prefill's JSON answer; `progress.lease`: the KV
+        lease it started (from its status line)."""
         failed: list[str] = []
         last: UpstreamError | None = None
         for _ in range(self.config.max_attempts):
             try:
                 async with self._open("prefill", path, pd.prefill_body(body), tokens,
-                                      exclude=failed, prompt=prompt,
-                                      prompt_tokens=tokens) as att:
+                                      exclude=failed, prompt=prompt, prompt_tokens=tokens,
+                                      budget=progress.budget if progress else None) as att:
+                    granted = self.clock()
                     try:
                         data = orjson.loads(await att.resp.read())
                     except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
@@ -520,6 +569,9 @@ class Router(HealthChecks, StreamRelay):
                     )
                     url = att.endpoint.url
                     self._prefills_since[url] = self._prefills_since.get(url, 0) + 1
+                    lease_s = self.config.kv_lease_s
+                    if progress is not None and lease_s is not None:
+                        progress.lease = KvLease(granted, lease_s / self.config.speed, url)
                 if not isinstance(data, dict):
                     raise UpstreamError(att.endpoint.url, 502, "prefill answer is not an object")
                 return data
@@ -537,6 +589,7 @@ class Router(HealthChecks, StreamRelay):
         exclude: list[str] | None = None, first: str | None = None, handoff: bool = False,
         local_tokens: int = 0, progress: Progress | None = None,
         prompt: PromptKeys | None = None, prompt_tokens: int = 0,
+        budget: DeadlineBudget | None = None,
     ) -> AsyncIterator[Attempt]:
         """Send `body` to an endpoint of `role` (`first` if given and present) and yield the
         attempt once its status is 2xx. Connection failures and 502/503/504 are retried on
@@ -546,12 +599,24 @@ class Router(HealthChecks, StreamRelay):
         prefills itself, counted against it until the first token (Balancer.local_tokens).
         `prompt` (its keys; `prompt_tokens` long): choose by prefix (router/prefix_index.py),
         count only the tokens the endpoint is not expected to hold as its work, and record
-        the prompt there once it accepted it."""
+        the prompt there once it accepted it. `budget`: the request's (DeadlineBudget), which
+        caps each attempt's deadline once one was missed; no attempt starts once it is spent."""
         assert self.session is not None
         tried: list[str] = list(exclude or [])
         last: UpstreamError | None = None
         gauge = self.metrics.inflight_role[role]
+        budget = budget or DeadlineBudget(None)
+        stream = body.get("stream") is True
         for _ in range(self.config.max_attempts):
+            if budget.spent(self.clock()):
+                last = UpstreamError(last.url if last else NO_ENDPOINT, 504, (
+                    f"no {role} engine answered within the request's deadline "
+                    f"({budget.missed_deadlines} missed, then the TTFT target)"))
+                log.warning("%s", last)
+                break
+            lease = progress.lease if handoff and progress is not None else None
+            if lease is not None and not lease.usable(self.clock()):
+                raise LeaseRanOut(lease, self.clock())  # before any engine got them
             endpoint = None
             matched = 0
             if first is not None and first not in tried:
@@ -577,17 +642,29 @@ class Router(HealthChecks, StreamRelay):
                 progress.decode_url = endpoint.url
             try:
                 # The prefill answer is one body after the whole prefill: its first byte is
-                # its deadline (the other phases keep the session's idle timeout).
-                deadline = self._prefill_deadline(queued) if role == "prefill" else None
+                # its deadline. A stream's status line and first event share the first-token
+                # deadline, counted from here. A non-streaming answer keeps the session's
+                # idle timeout (its first byte comes with its last token).
+                deadline: aiohttp.ClientTimeout | None = None
+                first_s: float | None = None
+                if role == "prefill":
+                    deadline = self._prefill_deadline(queued, budget.timeout(None, sent_at))
+                elif stream:
+                    first_s = budget.timeout(self._token_deadlines(handoff)[0], sent_at)
                 try:
-                    resp = await self.session.post(endpoint.url + path, data=orjson.dumps(body),
-                                                   headers=JSON_HEADERS,
-                                                   timeout=deadline or self.session.timeout)
+                    async with asyncio.timeout(first_s):
+                        resp = await self.session.post(
+                            endpoint.url + path, data=orjson.dumps(body), headers=JSON_HEADERS,
+                            timeout=deadline or self.session.timeout)
                 except (aiohttp.ClientError, TimeoutError) as exc:
                     self._failed(endpoint.url)
-                    status = 504 if isinstance(exc, TimeoutError) else 502
-                    why = ("no answer within the prefill deadline" if deadline is not None
-                           and isinstance(exc, TimeoutError) else repr(exc))
+                    timed_out = isinstance(exc, TimeoutError)
+                    status = 504 if timed_out else 502
+                    why = repr(exc)
+                    if timed_out and (deadline is not None or first_s is not None):
+                        budget.missed(self.clock())  # hung: the request's grace starts
+                        why = ("no answer within the prefill deadline" if role == "prefill"
+                               else "no status line within the first-token deadline")
                     last = UpstreamError(endpoint.url, status, f"{role} engine failed: {why}")
                     log.warning("%s", last)
                     continue
@@ -615,7 +692,8 @@ class Router(HealthChecks, StreamRelay):
                     if prompt is not None and self.prefix is not None:
                         self.prefix.record(prompt, endpoint.url, self.clock())
                         self.metrics.observe_prefix(role, endpoint.url, prompt_tokens, matched)
-                    att = Attempt(endpoint, resp, sent_at, queued, local, matched)
+                    att = Attempt(endpoint, resp, sent_at, queued, local, matched,
+                                  None if first_s is None else sent_at + first_s)
                     yield att
                     return
             finally:
@@ -632,18 +710,24 @@ class Router(HealthChecks, StreamRelay):
             raise HandoffFailed(last)
         raise last
 
-    def _prefill_deadline(self, queued_tokens: int) -> aiohttp.ClientTimeout | None:
+    def _prefill_deadline(self, queued_tokens: int,
+                          left_s: float | None = None) -> aiohttp.ClientTimeout | None:
         """How long a prefill engine may take to answer before it counts as hung: N TTFT
         targets plus this router's tokens queued there at the learned prefill rate (a
-        saturated engine is not a hung one)."""
+        saturated engine is not a hung one), at most `left_s` (what the request's deadline
+        budget has left once a deadline was missed)."""
         c = self.config
-        if c.prefill_deadline_s is None:
+        if c.prefill_deadline_s is None and left_s is None:
             return None
-        rate = self.prefill_rate.tokens_per_s
-        queue_s = queued_tokens / rate / c.speed if rate > 0 else 0.0
+        read_s = c.idle_timeout_s
+        if c.prefill_deadline_s is not None:
+            rate = self.prefill_rate.tokens_per_s
+            queue_s = queued_tokens / rate / c.speed if rate > 0 else 0.0
+            read_s = min(read_s, c.prefill_deadline_s + queue_s)
+        if left_s is not None:
+            read_s = max(1e-3, min(read_s, left_s))
         return aiohttp.ClientTimeout(total=c.request_timeout_s, sock_connect=c.connect_timeout_s,
-                                     sock_read=min(c.idle_timeout_s, c.prefill_deadline_s
-                                                   + queue_s))
+                                     sock_read=read_s)
 
     async def _prompt_keys(self, path: str, body: dict[str, Any]) -> PromptKeys | None:
         if self.prefix is None:

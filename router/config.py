@@ -9,6 +9,8 @@ from poolpilot.router.auth import ApiKeys
 from poolpilot.router.balancer import BalancerConfig
 from poolpilot.router.prefix_index import DEFAULT_BALANCE, DEFAULT_MAX_ENTRIES, DEFAULT_TTL_S
 
+from poolpilot import handoff
+
 DISAGGREGATED = "disaggregated"
 AGGREGATED = "aggregated"
 PREFIX_ROUTING = ("off", "approximate", "precise")
@@ -54,9 +56,16 @@ class RouterConfig:
     # and the engine counts a failure. Before its first token, a decode after a handoff has
     # this long too; an engine that prefills itself, this plus prefill_deadline_s. None: off.
     decode_stall_s: float | None = None
+    # Once one of a request's attempts missed its deadline, what all its later attempts share
+    # (the TTFT target, router's clock; router/deadline_budget.py). None: each its own.
+    deadline_grace_s: float | None = None
     # Every prefill engine ejected: a decode engine prefills the request (False, with
     # --local-prefill off: a 503 with Retry-After).
     local_when_no_prefill: bool = True
+    # Seconds the prefill engines hold a prompt's KV for its decode engine (their
+    # kv_lease_duration, which the launcher sets from poolpilot.handoff): past the pickup
+    # margin, a handoff becomes a local prefill (router/kv_lease.py). None: not checked.
+    kv_lease_s: float | None = field(default_factory=lambda: float(handoff.kv_lease_seconds()))
 
     def roles(self) -> tuple[str, ...]:
         return ("prefill", "decode") if self.mode == DISAGGREGATED else ("engine",)

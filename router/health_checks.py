@@ -14,6 +14,7 @@ import orjson
 from poolpilot.router import validate
 from poolpilot.router.balancer import Balancer, Endpoint
 from poolpilot.router.config import RouterConfig
+from poolpilot.router.kv_lease import GivenUp
 from poolpilot.router.metrics import (
     HandoffCounters,
     RouterMetrics,
@@ -38,6 +39,7 @@ class HealthChecks:
     max_model_len: dict[str, int]
     _handoff_seen: dict[str, HandoffCounters]
     _prefills_since: dict[str, int]
+    given_up: GivenUp
 
     async def _health_loop(self) -> None:
         while True:
@@ -82,7 +84,8 @@ class HealthChecks:
         mine = self._prefills_since.pop(url, 0)
         if prev is None:
             return
-        bad = attributed_kv_failures(prev, now, mine)
+        # Less the leases this router gave up itself (counted when it did).
+        bad = self.given_up.discount(url, attributed_kv_failures(prev, now, mine), self.clock())
         if bad > 0:
             self.metrics.kv_failures_pool.inc(bad)
             log.warning("prefill engine %s reports %.0f expired or invalid KV handoffs "

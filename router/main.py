@@ -23,6 +23,7 @@ from urllib.parse import urlsplit
 
 import uvloop
 from aiohttp import web
+from poolpilot.router import kv_lease
 from poolpilot.router import local_prefill as lp
 from poolpilot.router.app import Router
 from poolpilot.router.auth import ApiKeys, KeyFileError
@@ -47,6 +48,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1",
                         help="bind address (default 127.0.0.1; the operator's pods pass 0.0.0.0)")
     parser.add_argument("--port", type=int, default=8000, help="port; 0 picks a free one")
+    parser.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
+                        help="serve /metrics on this port (same address) instead of the "
+                        "serving port, so a NetworkPolicy can let Prometheus reach metrics "
+                        "only (the operator's pods pass 8090; default: on --port)")
     src = parser.add_argument_group("engines (static lists or Kubernetes discovery)")
     src.add_argument("--prefill", default="", help="prefill engine URLs, comma-separated")
     src.add_argument("--decode", default="", help="decode engine URLs, comma-separated")
@@ -88,6 +93,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      "from both")
     lim.add_argument("--max-attempts", type=int, default=handoff.ROUTER_MAX_ATTEMPTS,
                      help="tries per phase (prefill, decode)")
+    lim.add_argument("--kv-lease-seconds", type=float, default=handoff.kv_lease_seconds(),
+                     help="seconds the prefill engines hold a prompt's KV for its decode "
+                     "engine (their kv_lease_duration: the launcher's --kv-lease-seconds); a "
+                     "handoff the router cannot get to a decode engine within it, less a "
+                     "pickup margin, becomes a local prefill, and no release reads it late "
+                     f"(default {handoff.kv_lease_seconds()}; 0: not checked)")
     lim.add_argument("--workers", type=int, default=1,
                      help="router processes sharing the port (SO_REUSEPORT), one core each "
                      "(default 1)")
@@ -240,6 +251,12 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
             )
     if not 0 <= args.port < 65536:
         raise UsageError(f"--port {args.port}: must be 0..65535")
+    if args.metrics_port is not None and not (
+            0 <= args.metrics_port < 65536 and (args.metrics_port != args.port
+                                                or args.port == 0)):
+        raise UsageError(f"--metrics-port {args.metrics_port}: must be 0..65535 and not --port")
+    if args.metrics_port == 0 and args.workers > 1:
+        raise UsageError("--metrics-port 0 with --workers: give the port (each worker listens)")
     if args.max_attempts < 1:
         raise UsageError("--max-attempts: must be >= 1")
     if not args.speed > 0:
@@ -295,7 +312,9 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
         prefix_ttl_s=args.prefix_ttl,
         prefill_deadline_s=prefill_deadline(args),
         decode_stall_s=decode_stall(args),
+        deadline_grace_s=deadline_grace(args),
         local_when_no_prefill=args.local_prefill != "off",
+        kv_lease_s=float(args.kv_lease_seconds) or None,
     )
 
 
@@ -316,6 +335,7 @@ NUMBER_FLAGS: tuple[tuple[str, str, float, bool], ...] = (
     ("--prefill-deadline-ttfts", "prefill_deadline_ttfts", 0, True),
     ("--decode-stall-itls", "decode_stall_itls", 0, True),
     ("--prefill-tokens-per-s", "prefill_tokens_per_s", 0, False),
+    ("--kv-lease-seconds", "kv_lease_seconds", 0, True),
 )
 
 
@@ -386,6 +406,16 @@ def decode_stall(args: argparse.Namespace) -> float | None:
     return max(MIN_DEADLINE_S, float(args.decode_stall_itls) * itl / float(args.speed))
 
 
+def deadline_grace(args: argparse.Namespace) -> float | None:
+    """Seconds (of the router's clock) every attempt after a request's first missed deadline
+    shares: the TTFT target, so a request waits on a hung engine one deadline plus the TTFT
+    target at most. None while no deadline is on."""
+    if not args.prefill_deadline_ttfts and not args.decode_stall_itls:
+        return None
+    ttft = 1.0 if args.ttft_target is None else float(args.ttft_target)
+    return ttft / float(args.speed)
+
+
 def prefill_seed(args: argparse.Namespace) -> float:
     if args.prefill_tokens_per_s is not None:
         return float(args.prefill_tokens_per_s)
@@ -431,12 +461,21 @@ async def serve(args: argparse.Namespace, config: RouterConfig, port: int | None
                     "KEY): anyone who reaches this port can send prompts")
     limits = ServerLimits(header_timeout_s=args.header_timeout,
                           max_connections=args.max_connections)
-    runner = GuardedRunner(router.build_app(), limits, handler_cancellation=True,
-                           access_log=None, keepalive_timeout=args.keepalive_timeout)
+    separate = args.metrics_port is not None
+    runner = GuardedRunner(router.build_app(metrics=not separate), limits,
+                           handler_cancellation=True, access_log=None,
+                           keepalive_timeout=args.keepalive_timeout)
     await runner.setup()
     site = web.TCPSite(runner, args.host, args.port if port is None else port,
                        shutdown_timeout=config.drain_timeout_s, reuse_port=ready_fd is not None)
     await site.start()
+    metrics_runner = None
+    if separate:  # every worker listens too (SO_REUSEPORT): each serves the workers' sum
+        metrics_runner = GuardedRunner(router.build_metrics_app(), limits, access_log=None)
+        await metrics_runner.setup()
+        await web.TCPSite(metrics_runner, args.host, args.metrics_port,
+                          reuse_port=ready_fd is not None).start()
+        args.metrics_port = metrics_runner.addresses[0][1]  # the one picked for 0
     discovery_task = None
     if args.discover:
         discovery = KubernetesDiscovery(
@@ -445,6 +484,16 @@ async def serve(args: argparse.Namespace, config: RouterConfig, port: int | None
         )
         router.discovering = True  # /health answers 503 until the engines are known
         discovery_task = asyncio.gather(discovery.run(), _healthy_once_synced(router, discovery))
+    lease = config.kv_lease_s
+    if (config.mode == DISAGGREGATED and lease is not None and ready_fd is None
+            and not kv_lease.lease_covers(lease / config.speed, config.connect_timeout_s,
+                                          config.max_attempts)):
+        log.warning("the engines' %g s KV lease does not cover this router's decode attempts "
+                    "(--connect-timeout %g x --max-attempts %d, plus %.1f s for the pickup): "
+                    "handoffs that need them all become local prefills; raise the launcher's "
+                    "--kv-lease-seconds and this router's with it", lease,
+                    config.connect_timeout_s, config.max_attempts,
+                    kv_lease.pickup_margin(lease))
     if config.mode == DISAGGREGATED and config.local_prefill is None and ready_fd is None:
         log.info("local prefill when prefill is behind: off (%s); a failed KV handoff is still "
                  "retried locally", "--local-prefill off" if args.local_prefill == "off" else
@@ -464,14 +513,17 @@ async def serve(args: argparse.Namespace, config: RouterConfig, port: int | None
     if discovery_task is not None:
         discovery_task.cancel()
     await runner.cleanup()
+    if metrics_runner is not None:
+        await metrics_runner.cleanup()
     return 0 if drained else 1
 
 
 def listening(args: argparse.Namespace, config: RouterConfig, port: int) -> None:
     # One machine-readable line: tests and the sandbox read the port from it.
     workers = f" workers={config.workers}" if config.workers > 1 else ""
-    print(f"poolpilot router listening on http://{args.host}:{port} mode={config.mode}{workers}",
-          flush=True)
+    metrics = f" metrics_port={args.metrics_port}" if args.metrics_port is not None else ""
+    print(f"poolpilot router listening on http://{args.host}:{port} mode={config.mode}{workers}"
+          f"{metrics}", flush=True)
 
 
 def run(args: argparse.Namespace) -> int:

