@@ -14,7 +14,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -202,8 +202,8 @@ def vllm_available() -> bool:
 
 
 def start_vllm(role: str, model: Path, scratch: Path, cpu: int, served_name: str,
-               connector: str | None = None, kv_config: Mapping[str, object] | None = None)\
-        -> Proc:
+               connector: str | None = None, kv_config: Mapping[str, object] | None = None,
+               extra: Sequence[str] = ()) -> Proc:
     """Start vLLM for a role through `poolpilot launch` (the runtime image's entrypoint).
     Returns once it is listening; call wait_vllm_ready() before use (start two, then wait)."""
     from poolpilot.runtime.launcher import vllm_cpu_env
@@ -218,6 +218,7 @@ def start_vllm(role: str, model: Path, scratch: Path, cpu: int, served_name: str
         cmd += ["--kv-connector", connector, "--kv-config", json.dumps(kv_config or {})]
     for arg in ENGINE_ARGS:
         cmd += ["--engine-arg", arg]
+    cmd += list(extra)  # more launcher flags
     # Shared and kept cache root: vLLM caches the model's inspection there, which saves
     # every later engine a subprocess that imports torch and vLLM (written atomically).
     env = vllm_cpu_env(str(scratch), cpu, free_port(),
