@@ -333,11 +333,24 @@ def hides_demand(r: FaultRecord) -> bool:
     return r.fault.kind == "prometheus" or r.sole
 
 
+def holds_for(r: FaultRecord, event: Mapping[str, Any]) -> bool:
+    """Whether a fault that hides the demand forbids this scale event while it lasts. With
+    Prometheus or the only router down no role's demand is seen: every role holds. With an
+    engine role's only pod down (or hung), that role's demand is hidden and every role's is
+    understated (nothing passes through it): no scale-down anywhere, and the role itself
+    holds. Another role may scale up for work it really gets (the decode engines prefill
+    locally while the prefill role is out)."""
+    role = pod_role(r.fault.kind)
+    if r.fault.kind == "prometheus" or role == "router":
+        return True
+    return event.get("role") == role or event["to"] < event["from"]
+
+
 def judge_metrics_holds(records: Sequence[FaultRecord], events: Sequence[Mapping[str, Any]],
                         down_window_s: float, interval_s: float, lag_s: float) -> Verdict:
-    """For each fault that hides the demand (`hides_demand`): no scale event from the kill
-    (plus `lag_s`: a decision made before it may land a moment after) until the component is
-    back (Prometheus restarted, the pod ready), MetricsAvailable=False seen during a
+    """For each fault that hides the demand (`hides_demand`): no scale event it forbids
+    (`holds_for`) from the kill (plus `lag_s`: a decision made before it may land a moment
+    after) until the component is back (Prometheus restarted, the pod ready), MetricsAvailable=False seen during a
     Prometheus outage, and no scale-down until a scale-down window has passed since the
     autoscaler saw the pool whole again (`serving_s`, less one interval: the watcher sees that
     moment up to a decision late). Every replica change of the run must have been announced
@@ -351,7 +364,8 @@ def judge_metrics_holds(records: Sequence[FaultRecord], events: Sequence[Mapping
             f"the only {r.fault.kind} pod was down"
         back = r.restored_s if r.fault.kind == "prometheus" else r.serving_s
         back = back if back is not None else r.end_s
-        during = [e for e in events if _in(e["t"], r.injected_s + lag_s, back)]
+        during = [e for e in events if _in(e["t"], r.injected_s + lag_s, back)
+                  and holds_for(r, e)]
         whole = r.serving_s if r.serving_s is not None else r.end_s
         after_end = (whole or r.injected_s) + down_window_s - interval_s
         downs = [e for e in events if e["to"] < e["from"] and _in(e["t"], back, after_end)]

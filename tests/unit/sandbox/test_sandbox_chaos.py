@@ -172,6 +172,30 @@ def test_a_sole_pod_down_hides_the_demand(sole: bool, events: list[dict[str, obj
     assert v.ok is ok, v.detail
 
 
+def prefill_record(kind: str) -> C.FaultRecord:
+    r = C.FaultRecord(C.Fault(0, kind, 100), target="p-prefill-x", injected_s=100.0,
+                      restored_s=130.0, recovered_s=140.0, bound_s=100.0, sole=True)
+    r.serving_s = 135.0
+    return r
+
+
+def role_ev(t: float, role: str, frm: int, to: int) -> dict[str, object]:
+    return {"t": t, "role": role, "from": frm, "to": to, "reason": "QueueAboveTarget"}
+
+
+@pytest.mark.parametrize("kind", ["prefill", "hung-prefill"])
+@pytest.mark.parametrize(("event", "ok"), [
+    (role_ev(120, "decode", 1, 2), True),
+    (role_ev(120, "prefill", 1, 2), False),
+    (role_ev(120, "decode", 2, 1), False),
+], ids=["decode-up-for-its-local-prefills", "the-hidden-role-moved", "a-scale-down"])
+def test_the_only_engine_of_a_role_down_holds_that_role_and_every_scale_down(
+        kind: str, event: dict[str, object], ok: bool) -> None:
+    v = C.judge_metrics_holds([prefill_record(kind)], [event], down_window_s=60,
+                              interval_s=10, lag_s=8)
+    assert v.ok is ok, v.detail
+
+
 @pytest.mark.parametrize(("sizes", "desired", "autoscaled", "ok"), [
     ({"prefill": (3, 1), "router": (1, 0)}, {"prefill": 3}, True, True),
     ({"prefill": (2, 2)}, {"prefill": 3}, True, False),
