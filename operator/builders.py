@@ -11,7 +11,7 @@ This module puts them together (`build_children`) and re-exports their names as 
 
 from __future__ import annotations
 
-from poolpilot.operator import multinode
+from poolpilot.operator import model_cache, multinode
 from poolpilot.operator.building_blocks import (
     COMPILE_CACHE_DIR,
     CONFIG_HASH_ANNOTATION,
@@ -30,7 +30,6 @@ from poolpilot.operator.building_blocks import (
     ROUTER_KEYS_FILE,
     ROUTER_PRESTOP_SECONDS,
     RUN_AS_USER,
-    STARTUP_PROBE_FAILURES,
     STARTUP_PROBE_PERIOD,
     Capabilities,
     Obj,
@@ -85,7 +84,6 @@ __all__ = [
     "ROUTER_PRESTOP_SECONDS",
     "ROUTER_RULES",
     "RUN_AS_USER",
-    "STARTUP_PROBE_FAILURES",
     "STARTUP_PROBE_PERIOD",
     "Capabilities",
     "Obj",
@@ -129,6 +127,7 @@ def build_children(pool: Pool, caps: Capabilities | None = None) -> list[Obj]:
         objs += [build_router_role(pool), build_router_role_binding(pool)]
     if network_policies_on(pool, caps):  # before the pods they protect
         objs += [build_engine_network_policy(pool), build_router_network_policy(pool)]
+    objs += model_cache.cache_children(pool)  # the weights' prefetch, before the engines
     objs += [multinode.leader_only_service(build_engine_service(pool, r))
              if multinode.multi_node(spec, r) else build_engine_service(pool, r) for r in roles]
     objs += [multinode.build_engine_leaderworkerset(pool, build_engine_deployment(pool, r, caps))

@@ -34,8 +34,7 @@ GATEWAY_POOL_LABEL = "poolpilot.dev/gie-endpoint"
 # --shutdown-timeout, so in-flight generations finish after the endpoint is removed.
 PRESTOP_SLEEP_SECONDS = 10  # endpoint removal reaches the routers before SIGTERM
 ROUTER_PRESTOP_SECONDS = 5
-STARTUP_PROBE_PERIOD = 10
-STARTUP_PROBE_FAILURES = 180  # 30 minutes to download and load weights
+STARTUP_PROBE_PERIOD = 10  # its failureThreshold is the cache's budget (model_cache.py)
 RUN_AS_USER = 1000
 # spec.router.prefixRouting Precise: each engine publishes its KV events (vLLM's ZMQ publisher)
 # on these ports of its pod IP, and the router subscribes there.

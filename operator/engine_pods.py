@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from decimal import Decimal
 
+from poolpilot.operator import model_cache
 from poolpilot.operator.building_blocks import (
     COMPILE_CACHE_DIR,
     ENGINE_CONTAINER,
@@ -16,7 +17,6 @@ from poolpilot.operator.building_blocks import (
     MODEL_PVC_DIR,
     MULTUS_NETWORKS,
     PRESTOP_SLEEP_SECONDS,
-    STARTUP_PROBE_FAILURES,
     STARTUP_PROBE_PERIOD,
     Capabilities,
     Obj,
@@ -47,7 +47,11 @@ from poolpilot.apitypes import quantity_value
 
 
 def model_location(spec: api.InferencePoolSpec) -> str:
-    """What the launcher's --model gets: a Hub id, or the folder inside the mounted PVC."""
+    """What the launcher's --model gets: a Hub id, the folder inside the mounted PVC or the
+    model cache, or the bucket the streaming loader reads."""
+    cached = model_cache.engine_model(spec)
+    if cached is not None:
+        return cached
     pvc = spec.model.source.pvc
     if pvc is None:
         return spec.model.name
@@ -101,7 +105,9 @@ def launch_command(spec: api.InferencePoolSpec, role: str) -> list[str]:
     # vLLM drains on SIGTERM for what the grace period leaves after the preStop.
     cmd += ["--grace-seconds", str(role_spec.termination_grace_period_seconds),
             "--prestop-seconds", str(PRESTOP_SLEEP_SECONDS)]
-    args = {**spec.runtime.engine_args, **role_spec.engine_args}
+    # What the cache and the role imply (model_cache.engine_args), under the user's own.
+    args = {**model_cache.engine_args(spec, role), **spec.runtime.engine_args,
+            **role_spec.engine_args}
     for key in sorted(args):
         cmd += ["--engine-arg", f"{key}={_engine_args_value(args[key])}"]
     return cmd
@@ -114,7 +120,9 @@ def _engine_env(pool: Pool, role: str) -> list[Obj]:
         {"name": "POOLPILOT_ROLE", "value": role},
         {"name": "HOME", "value": "/tmp"},
         {"name": "TMPDIR", "value": "/tmp"},
-        {"name": "HF_HOME", "value": MODEL_CACHE_DIR},
+        # A read-only cache (or none) keeps the Hub's own files in /tmp.
+        {"name": "HF_HOME", "value": MODEL_CACHE_DIR if _hub_cache_writable(spec)
+         else "/tmp/huggingface"},
         {"name": "XDG_CACHE_HOME", "value": COMPILE_CACHE_DIR},
         {"name": "VLLM_CACHE_ROOT", "value": f"{COMPILE_CACHE_DIR}/vllm"},
         {"name": "TRITON_CACHE_DIR", "value": f"{COMPILE_CACHE_DIR}/triton"},
@@ -133,8 +141,9 @@ def _engine_env(pool: Pool, role: str) -> list[Obj]:
                 },
             }
         )
-    if spec.model.source.pvc is not None:
-        env.append({"name": "HF_HUB_OFFLINE", "value": "1"})
+    if spec.model.source.pvc is not None or model_cache.prefetched(spec):
+        env.append({"name": "HF_HUB_OFFLINE", "value": "1"})  # the files are all there
+    env += model_cache.store_env(spec)[0]
     if _nixl(spec):
         env.append({"name": "VLLM_NIXL_SIDE_CHANNEL_PORT",
                     "value": str(spec.kv_transfer.side_channel_port)})
@@ -147,13 +156,19 @@ def _engine_env(pool: Pool, role: str) -> list[Obj]:
     return _merge_env(env, [{"name": e.name, "value": e.value} for e in spec.runtime.env])
 
 
-def _engine_volumes(spec: api.InferencePoolSpec, role: str) -> tuple[list[Obj], list[Obj]]:
-    """Every path the engine writes (its root filesystem is read-only), each bounded."""
+def _hub_cache_writable(spec: api.InferencePoolSpec) -> bool:
+    return (model_cache.cache_type(spec) == api.CacheType.EMPTY_DIR
+            and spec.model.source.pvc is None)
+
+
+def _engine_volumes(pool: Pool, role: str) -> tuple[list[Obj], list[Obj]]:
+    """Every path the engine writes (its root filesystem is read-only), each bounded; the
+    model and compile caches as spec.model.cache says (model_cache.engine_cache)."""
+    spec = pool.spec
     size = spec.runtime.storage
-    volumes: list[Obj] = [{"name": "tmp", "emptyDir": {"sizeLimit": size.tmp}},
-                          {"name": "compile-cache", "emptyDir": {"sizeLimit": size.compile_cache}}]
-    mounts: list[Obj] = [{"name": "tmp", "mountPath": "/tmp"},
-                         {"name": "compile-cache", "mountPath": COMPILE_CACHE_DIR}]
+    cache = model_cache.engine_cache(pool)
+    volumes: list[Obj] = [{"name": "tmp", "emptyDir": {"sizeLimit": size.tmp}}, *cache.volumes]
+    mounts: list[Obj] = [{"name": "tmp", "mountPath": "/tmp"}, *cache.mounts]
     pvc = spec.model.source.pvc
     if pvc is not None:
         volumes.append(
@@ -163,9 +178,6 @@ def _engine_volumes(spec: api.InferencePoolSpec, role: str) -> tuple[list[Obj], 
             }
         )
         mounts.append({"name": "model", "mountPath": MODEL_PVC_DIR, "readOnly": True})
-    else:
-        volumes.append({"name": "model-cache", "emptyDir": {"sizeLimit": size.model_cache}})
-        mounts.append({"name": "model-cache", "mountPath": MODEL_CACHE_DIR})
     # Tensor-parallel ranks, NCCL and torch's data loaders use shared memory; a container's
     # default /dev/shm is 64 MiB. In memory, so it counts against the container's memory.
     volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": size.shm}})
@@ -173,12 +185,9 @@ def _engine_volumes(spec: api.InferencePoolSpec, role: str) -> tuple[list[Obj], 
     return volumes, mounts
 
 
-def _ephemeral_request(spec: api.InferencePoolSpec) -> str:
+def _ephemeral_request(pool: Pool) -> str:
     """What the disk-backed emptyDirs may hold: the scheduler places the pod where it fits."""
-    size = spec.runtime.storage
-    parts = [size.tmp, size.compile_cache]
-    if spec.model.source.pvc is None:
-        parts.append(size.model_cache)
+    parts = [pool.spec.runtime.storage.tmp, *model_cache.engine_cache(pool).emptydir_parts]
     total = sum(((quantity_value(q) or Decimal(0)) for q in parts), Decimal(0))
     return _quantity(total)
 
@@ -202,14 +211,14 @@ def build_engine_deployment(pool: Pool, role: str, caps: Capabilities | None = N
     spec = pool.spec
     role_spec = spec.role(role)
     name = names.child_name(pool.name, role)
-    volumes, mounts = _engine_volumes(spec, role)
+    volumes, mounts = _engine_volumes(pool, role)
     templates = _engine_templates(spec, role)
     rdma = spec.kv_transfer.rdma if _nixl(spec) else None
     resources = _merged_resources(
         spec.runtime.resources, role_spec.resources, *_template_resources(templates),
         gpus=role_spec.gpus, extra={rdma.resource: str(rdma.count)} if rdma else None,
         defaults=api.ResourceRequirements(
-            requests={"ephemeral-storage": _ephemeral_request(spec)}))
+            requests={"ephemeral-storage": _ephemeral_request(pool)}))
     container: Obj = {
         "name": ENGINE_CONTAINER,
         "image": spec.runtime.image,
@@ -220,13 +229,18 @@ def build_engine_deployment(pool: Pool, role: str, caps: Capabilities | None = N
         "resources": resources,
         "readinessProbe": _http_probe(period=5, failures=3),
         "livenessProbe": _http_probe(period=15, failures=4, timeout=5),
-        "startupProbe": _http_probe(period=STARTUP_PROBE_PERIOD, failures=STARTUP_PROBE_FAILURES),
+        # Long enough for the worst first start on this cache, not longer (model_cache).
+        "startupProbe": _http_probe(period=STARTUP_PROBE_PERIOD,
+                                    failures=model_cache.startup_failure_threshold(spec, role)),
         "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(PRESTOP_SLEEP_SECONDS)]}}},
         # IPC_LOCK: RDMA pins (registers) the KV buffers it transfers from.
         "securityContext": {**_container_security(["IPC_LOCK"] if rdma else None),
                             "readOnlyRootFilesystem": True},
         "volumeMounts": mounts,
     }
+    env_from = model_cache.store_env(spec)[1]
+    if env_from:
+        container["envFrom"] = env_from
     pod_spec: Obj = {
         "automountServiceAccountToken": False,
         "terminationGracePeriodSeconds": role_spec.termination_grace_period_seconds,
@@ -235,6 +249,9 @@ def build_engine_deployment(pool: Pool, role: str, caps: Capabilities | None = N
         "volumes": volumes,
         "topologySpreadConstraints": _spread(pool, role),
     }
+    init = model_cache.engine_cache(pool).init_containers
+    if init:  # fills the emptyDir from the bucket, or waits for the node's copy
+        pod_spec["initContainers"] = init
     if spec.runtime.node_selector:
         pod_spec["nodeSelector"] = dict(sorted(spec.runtime.node_selector.items()))
     if spec.runtime.tolerations:

@@ -23,7 +23,7 @@ from typing import Any
 
 import kopf
 from poolpilot.kubeclient import credentials
-from poolpilot.operator import builders, gateway_objects, reconcile, retry, status
+from poolpilot.operator import builders, gateway_objects, model_cache, reconcile, retry, status
 from poolpilot.operator import metrics as opmetrics
 from poolpilot.operator.kubeapi import ApiError, Discovered, KubeApi
 from poolpilot.operator.metrics import OperatorMetrics
@@ -273,7 +273,9 @@ async def _handle_locked(body: kopf.Body, process: Process, memory: PoolMemory,
     result = status.compute_status(generation=generation, roles=observations, pods=pods,
                                    previous=previous, endpoint=endpoint, now=_now(),
                                    stale_roles=stale, blocked=blocked, routed=routed,
-                                   unrouted=spec.gateway is None)
+                                   unrouted=spec.gateway is None,
+                                   model_cached=model_cache.cache_state(
+                                       pool, outcome.model_cache, pods))
     try:
         await _write_status(kube, body, memory, result.status, previous)
     except ApiError as exc:

@@ -17,7 +17,7 @@ from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
-from poolpilot.operator import builders, gateway_objects, multinode
+from poolpilot.operator import builders, gateway_objects, model_cache, multinode
 from poolpilot.operator.kubeapi import ApiError, Discovered
 
 from poolpilot import api, names, workloads
@@ -33,7 +33,8 @@ DIGEST_ANNOTATION = "poolpilot.dev/applied-digest"
 # Stale children are deleted workloads first, so nothing routes to a half-removed role.
 _DELETE_ORDER = ("HTTPRoute", "InferencePool", "LeaderWorkerSet", "Deployment",
                  "PodDisruptionBudget", "Service", "PodMonitor", "ServiceMonitor", "RoleBinding",
-                 "Role", "ServiceAccount", "ConfigMap", "NetworkPolicy")
+                 "Role", "ServiceAccount", "DaemonSet", "Job", "ConfigMap",
+                 "PersistentVolumeClaim", "NetworkPolicy")
 
 
 class Cluster(Protocol):
@@ -57,6 +58,7 @@ class Outcome:
     pool_gone: bool = False  # the pool was deleted while we looked: nothing was written
     deployments: dict[str, Obj] = field(default_factory=dict)  # role -> live Deployment
     route: Obj | None = None  # the live HTTPRoute (spec.gateway), with its status
+    model_cache: Obj | None = None  # the live prefetch Job or DaemonSet, with its status
     writes: int = 0
 
 
@@ -194,6 +196,10 @@ def possible_children(pool: builders.Pool, caps: builders.Capabilities) -> list[
             seen.setdefault(builders.object_key(obj), obj)
     for obj in gateway_objects.gateway_keys(pool, caps):  # so a removed spec.gateway finds them
         seen.setdefault(builders.object_key(obj), obj)
+    # Every cache option makes NAME-prefetch (a ConfigMap): where it exists, live_children
+    # looks up the cache's other objects too, so a changed cache finds them.
+    prefetch = model_cache.build_prefetch_configmap(pool)
+    seen.setdefault(builders.object_key(prefetch), prefetch)
     if caps.networking:  # so that turning them off finds the ones to delete
         for obj in (builders.build_engine_network_policy(pool),
                     builders.build_router_network_policy(pool)):
@@ -207,6 +213,17 @@ async def live_children(
 ) -> dict[tuple[str, str, str], Obj]:
     """The pool's existing children, by (apiVersion, kind, name), fetched concurrently."""
     candidates = possible_children(pool, caps)
+    live = await _look_up(cluster, pool, candidates)
+    if builders.object_key(model_cache.build_prefetch_configmap(pool)) in live:
+        keys = {builders.object_key(o) for o in candidates}
+        more = [o for o in model_cache.possible_cache_children(pool)
+                if builders.object_key(o) not in keys]
+        live.update(await _look_up(cluster, pool, more))
+    return live
+
+
+async def _look_up(cluster: Cluster, pool: builders.Pool,
+                   candidates: list[Obj]) -> dict[tuple[str, str, str], Obj]:
     found = await asyncio.gather(*(
         cluster.get(o["apiVersion"], o["kind"], pool.namespace, o["metadata"]["name"])
         for o in candidates
@@ -254,7 +271,22 @@ async def reconcile(cluster: Cluster, pool: builders.Pool, caps: builders.Capabi
         if cur is not None and not _ours(cur, pool):
             out.conflicts.append(label(obj))
             continue
+        if is_dep and _role_of(obj) in names.ENGINE_ROLES and _prefetch_pending(pool, out):
+            # SharedVolume: no engine holds a GPU before the weights are there; a live one
+            # keeps its old spec (and serves) until the new weights are.
+            if cur is not None:
+                out.deployments[_role_of(obj)] = cur
+            out.waiting = ("waiting for the model prefetch (Job "
+                           f"{model_cache.prefetch_name(pool)}) before {label(obj)}")
+            continue
+        if (obj["kind"] == "Job" and cur is not None and _digest_of(cur) != _digest_of(obj)):
+            # A Job's pod template is immutable: a new source (or spec) replaces the Job.
+            await _doing(f"replace {label(obj)}", cluster.delete(cur))
+            out.writes += 1
+            cur = None
         if cur is not None and contained(obj, cur):
+            if obj["kind"] in _CACHE_KINDS:
+                out.model_cache = cur
             if obj["kind"] == "HTTPRoute":
                 out.route = cur
             if is_dep:
@@ -289,6 +321,8 @@ async def reconcile(cluster: Cluster, pool: builders.Pool, caps: builders.Capabi
             out.deployments[_role_of(obj)] = result
         if obj["kind"] == "HTTPRoute":
             out.route = result
+        if obj["kind"] in _CACHE_KINDS:
+            out.model_cache = result
 
     wanted = {builders.object_key(o) for o in desired}
     stale = [o for k, o in live.items() if k not in wanted and _owned_by(o, pool.uid)]
@@ -299,9 +333,10 @@ async def reconcile(cluster: Cluster, pool: builders.Pool, caps: builders.Capabi
                  and (_role_of(o) not in pool.spec.engine_roles()
                       or o["kind"] in WORKLOAD_KINDS)]
     if old_roles:
-        out.waiting = _ready_for_cutover(out.deployments, pool.spec.engine_roles())
-        if out.waiting is not None:
+        cutover = _ready_for_cutover(out.deployments, pool.spec.engine_roles())
+        if cutover is not None:
             stale = [o for o in stale if o not in old_roles]
+        out.waiting = cutover or out.waiting
     for obj in sorted(stale, key=lambda o: _DELETE_ORDER.index(o["kind"])):
         await _doing(f"delete {label(obj)}", cluster.delete(obj))
         out.writes += 1
@@ -322,6 +357,15 @@ async def remove_orphans(cluster: Cluster, pool: builders.Pool,
             await cluster.delete(obj)
             removed.append(f"{key[1]}/{key[2]}")
     return removed
+
+
+_CACHE_KINDS = ("Job", "DaemonSet")  # the prefetch (operator/model_cache.py)
+
+
+def _prefetch_pending(pool: builders.Pool, out: Outcome) -> bool:
+    """The engines wait for the prefetch Job (SharedVolume), which has not succeeded yet."""
+    return (model_cache.gates_engines(pool.spec)
+            and not model_cache.job_succeeded(out.model_cache, pool.spec))
 
 
 def _kind_of(obj: Obj) -> dict[str, str]:

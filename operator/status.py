@@ -12,10 +12,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from poolpilot.operator.gateway_objects import ROUTE_PENDING, Routed
+from poolpilot.operator.model_cache import PREFETCHING, CacheState
 
 from poolpilot import names, workloads
 
 READY, PROGRESSING, DEGRADED = "Ready", "Progressing", "Degraded"
+# spec.model.cache SharedVolume or NodeLocal: whether the prefetched weights are there
+# (operator/model_cache.py says why not); absent for caches nothing waits on.
+MODEL_CACHED = "ModelCached"
 # Routed: the pool's HTTPRoute as its Gateways report it (pools with spec.gateway only).
 ROUTED = "Routed"
 OWNED_CONDITIONS = (READY, PROGRESSING, DEGRADED, ROUTED)
@@ -199,6 +203,7 @@ def compute_status(
     stale_roles: tuple[str, ...] = (),
     routed: Routed | None = None,
     unrouted: bool = False,
+    model_cached: CacheState | None = None,
 ) -> StatusResult:
     """The new status and the Events its transitions deserve.
 
@@ -207,6 +212,7 @@ def compute_status(
     `blocked` (a permanent API refusal) does the same with its own reason and message.
     `stale_roles` are roles of the other mode whose entries are removed (set to None).
     `routed` sets the Routed condition; `unrouted` (spec.gateway removed) drops it.
+    `model_cached` sets the ModelCached condition; None (nothing prefetched) drops it.
     """
     previous = previous or {}
     prev_conditions = {c.get("type"): c for c in previous.get("conditions") or []}
@@ -283,6 +289,10 @@ def compute_status(
             if previous.get(role) is not None:
                 out[role] = None
         out["endpoint"] = endpoint
+        if model_cached is not None:
+            conditions[MODEL_CACHED] = _condition(
+                MODEL_CACHED, model_cached.ok, model_cached.reason, model_cached.message,
+                generation, now, prev_conditions)
         if routed is not None:
             conditions[ROUTED] = _condition(ROUTED, routed.ok, routed.reason, routed.message,
                                             generation, now, prev_conditions)
@@ -291,6 +301,8 @@ def compute_status(
     merged += [c for t, c in conditions.items() if t not in prev_conditions]
     if unrouted and blocked is None:
         merged = [c for c in merged if c.get("type") != ROUTED]
+    if model_cached is None and blocked is None:
+        merged = [c for c in merged if c.get("type") != MODEL_CACHED]
     out["conditions"] = sorted(merged, key=_condition_order)
     out["observedGeneration"] = generation
     return StatusResult(status=out, events=_transition_events(prev_conditions, conditions))
@@ -307,7 +319,7 @@ def _transition_events(
     """Events for Ready, Degraded and Routed when their status or reason changed; nothing
     otherwise. Waiting for a Gateway's verdict (Routed=False, Pending) is not a warning."""
     events = []
-    for ctype in (READY, DEGRADED, ROUTED):
+    for ctype in (READY, DEGRADED, ROUTED, MODEL_CACHED):
         new = after.get(ctype)
         old = before.get(ctype) or {}
         if new is None or (old.get("status"), old.get("reason")) == (new["status"], new["reason"]):
@@ -317,6 +329,8 @@ def _transition_events(
             bad = new["reason"] in _DEGRADING  # a new pool is not ready yet: not a warning
         if ctype == ROUTED:  # like Ready: False is the bad news, unless still pending
             bad = new["status"] == "False" and new["reason"] != ROUTE_PENDING
+        if ctype == MODEL_CACHED:  # fetching is expected; a failure or no node is not
+            bad = new["status"] == "False" and new["reason"] != PREFETCHING
         events.append(
             EventSpec(
                 type="Warning" if bad else "Normal",

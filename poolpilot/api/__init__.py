@@ -38,6 +38,14 @@ from poolpilot.api.common import (
     Toleration,
 )
 from poolpilot.api.gateway import GatewaySpec
+from poolpilot.api.model_cache import (
+    CacheType,
+    CompileCache,
+    ModelCacheSpec,
+    NodeLocalCache,
+    ObjectStoreSource,
+    SharedVolumeCache,
+)
 from poolpilot.api.podtemplate import (
     CONTAINER_OWNED,
     OWNED_ENV,
@@ -101,7 +109,9 @@ __all__ = [
     "AutoscalingMode",
     "AutoscalingSpec",
     "AutoscalingTargets",
+    "CacheType",
     "Capabilities",
+    "CompileCache",
     "Condition",
     "ConditionType",
     "ContainerOverlay",
@@ -112,6 +122,9 @@ __all__ = [
     "JsonValue",
     "LatencyTarget",
     "LocalObjectReference",
+    "ModelCacheSpec",
+    "NodeLocalCache",
+    "ObjectStoreSource",
     "ObservedMetrics",
     "PodSpecOverlay",
     "PodTemplate",
@@ -123,6 +136,7 @@ __all__ = [
     "RuleFailure",
     "ScalingBehavior",
     "SecretKeyRef",
+    "SharedVolumeCache",
     "SloSpec",
     "Toleration",
     "VolumeMount",
@@ -213,7 +227,7 @@ class PvcSource(ApiModel):
 
 
 class ModelSource(ApiModel):
-    """Where the weights come from: the Hugging Face Hub (default) or a PVC."""
+    """Where the weights come from: the Hugging Face Hub (default), a PVC or an object store."""
 
     rules = (
         Rule(
@@ -222,16 +236,45 @@ class ModelSource(ApiModel):
             message="set either huggingFace or pvc, not both",
             check=lambda s: not (s.hugging_face is not None and s.pvc is not None),
         ),
+        Rule(
+            field="objectStore",
+            cel="!has(self.objectStore) || !(has(self.huggingFace) || has(self.pvc))",
+            message="set one of huggingFace, pvc or objectStore, not several",
+            check=lambda s: s.object_store is None
+            or (s.hugging_face is None and s.pvc is None),
+        ),
     )
 
     hugging_face: HuggingFaceSource | None = Field(
         default=None, description="Download from the Hugging Face Hub (the default)."
     )
     pvc: PvcSource | None = Field(default=None, description="Load from a PVC.")
+    object_store: ObjectStoreSource | None = Field(
+        default=None, description="Fetch or stream from an S3-compatible bucket.")
 
 
 class ModelSpec(ApiModel):
     """The model to serve."""
+
+    rules = (
+        Rule(
+            field="cache.type",
+            cel="!has(self.cache) || !has(self.cache.type) || self.cache.type != 'Streaming' "
+            "|| (has(self.source) && has(self.source.objectStore))",
+            message="Streaming reads from an object store: set source.objectStore, or choose "
+            "EmptyDir, SharedVolume or NodeLocal",
+            check=lambda s: s.cache.type != CacheType.STREAMING
+            or s.source.object_store is not None,
+        ),
+        Rule(
+            field="cache.type",
+            cel="!has(self.cache) || !has(self.cache.type) || self.cache.type == 'EmptyDir' "
+            "|| !has(self.source) || !has(self.source.pvc)",
+            message="a source.pvc volume is already shared: keep cache.type EmptyDir (the "
+            "default) with it, or drop source.pvc",
+            check=lambda s: s.cache.type == CacheType.EMPTY_DIR or s.source.pvc is None,
+        ),
+    )
 
     name: str = Field(
         min_length=1,
@@ -245,6 +288,22 @@ class ModelSpec(ApiModel):
     source: ModelSource = Field(
         default_factory=ModelSource, description="Where the weights come from."
     )
+    cache: ModelCacheSpec = Field(
+        default_factory=ModelCacheSpec,
+        description="Where the weights and compile caches are kept: per pod (EmptyDir), a "
+        "shared volume or a node-local folder filled once, or streamed from the bucket.",
+    )
+    size: Quantity | None = Field(
+        default=None,
+        description="The weights' size on disk (e.g. 16Gi for 8B in bf16), for the startup "
+        "probe's budget; unset: two bytes per parameter of the size in the name (8B, 70B, "
+        "8x7B), else runtime.storage.modelCache.",
+    )
+    startup_seconds: Int32 | None = Field(
+        default=None, ge=30,
+        description="Seconds an engine may take to start before its startup probe restarts "
+        "it; unset: derived from the size, the cache and the load rates in docs/operator.md.",
+    )
 
 
 class StorageSpec(ApiModel):
@@ -254,12 +313,13 @@ class StorageSpec(ApiModel):
 
     model_cache: Quantity = Field(
         default="100Gi",
-        description="The model-cache emptyDir the weights download into (Hugging Face source; "
-        "a PVC source has none): at least the model's size on disk (8B in bf16: 16 GB; 70B: "
-        "140 GB).",
+        description="The model cache: the emptyDir the weights download into (a PVC source "
+        "has none), or the SharedVolume PVC's request: at least the model's size on disk (8B "
+        "in bf16: 16 GB; 70B: 140 GB).",
     )
     compile_cache: Quantity = Field(
-        default="10Gi", description="vLLM's, Triton's and torch.compile's caches.")
+        default="10Gi", description="vLLM's, Triton's and torch.compile's caches (the "
+        "emptyDir, or the SharedVolume compile PVC's request).")
     tmp: Quantity = Field(default="4Gi", description="/tmp (HOME and TMPDIR).")
     shm: Quantity = Field(
         default="2Gi",

@@ -105,6 +105,27 @@ def operator_scenario(emu: KubeEmulator, kubectl: Kubectl) -> None:
     wait_for(lambda: not [k for k in ("configmaps", "deployments", "rolebindings")
                           if emu.objects(k, NS, f"{names.POOL_LABEL}={b}")] or None,
              what="beta's children removed")
+    # The model cache: a shared volume's PVCs and prefetch Job; a new model replaces the Job
+    # (deleted and made again); NodeLocal's DaemonSet instead; back to EmptyDir removes it.
+    c = "gamma"
+
+    def cached(kind: str, model: str = "org/model") -> dict[str, Any]:
+        return pool(c, model={"name": model, "cache": {"type": kind}})
+
+    kubectl.apply(cached("SharedVolume"))
+    wait_for(lambda: kubectl.get("jobs", f"{c}-prefetch", NS), what="the prefetch Job")
+    uid = (kubectl.get("jobs", f"{c}-prefetch", NS) or {})["metadata"]["uid"]
+    kubectl.apply(cached("SharedVolume", "org/other"))
+    wait_for(lambda: (kubectl.get("jobs", f"{c}-prefetch", NS) or {}).get(
+        "metadata", {}).get("uid") not in (None, uid), what="the Job replaced")
+    kubectl.apply(cached("NodeLocal"))
+    wait_for(lambda: kubectl.get("daemonsets", f"{c}-prefetch", NS)
+             and kubectl.get("persistentvolumeclaims", f"{c}-model-cache", NS) is None,
+             what="the DaemonSet instead of the PVCs")
+    kubectl.apply(cached("EmptyDir"))
+    wait_for(lambda: kubectl.get("daemonsets", f"{c}-prefetch", NS) is None,
+             what="the DaemonSet removed")
+    kubectl("delete", POOLS, c, "-n", NS)
     # Multi-node decode: its LeaderWorkerSet made and sized; back to one node per replica,
     # the set goes once the role's Deployment (and the other role's) has a ready pod.
     d, lws_kind = "delta", "leaderworkersets.leaderworkerset.x-k8s.io"
@@ -117,7 +138,7 @@ def operator_scenario(emu: KubeEmulator, kubectl: Kubectl) -> None:
                 "--type=merge", "-p", '{"status": {"replicas": 1, "readyReplicas": 1}}')
     wait_for(lambda: kubectl.get(lws_kind, f"{d}-decode-lws", NS) is None,
              what="the LeaderWorkerSet removed")
-    kubectl("delete", "inferencepool", d, "-n", NS)
+    kubectl("delete", POOLS, d, "-n", NS)
     kubectl("delete", POOLS, a, "-n", NS)  # Kopf lets go of its finalizer
     wait_for(lambda: kubectl.get(POOLS, a, NS) is None, what="alpha deleted")
 

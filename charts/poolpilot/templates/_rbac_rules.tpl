@@ -21,7 +21,15 @@ a verb no call used. Server-side apply is a PATCH, and `create` when it makes th
   verbs: [update]
 # Each child: read by name, server-side applied (create or patch), deleted when stale.
 - apiGroups: [apps]
-  resources: [deployments]
+  resources: [deployments, daemonsets]
+  verbs: [get, create, patch, delete]
+# spec.model.cache: the prefetch Job (SharedVolume) and its PVCs, the prefetcher DaemonSet
+# (NodeLocal, above).
+- apiGroups: [batch]
+  resources: [jobs]
+  verbs: [get, create, patch, delete]
+- apiGroups: [""]
+  resources: [persistentvolumeclaims]
   verbs: [get, create, patch, delete]
 - apiGroups: [""]
   resources: [services, configmaps, serviceaccounts]

@@ -57,6 +57,10 @@ CASES = [
                            "prometheus": {"url": "http://prom.monitoring:9090"}}),
     Case("autoscaler-only", {"operator": {"enabled": False}}),
     Case("sharded", {"autoscaler": {"shards": 3}}),
+    Case("prepull", {"prepull": {"enabled": True, "extraImages": ["registry.example.com/rt:2"],
+                                 "nodeSelector": {"nvidia.com/gpu.present": "true"},
+                                 "tolerations": [{"key": "nvidia.com/gpu",
+                                                  "operator": "Exists"}]}}),
 ]
 
 

@@ -685,6 +685,7 @@ ADDED_KEYS = (
     "monitoring.serviceMonitor.additionalLabels",
     "monitoring.podMonitor.additionalLabels",
     "prometheusRule.additionalLabels",
+    "prepull",
     *(
         f"{component}.{key}"
         for component in ("operator", "autoscaler")

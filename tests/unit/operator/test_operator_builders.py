@@ -25,7 +25,9 @@ from poolpilot import api, names
 from poolpilot.validate import parse_spec
 
 ROOT = Path(__file__).resolve().parents[3]
-EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
+# examples/model-cache/: one pool per cache option (docs/operator.md).
+EXAMPLES = sorted([*(ROOT / "examples").glob("*.yaml"),
+                   *(ROOT / "examples" / "model-cache").glob("*.yaml")])
 GOLDEN = Path(__file__).parent / "golden"
 K8S_VERSION = kubernetes_validate.latest_version()
 UID = "6a1c1d4e-0000-4000-8000-000000000001"
