@@ -350,11 +350,12 @@ def judge_metrics_holds(records: Sequence[FaultRecord], events: Sequence[Mapping
                         down_window_s: float, interval_s: float, lag_s: float) -> Verdict:
     """For each fault that hides the demand (`hides_demand`): no scale event it forbids
     (`holds_for`) from the kill (plus `lag_s`: a decision made before it may land a moment
-    after) until the component is back (Prometheus restarted, the pod ready), MetricsAvailable=False seen during a
-    Prometheus outage, and no scale-down until a scale-down window has passed since the
-    autoscaler saw the pool whole again (`serving_s`, less one interval: the watcher sees that
-    moment up to a decision late). Every replica change of the run must have been announced
-    by the autoscaler (a change without its Event was made by something else)."""
+    after) until the component is back (Prometheus restarted, the pod ready),
+    MetricsAvailable=False seen during a Prometheus outage, and no scale-down until a
+    scale-down window has passed since the autoscaler saw the pool whole again (`serving_s`,
+    less one interval: the watcher sees that moment up to a decision late). Every replica
+    change of the run must have been announced by the autoscaler (a change without its Event
+    was made by something else)."""
     problems: list[str] = []
     checked: list[dict[str, Any]] = []
     for r in records:
