@@ -77,6 +77,9 @@ class Capabilities:
     # leaderworkerset.x-k8s.io/v1 is served: multi-node roles (nodesPerReplica > 1) run on it
     # (they are rendered either way; without it their apply fails with a message saying so).
     leader_worker_set: bool = False
+    # Routers of pools without spec.router.apiKeySecret read a key from a Secret the operator
+    # creates for the pool (operator/router_auth.py; --router-auth, on in the chart).
+    router_auth: bool = False
 
 
 # ---------------------------------------------------------------------------------------------
@@ -211,7 +214,7 @@ def _spread(pool: Pool, role: str) -> list[Obj]:
 def _scrape_annotations() -> dict[str, str]:
     return {
         "prometheus.io/scrape": "true",
-        "prometheus.io/port": str(names.ENGINE_PORT),
+        "prometheus.io/port": str(names.METRICS_PORT),
         "prometheus.io/path": "/metrics",
     }
 

@@ -68,7 +68,9 @@ def _nixl(spec: api.InferencePoolSpec) -> bool:
 
 
 def _engine_ports(spec: api.InferencePoolSpec) -> list[Obj]:
-    ports: list[Obj] = [{"name": "http", "containerPort": names.ENGINE_PORT, "protocol": "TCP"}]
+    ports: list[Obj] = [{"name": "http", "containerPort": names.ENGINE_PORT, "protocol": "TCP"},
+                        {"name": "metrics", "containerPort": names.METRICS_PORT,
+                         "protocol": "TCP"}]
     if _nixl(spec):
         # NIXL's side channel: decode engines fetch a prefill engine's KV layout there.
         ports.append({"name": "nixl", "containerPort": spec.kv_transfer.side_channel_port,
@@ -89,6 +91,7 @@ def launch_command(spec: api.InferencePoolSpec, role: str) -> list[str]:
         "--role", launcher_role,
         "--model", model_location(spec),
         "--port", str(names.ENGINE_PORT),
+        "--metrics-port", str(names.METRICS_PORT),  # Prometheus' port (NetworkPolicies)
         "--served-name", spec.served_name(),
         "--kv-connector", connector,
     ]  # fmt: skip

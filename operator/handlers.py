@@ -53,6 +53,9 @@ class OperatorConfig:
     # NetworkPolicies for pools whose spec.networkPolicy.enabled is unset (on unless
     # --no-network-policies).
     network_policies: bool = True
+    # Routers of pools without spec.router.apiKeySecret read a key from a Secret the operator
+    # creates (--router-auth; on in the chart).
+    router_auth: bool = False
     # Backoff after a permanent API error (403, 422, quota): first wait, doubling up to the max.
     permanent_backoff: tuple[float, float] = (retry.PERMANENT_FIRST_S, retry.PERMANENT_MAX_S)
 
@@ -206,7 +209,7 @@ async def _handle_locked(body: kopf.Body, process: Process, memory: PoolMemory,
     previous = _previous_status(body, memory)
     endpoint = names.router_endpoint(name, namespace)
     caps = reconcile.capabilities(process.discovered, config.monitor_labels,
-                                  config.network_policies)
+                                  config.network_policies, config.router_auth)
     try:
         spec = parse_spec(dict(body.get("spec") or {}))
     except InvalidPool as exc:
@@ -238,7 +241,7 @@ async def _handle_locked(body: kopf.Body, process: Process, memory: PoolMemory,
             # Their CRDs may have been installed since we looked: look again (one GET /apis).
             process.discovered = await kube.discover()
             caps = reconcile.capabilities(process.discovered, config.monitor_labels,
-                                          config.network_policies)
+                                          config.network_policies, config.router_auth)
         outcome = await reconcile.reconcile(kube, pool, caps)
         roles = [*spec.engine_roles(), "router"]
         observations = [status.RoleObservation.from_deployment(r, outcome.deployments.get(r))

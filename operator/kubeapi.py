@@ -80,6 +80,17 @@ class KubeApi:
         """Server-side apply as `poolpilot-operator`, forcing ownership of what we set."""
         return await self.kube.apply(obj, manager=names.FIELD_MANAGER)
 
+    async def create_absent(self, obj: Obj) -> bool:
+        """Create `obj` unless an object of its name exists (True: created). Never reads or
+        changes an existing one (the router's key Secret: operator/router_auth.py)."""
+        try:
+            await self.kube.create(obj, manager=names.FIELD_MANAGER)
+        except ApiError as exc:
+            if exc.status == 409:  # AlreadyExists
+                return False
+            raise
+        return True
+
     async def delete(self, obj: Obj) -> None:
         meta = obj["metadata"]
         await self.kube.delete(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"],

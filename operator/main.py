@@ -54,6 +54,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="make NetworkPolicies (only the pool's router and engines reach "
                         "the engines) for pools whose spec.networkPolicy.enabled is not set "
                         "(default: on; --no-network-policies turns the default off)")
+    parser.add_argument("--router-auth", action=argparse.BooleanOptionalAction, default=False,
+                        help="give the router of each pool without spec.router.apiKeySecret "
+                        "an API key: a Secret POOL-router-api-keys with a random key, created "
+                        "once (never read or changed; the chart turns this on)")
     parser.add_argument("--max-concurrent-reconciles", type=int, default=16,
                         help="pools reconciled at once (bounds the load on the API server)")
     parser.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
@@ -86,6 +90,7 @@ def run(args: argparse.Namespace) -> int:
         max_concurrent_reconciles=args.max_concurrent_reconciles,
         monitor_labels=monitor_labels,
         network_policies=args.network_policies,
+        router_auth=args.router_auth,
     )
     gcpolicy.tune()  # Kopf keeps every pool's state alive (see poolpilot.gcpolicy)
     metrics = OperatorMetrics()

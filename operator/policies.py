@@ -52,7 +52,7 @@ def _monitor_meta(pool: Pool, name: str, role: str, caps: Capabilities) -> Obj:
 
 
 def build_service_monitor(pool: Pool, caps: Capabilities | None = None) -> Obj:
-    """ServiceMonitor for the router's /metrics (Prometheus Operator)."""
+    """ServiceMonitor for the router's /metrics on its metrics port (Prometheus Operator)."""
     caps = caps or Capabilities()
     return {
         "apiVersion": "monitoring.coreos.com/v1",
@@ -62,7 +62,7 @@ def build_service_monitor(pool: Pool, caps: Capabilities | None = None) -> Obj:
             "selector": {"matchLabels": names.selector(pool.name, "router")},
             "endpoints": [
                 {
-                    "port": "http",
+                    "port": "metrics",
                     "path": "/metrics",
                     "interval": "15s",
                     "relabelings": _relabelings(),
@@ -73,7 +73,8 @@ def build_service_monitor(pool: Pool, caps: Capabilities | None = None) -> Obj:
 
 
 def build_pod_monitor(pool: Pool, caps: Capabilities | None = None) -> Obj:
-    """PodMonitor for every engine pod's vLLM /metrics (headless Services have no monitor)."""
+    """PodMonitor for every engine pod's vLLM /metrics on its metrics port (headless Services
+    have no monitor)."""
     caps = caps or Capabilities()
     roles = pool.spec.engine_roles()
     return {
@@ -89,7 +90,7 @@ def build_pod_monitor(pool: Pool, caps: Capabilities | None = None) -> Obj:
             },
             "podMetricsEndpoints": [
                 {
-                    "port": "http",
+                    "port": "metrics",
                     "path": "/metrics",
                     "interval": "15s",
                     "relabelings": _relabelings(),
@@ -116,19 +117,24 @@ def _in_pool(pool: Pool) -> Obj:
     return {"matchLabels": labels}
 
 
+def _scrapers(pool: Pool) -> list[Obj]:
+    """Prometheus (the metricsNamespaces) on the metrics port alone: never the serving port."""
+    scrapers = pool.spec.network_policy.metrics_namespaces
+    if not scrapers:
+        return []
+    return [{
+        "from": [{"namespaceSelector": {"matchExpressions": [
+            {"key": "kubernetes.io/metadata.name", "operator": "In",
+             "values": list(scrapers)}]}}],
+        "ports": [{"port": names.METRICS_PORT, "protocol": "TCP"}],
+    }]
+
+
 def build_engine_network_policy(pool: Pool) -> Obj:
     """Engines take traffic from their pool only: its router (requests) and its other engines
     (the KV-cache handoff: NIXL's side channel and UCX, on ports of their own); and Prometheus
-    (the metricsNamespaces) on the engine port for /metrics."""
-    ingress: list[Obj] = [{"from": [{"podSelector": _in_pool(pool)}]}]
-    scrapers = pool.spec.network_policy.metrics_namespaces
-    if scrapers:
-        ingress.append({
-            "from": [{"namespaceSelector": {"matchExpressions": [
-                {"key": "kubernetes.io/metadata.name", "operator": "In",
-                 "values": list(scrapers)}]}}],
-            "ports": [{"port": names.ENGINE_PORT, "protocol": "TCP"}],
-        })
+    (the metricsNamespaces) on the metrics port."""
+    ingress: list[Obj] = [{"from": [{"podSelector": _in_pool(pool)}]}, *_scrapers(pool)]
     roles = pool.spec.engine_roles()
     return {
         "apiVersion": "networking.k8s.io/v1",
@@ -145,7 +151,7 @@ def build_engine_network_policy(pool: Pool) -> Obj:
 
 def build_router_network_policy(pool: Pool) -> Obj:
     """The router takes clients on its port only: from spec.networkPolicy.routerFrom, or from
-    anywhere when that is empty."""
+    anywhere when that is empty; and Prometheus (the metricsNamespaces) on its metrics port."""
     rule: Obj = {"ports": [{"port": names.ROUTER_PORT, "protocol": "TCP"}]}
     peers = pool.spec.network_policy.router_from
     if peers:
@@ -157,7 +163,7 @@ def build_router_network_policy(pool: Pool) -> Obj:
         "spec": {
             "podSelector": {"matchLabels": pod_selector(pool, "router")},
             "policyTypes": ["Ingress"],
-            "ingress": [rule],
+            "ingress": [rule, *_scrapers(pool)],
         },
     }
 

@@ -17,7 +17,13 @@ from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
-from poolpilot.operator import builders, gateway_objects, model_cache, multinode
+from poolpilot.operator import (
+    builders,
+    gateway_objects,
+    model_cache,
+    multinode,
+    router_auth,
+)
 from poolpilot.operator.kubeapi import ApiError, Discovered
 
 from poolpilot import api, names, workloads
@@ -42,6 +48,7 @@ class Cluster(Protocol):
 
     async def get(self, api_version: str, kind: str, namespace: str, name: str) -> Obj | None: ...
     async def apply(self, obj: Obj) -> Obj: ...
+    async def create_absent(self, obj: Obj) -> bool: ...
     async def delete(self, obj: Obj) -> None: ...
     async def apply_size(self, namespace: str, name: str, replicas: int,
                          api_version: str = "apps/v1", kind: str = "Deployment") -> None: ...
@@ -63,14 +70,16 @@ class Outcome:
 
 
 def capabilities(discovered: Discovered, monitor_labels: tuple[tuple[str, str], ...] = (),
-                 network_policies: bool = True) -> builders.Capabilities:
+                 network_policies: bool = True,
+                 router_auth: bool = False) -> builders.Capabilities:
     return builders.Capabilities(monitoring=discovered.monitoring, rbac=discovered.rbac,
                                  monitor_labels=monitor_labels,
                                  networking=discovered.network_policies,
                                  network_policies=network_policies,
                                  gateway_api=discovered.gateway_api,
                                  inference_pools=discovered.inference_pools,
-                                 leader_worker_set=discovered.leader_worker_set)
+                                 leader_worker_set=discovered.leader_worker_set,
+                                 router_auth=router_auth)
 
 
 def needs_leader_worker_set(spec: api.InferencePoolSpec) -> bool:
@@ -292,6 +301,14 @@ async def reconcile(cluster: Cluster, pool: builders.Pool, caps: builders.Capabi
             if is_dep:
                 out.deployments[_role_of(obj)] = cur
             continue
+        if (obj["kind"] == "Deployment" and _role_of(obj) == "router"
+                and router_auth.wants_default_secret(pool, caps)):
+            # The key Secret the router mounts, before the router that needs it: created
+            # once, never read or changed (a rotated key stays rotated).
+            secret = router_auth.build_default_secret(pool, router_auth.new_key())
+            if await _doing(f"create {label(secret)}", cluster.create_absent(secret)):
+                out.writes += 1
+                out.created.append(label(secret))
         starting_size: int | None = None
         if is_dep and "replicas" not in obj["spec"]:
             role = _role_of(obj)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 
+from poolpilot.operator import router_auth
 from poolpilot.operator.building_blocks import (
     CONFIG_HASH_ANNOTATION,
     KV_EVENTS_PORT,
@@ -118,6 +119,7 @@ def build_router_deployment(pool: Pool, caps: Capabilities | None = None) -> Obj
     caps = caps or Capabilities()
     spec = pool.spec
     name = names.child_name(pool.name, "router")
+    keys = router_auth.key_ref(pool, caps)  # (Secret, key), or None: no authentication
     config_hash = _digest(build_router_configmap(pool)["data"])
     container: Obj = {
         "name": ROUTER_CONTAINER,
@@ -125,10 +127,11 @@ def build_router_deployment(pool: Pool, caps: Capabilities | None = None) -> Obj
         "imagePullPolicy": spec.runtime.image_pull_policy,
         "command": [
             *("poolpilot", "router", "--host", "0.0.0.0", "--port", str(names.ROUTER_PORT)),
+            "--metrics-port", str(names.METRICS_PORT),  # Prometheus' port (NetworkPolicies)
             *("--discover", "kubernetes", "--namespace", pool.namespace, "--pool", pool.name),
             *(("--pool-uid", pool.uid) if pool.uid else ()),  # discovery's pod selector
             *(("--api-key-file", f"{ROUTER_KEYS_DIR}/{ROUTER_KEYS_FILE}")
-              if spec.router.api_key_secret else ()),
+              if keys is not None else ()),
             "--prefix-routing", _ROUTER_PREFIX_ROUTING[spec.router.prefix_routing],
             *(("--kv-events-port", str(KV_EVENTS_PORT), "--kv-replay-port", str(KV_REPLAY_PORT))
               if _precise(spec) else ()),
@@ -136,7 +139,8 @@ def build_router_deployment(pool: Pool, caps: Capabilities | None = None) -> Obj
         "env": [
             {"name": "POOLPILOT_ROUTER_CONFIG", "value": f"{ROUTER_CONFIG_DIR}/{ROUTER_CONFIG_KEY}"}
         ],
-        "ports": [{"name": "http", "containerPort": names.ROUTER_PORT, "protocol": "TCP"}],
+        "ports": [{"name": "http", "containerPort": names.ROUTER_PORT, "protocol": "TCP"},
+                  {"name": "metrics", "containerPort": names.METRICS_PORT, "protocol": "TCP"}],
         "resources": _merged_resources(
             spec.router.resources, *_template_resources([spec.router.pod_template]),
             defaults=ROUTER_DEFAULT_RESOURCES),
@@ -148,13 +152,12 @@ def build_router_deployment(pool: Pool, caps: Capabilities | None = None) -> Obj
         "volumeMounts": [{"name": "config", "mountPath": ROUTER_CONFIG_DIR, "readOnly": True}],
     }
     volumes: list[Obj] = [{"name": "config", "configMap": {"name": name}}]
-    secret = spec.router.api_key_secret
-    if secret is not None:
+    if keys is not None:
         # A volume, not an env var: a rotated Secret reaches the file (the router re-reads it).
         container["volumeMounts"].append(
             {"name": "api-keys", "mountPath": ROUTER_KEYS_DIR, "readOnly": True})
         volumes.append({"name": "api-keys", "secret": {
-            "secretName": secret.name, "items": [{"key": secret.key, "path": ROUTER_KEYS_FILE}],
+            "secretName": keys[0], "items": [{"key": keys[1], "path": ROUTER_KEYS_FILE}],
             "defaultMode": 0o440}})
     pod_spec: Obj = {
         "serviceAccountName": name,
@@ -201,7 +204,11 @@ def build_router_service(pool: Pool) -> Obj:
             "type": "ClusterIP",
             "selector": pod_selector(pool, "router"),
             "ports": [
-                {"name": "http", "port": names.ROUTER_PORT, "targetPort": "http", "protocol": "TCP"}
+                {"name": "http", "port": names.ROUTER_PORT, "targetPort": "http",
+                 "protocol": "TCP"},
+                # For the ServiceMonitor; the NetworkPolicy opens it to the metricsNamespaces.
+                {"name": "metrics", "port": names.METRICS_PORT, "targetPort": "metrics",
+                 "protocol": "TCP"},
             ],
         },
     }

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from poolpilot.runtime import coldstart, coldstart_collector, multinode
+from poolpilot.runtime import coldstart, coldstart_collector, engine_metrics_port, multinode
 
 from poolpilot import handoff
 from poolpilot import metrics as m
@@ -43,6 +43,8 @@ CONNECTORS = ("NixlConnector", "ExampleConnector", "LMCacheConnectorV1", "none")
 # vLLM's kv_role per poolpilot role: prefill produces KV, decode consumes it.
 KV_ROLES = {"prefill": "kv_producer", "decode": "kv_consumer"}
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+# --metrics-port: imported by vLLM from this folder (launch_env puts it on PYTHONPATH).
+METRICS_MIDDLEWARE = "engine_metrics_port.MetricsPort"
 
 # KVTransferConfig's own fields; any other --kv-config key goes to kv_connector_extra_config.
 KV_TOP_LEVEL = {
@@ -111,6 +113,9 @@ class LaunchSpec:
     prestop_seconds: int = 0
     # --nodes > 1: this pod's place in its LeaderWorkerSet group (from the LWS environment).
     group: multinode.GroupMember | None = None
+    # vLLM's /metrics on this port too (engine_metrics_port.py, loaded as a middleware), for
+    # Prometheus behind a NetworkPolicy that opens it the metrics port only. None: off.
+    metrics_port: int | None = None
     # The phases of this start on vLLM's /metrics (coldstart_collector.py, loaded as a
     # middleware; the launcher's watcher measures them). The CLI's default is on.
     cold_start_metrics: bool = False
@@ -281,6 +286,11 @@ def build_command(spec: LaunchSpec) -> list[str]:
         cmd += ["--tensor-parallel-size", str(spec.tensor_parallel)]
     if spec.kv_lease_seconds < 1:
         raise LaunchError(f"--kv-lease-seconds {spec.kv_lease_seconds}: must be >= 1")
+    if spec.metrics_port is not None:
+        if not 0 < spec.metrics_port < 65536 or spec.metrics_port == spec.port:
+            raise LaunchError(f"--metrics-port {spec.metrics_port}: must be 1..65535 and not "
+                              "--port")
+        cmd += ["--middleware", METRICS_MIDDLEWARE]
     if spec.cold_start_metrics:
         cmd += ["--middleware", COLD_START_MIDDLEWARE]
     if connector is not None:
@@ -322,10 +332,13 @@ def launch_env(spec: LaunchSpec, base: Mapping[str, str]) -> dict[str, str]:
         and "POD_IP" in env
     ):
         env.setdefault("VLLM_NIXL_SIDE_CHANNEL_HOST", env["POD_IP"])
-    if spec.cold_start_metrics:
+    if spec.metrics_port is not None or spec.cold_start_metrics:
         # vLLM's Python imports the middleware from this folder (it may lack poolpilot).
         folder = str(Path(__file__).resolve().parent)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (folder, env.get("PYTHONPATH")) if p)
+    if spec.metrics_port is not None:
+        env[engine_metrics_port.PORT_ENV] = str(spec.metrics_port)
+        env[engine_metrics_port.HOST_ENV] = spec.host
     return env
 
 
@@ -388,6 +401,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "in-flight requests on SIGTERM (default: vLLM's 0, abort them)",
     )
     parser.add_argument(
+        "--metrics-port", type=int, default=None, metavar="PORT",
+        help="serve vLLM's /metrics on this port too, at --host (the operator's pods: 8090), "
+        "so a NetworkPolicy can open Prometheus the metrics and not the serving port",
+    )
+    parser.add_argument(
         "--prestop-seconds", type=int, default=0,
         help="with --grace-seconds: the pod's preStop sleep, spent before SIGTERM (default 0)",
     )
@@ -447,6 +465,7 @@ def spec_from_args(args: argparse.Namespace) -> LaunchSpec:
         grace_seconds=args.grace_seconds,
         prestop_seconds=args.prestop_seconds,
         group=group,
+        metrics_port=args.metrics_port,
         # (a headless worker of a multi-node group serves nothing: its leader's start is
         # measured)
         cold_start_metrics=args.cold_start_metrics and (group is None or group.is_leader),

@@ -606,8 +606,8 @@ class NetworkPolicySpec(ApiModel):
     )
     metrics_namespaces: list[MetricsNamespace] = Field(
         default_factory=lambda: ["monitoring"], max_length=16,
-        description="Namespaces whose pods may scrape the engines' metrics on port 8000 "
-        "(where Prometheus runs).",
+        description="Namespaces whose pods may scrape the engines' and the router's metrics, "
+        "on their metrics port 8090 only (where Prometheus runs).",
     )
     router_from: list[dict[str, JsonValue]] = Field(
         default_factory=list, max_length=32,

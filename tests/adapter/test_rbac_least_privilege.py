@@ -33,7 +33,8 @@ pytestmark = [pytest.mark.adapter, pytest.mark.cluster]
 
 ROOT = Path(__file__).resolve().parents[2]
 NS = "rbac"
-CONFIG = OperatorConfig(drift_interval=1.0, cutover_poll=0.3, network_policies=True)
+CONFIG = OperatorConfig(drift_interval=1.0, cutover_poll=0.3, network_policies=True,
+                        router_auth=True)  # as the chart runs it
 # Not a call, yet needed: with the OwnerReferencesPermissionEnforcement admission plugin
 # (OpenShift enables it), setting blockOwnerDeletion on a child's owner reference requires
 # `update` on the owner's finalizers subresource.

@@ -65,6 +65,11 @@ a verb no call used. Server-side apply is a PATCH, and `create` when it makes th
 - apiGroups: [""]
   resources: [events]
   verbs: [create]
+# --router-auth (operator.routerAuth): each pool's default router key Secret, created once.
+# Create only: the operator never reads, lists or changes a Secret.
+- apiGroups: [""]
+  resources: [secrets]
+  verbs: [create]
 # Each pool's router gets a Role to list and watch its engines' EndpointSlices; RBAC lets the
 # operator grant only rights it holds itself.
 - apiGroups: [discovery.k8s.io]

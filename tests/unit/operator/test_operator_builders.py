@@ -169,17 +169,18 @@ COMMAND_CASES = [
         "prefill",
         # The KV lease from the router's handoff limits (5 s connect x 3 attempts + 10 s).
         ["poolpilot", "launch", "--role", "prefill", "--model", "org/m", "--port", "8000",
-         "--served-name", "m", "--kv-connector", "NixlConnector", "--kv-lease-seconds", "25",
-         "--tensor-parallel", "1", "--grace-seconds", "120", "--prestop-seconds", "10",
-         "--engine-arg", "enforceEager=true", "--engine-arg", "maxModelLen=4096"],
+         "--metrics-port", "8090", "--served-name", "m", "--kv-connector", "NixlConnector",
+         "--kv-lease-seconds", "25", "--tensor-parallel", "1", "--grace-seconds", "120",
+         "--prestop-seconds", "10", "--engine-arg", "enforceEager=true",
+         "--engine-arg", "maxModelLen=4096"],
     ),
     CommandCase(
         "aggregated-has-no-connector",
         {"model": {"name": "org/m"}, "mode": "Aggregated", "kvTransfer": {"extraConfig": {"a": 1}}},
         "engine",
         ["poolpilot", "launch", "--role", "aggregated", "--model", "org/m", "--port", "8000",
-         "--served-name", "org/m", "--kv-connector", "none", "--tensor-parallel", "1",
-         "--grace-seconds", "120", "--prestop-seconds", "10"],
+         "--metrics-port", "8090", "--served-name", "org/m", "--kv-connector", "none",
+         "--tensor-parallel", "1", "--grace-seconds", "120", "--prestop-seconds", "10"],
     ),
     CommandCase(
         "decode-pvc-tp2-kv-config",
@@ -190,7 +191,7 @@ COMMAND_CASES = [
         "decode",
         # The grace period is the role's: vLLM drains for 300 - 10 - 5 s.
         ["poolpilot", "launch", "--role", "decode", "--model", "/models/x/y", "--port", "8000",
-         "--served-name", "org/m", "--kv-connector", "ExampleConnector",
+         "--metrics-port", "8090", "--served-name", "org/m", "--kv-connector", "ExampleConnector",
          "--kv-config", '{"shared_storage_path":"/s"}', "--tensor-parallel", "2",
          "--grace-seconds", "300", "--prestop-seconds", "10"],
     ),
@@ -235,8 +236,8 @@ def test_prefix_routing_configures_router_and_engines(case: PrefixCase) -> None:
         cmd = engine["command"]
         assert (cmd[cmd.index("--tensor-parallel") + 2:][:4] == _EVENTS) == case.events
         ports = {p["name"]: p["containerPort"] for p in engine["ports"]}
-        expected = {"http": 8000, "kv-events": 5557, "kv-replay": 5558} if case.events \
-            else {"http": 8000}
+        expected = {"http": 8000, "metrics": 8090, "kv-events": 5557, "kv-replay": 5558} \
+            if case.events else {"http": 8000, "metrics": 8090}
         if pool.spec.mode == api.Mode.DISAGGREGATED:
             expected["nixl"] = 5600  # NIXL's side channel
         assert ports == expected
@@ -315,7 +316,7 @@ def test_router_pod_contract() -> None:
     dep = builders.build_router_deployment(pool)
     c = _container(dep)
     assert c["command"] == [
-        "poolpilot", "router", "--host", "0.0.0.0", "--port", "8000",
+        "poolpilot", "router", "--host", "0.0.0.0", "--port", "8000", "--metrics-port", "8090",
         "--discover", "kubernetes", "--namespace", "ns", "--pool", "p",
         *(("--pool-uid", pool.uid) if pool.uid else ()),  # the pods' selector in discovery
         "--prefix-routing", "approximate",

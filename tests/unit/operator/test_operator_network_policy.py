@@ -1,6 +1,6 @@
 """The pool's NetworkPolicies, evaluated with Kubernetes' NetworkPolicy semantics: only the
-pool's router and its other engines reach the engines (Prometheus on the engine port), and the
-router takes anyone on its port only."""
+pool's router and its other engines reach the engines (Prometheus on the metrics port only),
+and the router takes anyone on its serving port, Prometheus on its metrics port."""
 
 from __future__ import annotations
 
@@ -96,8 +96,11 @@ PROMETHEUS = Pod("monitoring", {"app.kubernetes.io/name": "prometheus"})
     (pod("llama", "router"), pod("llama", "prefill"), 8000, True),
     (pod("llama", "prefill"), pod("llama", "decode"), 5600, True),  # NIXL side channel
     (pod("llama", "decode"), pod("llama", "prefill"), 40000, True),  # UCX
-    (PROMETHEUS, pod("llama", "decode"), 8000, True),  # /metrics
+    (PROMETHEUS, pod("llama", "decode"), 8090, True),  # /metrics
+    (PROMETHEUS, pod("llama", "decode"), 8000, False),  # not the serving port
     (PROMETHEUS, pod("llama", "decode"), 5600, False),
+    (PROMETHEUS, pod("llama", "router"), 8090, True),
+    (ELSEWHERE, pod("llama", "router"), 8090, False),
     (CLIENT, pod("llama", "decode"), 8000, False),  # around the router
     (ELSEWHERE, pod("llama", "prefill"), 8000, False),
     (pod("other", "router"), pod("llama", "decode"), 8000, False),  # another pool's router
@@ -109,7 +112,9 @@ PROMETHEUS = Pod("monitoring", {"app.kubernetes.io/name": "prometheus"})
     (STRAY_ROUTER, pod("llama", "decode"), 8000, False),  # no uid: not the pool's router
     (STRAY_ROUTER, pod("llama", "prefill"), 5600, False),
 ], ids=["router-decode", "router-prefill", "prefill-decode-nixl", "decode-prefill-ucx",
-        "prometheus-metrics", "prometheus-other-port", "client-to-engine", "other-ns-to-engine",
+        "prometheus-metrics", "prometheus-serving-port", "prometheus-other-port",
+        "prometheus-router-metrics", "other-ns-router-metrics", "client-to-engine",
+        "other-ns-to-engine",
         "other-pool-router", "router-of-another-namespace", "client-to-router",
         "other-ns-to-router", "router-other-port", "unprotected-pool", "stray-router-to-decode",
         "stray-router-to-nixl"])
@@ -123,8 +128,9 @@ def test_metrics_namespaces_are_the_pools_choice() -> None:
         "model": {"name": "m"},
         "networkPolicy": {"enabled": True, "metricsNamespaces": ["team-b"]}}))
     policies = [o for o in builders.build_children(pool) if o["kind"] == "NetworkPolicy"]
-    assert allowed(policies, ELSEWHERE, pod("llama", "decode"), 8000)
-    assert not allowed(policies, PROMETHEUS, pod("llama", "decode"), 8000)
+    assert allowed(policies, ELSEWHERE, pod("llama", "decode"), 8090)
+    assert not allowed(policies, ELSEWHERE, pod("llama", "decode"), 8000)
+    assert not allowed(policies, PROMETHEUS, pod("llama", "decode"), 8090)
 
 
 @pytest.mark.parametrize("spec_enabled,default,made", [

@@ -103,7 +103,7 @@ def test_without_rdma_nothing_of_it_is_rendered() -> None:
     assert "add" not in c["securityContext"]["capabilities"]
     assert not {"UCX_TLS", "UCX_NET_DEVICES"} & {e["name"] for e in c["env"]}
     agg = _container(builders.build_engine_deployment(_pool({"mode": "Aggregated"}), "engine"))
-    assert [p["name"] for p in agg["ports"]] == ["http"]  # no NIXL, no side channel
+    assert [p["name"] for p in agg["ports"]] == ["http", "metrics"]  # no NIXL side channel
 
 
 @dataclass(frozen=True)
