@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from poolpilot.autoscaler import capacity as model
 from poolpilot.autoscaler.decide import (
     Behavior,
     Clumps,
@@ -23,6 +24,9 @@ from poolpilot.autoscaler.decide import (
     decide,
 )
 from poolpilot.autoscaler.decide import burst as b
+from poolpilot.autoscaler.loop import scaled_policy
+
+from poolpilot.validate import parse_spec
 
 FREE = Behavior(window=0, max_step=16, cooldown=0)
 STEP = 15.0
@@ -166,8 +170,6 @@ def test_a_short_cold_start_still_rides_out_a_rise_the_rate_window_spreads() -> 
     # a clump seen through a 60 s rate rises over four 15 s samples (16k -> 22k), again and
     # again; with a 15 s cold start a replica ordered at the rise's start lands when the
     # signals have shown a quarter of it, so the pool keeps the whole rise: 22k / 6.4k -> 4
-    from poolpilot.autoscaler import capacity as model
-
     wave = [16_000.0, 17_500.0, 19_000.0, 20_500.0, 22_000.0] + [16_000.0] * 7
     samples = tuple(model.Sample(1000.0 - (72 - i) * STEP, v, 0.0)
                     for i, v in enumerate(wave * 6))
@@ -175,3 +177,14 @@ def test_a_short_cold_start_still_rides_out_a_rise_the_rate_window_spreads() -> 
     p = policy(cold_start=15.0, slo_quantile=0.9, burst_room=False)
     d = decide(obs(3, 16_000.0), p, h, now=1000.0)
     assert d.replicas["prefill"] == 4, d.roles["prefill"].message
+
+
+def test_the_reaction_time_follows_the_pool_and_the_sandbox_clock() -> None:
+    spec = parse_spec({"model": {"name": "m"}, "runtime": {"image": "i"},
+                       "mode": "Disaggregated", "prefill": {"replicas": 1},
+                       "decode": {"replicas": 1},
+                       "autoscaling": {"enabled": True, "intervalSeconds": 30}})
+    p = Policy.from_spec(spec)
+    assert (p.interval, p.rate_window) == (30.0, 60.0)
+    fast = scaled_policy(p, 8.0)
+    assert fast.interval == pytest.approx(30.0 / 8)
