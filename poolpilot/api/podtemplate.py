@@ -82,16 +82,17 @@ class _Overlay(ApiModel):
     @classmethod
     def _refuse_owned(cls, data: Any) -> Any:
         """Each owned key named at its own path (validate's 'reserved' errors), with where its
-        value comes from instead."""
+        value comes from instead. A null is unset (the API server prunes it), not a value."""
         if isinstance(data, dict):
             found = {k: f"set by the operator {cls.owned[k]}; remove it"
-                     for k in data if k in cls.owned}
+                     for k, v in data.items() if k in cls.owned and v is not None}
             if found:
                 raise PydanticCustomError(
                     "reserved", "{problems}",
                     {"problems": "; ".join(f"{k}: {why}" for k, why in found.items()),
                      "keys": found},
                 )
+            return {k: v for k, v in data.items() if k not in cls.owned}
         return data
 
     @classmethod

@@ -260,6 +260,14 @@ def test_fields_the_operator_owns_are_refused_by_name(case: RefusedCase) -> None
     assert any(e.startswith(case.error) for e in exc.value.errors), exc.value.errors
 
 
+def test_an_owned_field_set_to_null_is_unset_as_the_api_server_reads_it() -> None:
+    """The API server prunes nulls before validating; the models agree (found by the fuzz)."""
+    spec = parse_spec({"model": {"name": "m"}, "podTemplate": {
+        "metadata": {"name": None}, "spec": {"containers": [{"name": "engine", "image": None}]}}})
+    assert spec.pod_template.metadata.labels == {}
+    assert spec.pod_template.spec.containers[0].name == "engine"
+
+
 @dataclass(frozen=True)
 class RouterResourcesCase:
     id: str
