@@ -13,7 +13,8 @@ cold start and the same Prometheus emulation. The loop advances simulated time i
   utilization over the scrape interval. Starting pods export nothing, as a pod loading weights
   does not serve /metrics yet;
 - at every scrape, the load imbalance is sampled per role: the busiest ready engine's work in
-  flight (requests running and waiting at it) over the mean of the role's ready engines;
+  flight (requests running and waiting at it) over the least a busiest engine can hold, the
+  role's work spread evenly in whole requests;
 - every `policy.interval`: the policy decides from the scraped picture and the pod counts;
   scale-ups add pods that become ready `cold_start` seconds later (billed from now), scale-downs
   remove a starting pod first, else drain the least-loaded ready one (billed until it leaves).
@@ -47,7 +48,7 @@ from poolpilot.engine_sim.traces import TraceRequest
 from poolpilot import metrics as m
 
 DEFAULT_ROUTING = "prefix-aware"  # the router's default (approximate prefix index)
-# The load imbalance reported: this percentile over the run of (busiest / mean) per role.
+# The load imbalance reported: this percentile over the run of (busiest / even spread) per role.
 IMBALANCE_PERCENTILE = 99
 
 # Series the policies query (the rest of vLLM's histograms are not scraped, to save time).
@@ -254,8 +255,10 @@ class Replay:
         self._sample_imbalance()
 
     def _sample_imbalance(self) -> None:
-        """Per role: the busiest ready engine's requests in flight over the role's mean (no
-        sample while the role has nothing in flight)."""
+        """Per role: the busiest ready engine's requests in flight over the least any
+        balancer could leave on its busiest engine, ceil(total / engines): 1.0 is an even
+        spread in whole requests. (Over the plain mean, one request on one of six engines read
+        6.0.) No sample while the role has nothing in flight."""
         now = self.sim.now
         loads: dict[str, list[int]] = {r: [] for r in ROLES}
         for rep in self.sim.replicas.values():
@@ -263,9 +266,9 @@ class Replay:
                     and rep.role in loads:
                 loads[rep.role].append(rep.engine.load())
         for role, xs in loads.items():
-            mean = sum(xs) / len(xs) if xs else 0.0
-            if mean > 0:
-                self.imbalance[role].append(max(xs) / mean)
+            x = load_imbalance(xs)
+            if x is not None:
+                self.imbalance[role].append(x)
 
     # ---- policy ----
     def _decide(self, t: float) -> None:
@@ -398,6 +401,16 @@ class Replay:
                 for r, xs in self.imbalance.items()},
             "routing": self.cfg.routing,
         }
+
+
+def load_imbalance(loads: Sequence[int]) -> float | None:
+    """The busiest engine's requests in flight over ceil(total / engines), the least any
+    balancer could leave on its busiest engine (1.0: an even spread in whole requests); None
+    while nothing is in flight."""
+    total = sum(loads)
+    if total <= 0:
+        return None
+    return max(loads) / math.ceil(total / len(loads))
 
 
 def replay(trace: Sequence[TraceRequest], policy: Policy, cfg: BenchConfig,

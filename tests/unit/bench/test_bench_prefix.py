@@ -49,8 +49,20 @@ def test_the_json_reports_the_cache_the_cost_by_role_and_the_spread(
         assert sum(by_role.values()) == pytest.approx(res["gpu_hours"])
         assert set(res["load_imbalance"]) == {"prefill", "decode"}
         for v in res["load_imbalance"].values():
-            assert v is None or v >= 1.0  # the busiest is never below the mean
+            assert v is None or v >= 1.0  # the busiest never holds less than an even spread
         assert res["prefix_hit_rate_by_role"]["prefill"] is not None
+
+
+@pytest.mark.parametrize(("loads", "imbalance"), [
+    ((1, 0, 0, 0, 0, 0), 1.0),  # one request: nothing to balance
+    ((2, 1, 1, 1), 1.0),  # as even as whole requests go
+    ((3, 1, 0, 0), 3.0),  # ceil(4 / 4) = 1 would do: the busiest holds three
+    ((4, 4), 1.0), ((6, 2), 1.5), ((0, 0), None),
+])
+def test_load_imbalance_is_against_an_even_spread_in_whole_requests(
+        loads: tuple[int, ...], imbalance: float | None) -> None:
+    from poolpilot.bench.replay import load_imbalance
+    assert load_imbalance(loads) == imbalance
 
 
 def test_prefix_aware_routing_hits_more_than_least_loaded(chat: list[TraceRequest]) -> None:
