@@ -3,7 +3,8 @@
 Disaggregated: prefill on one engine, KV handed over, decode (and stream) on another.
 Aggregated: forward to one engine. Selection and health live in balancer.py (pure);
 this module does the I/O: the HTTP handlers, the P/D flow, retries, KV releases, draining.
-The health checks and load scraping are health_checks.py; the relay to the client relay.py;
+The health checks and load scraping are health_checks.py; the choice of engine
+engine_choice.py; the relay to the client relay.py;
 the configuration config.py; the errors and their OpenAI shape errors.py.
 """
 
@@ -22,9 +23,10 @@ import orjson
 from aiohttp import web
 from poolpilot.router import local_prefill as lp
 from poolpilot.router import pd, validate
-from poolpilot.router.balancer import Balancer, Endpoint
+from poolpilot.router.balancer import Balancer
 from poolpilot.router.config import DISAGGREGATED, PREFIX_ROUTING, RouterConfig
 from poolpilot.router.deadline_budget import DeadlineBudget
+from poolpilot.router.engine_choice import EngineChoice
 from poolpilot.router.errors import (
     NO_ENDPOINT,
     ClientError,
@@ -51,7 +53,7 @@ RETRYABLE_STATUS = {502, 503, 504}
 JSON_HEADERS = {"Content-Type": "application/json"}
 
 
-class Router(HealthChecks, StreamRelay):
+class Router(HealthChecks, EngineChoice, StreamRelay):
     def __init__(self, config: RouterConfig, clock: Callable[[], float] = time.monotonic,
                  prefix_source: PrefixSource | None = None) -> None:
         """`prefix_source`: where prefixes are cached, for `prefix_routing` precise (the KV
@@ -453,43 +455,6 @@ class Router(HealthChecks, StreamRelay):
 
     # -- local prefill -------------------------------------------------------------------------
 
-    def _local_prefill_engine(self, prompt_tokens: int,
-                              prompt: PromptKeys | None = None) -> Endpoint | None:
-        """The decode engine to prefill this request itself, or None for the P/D path."""
-        if self.config.local_prefill is None:
-            return None
-        rate = self.prefill_rate.tokens_per_s
-        policy = self.config.local_prefill
-        if self.prefill_rate.measured:  # not a seed: the engines' own speed
-            policy = lp.calibrated(policy, rate)
-        prefills = [e for e in self.balancer.role_endpoints("prefill") if not e.ejected()]
-        decodes = [e for e in self.balancer.role_endpoints("decode") if not e.ejected()]
-        # Queued prompt tokens: what this router has in flight there (x its workers, which
-        # share connections evenly), or the engine's own queue (which also holds other
-        # routers' work) in tokens, whichever says more.
-        # With prefix-aware routing, what each engine is expected to hold is not to compute.
-        held_p = self._matched(prompt, prompt_tokens, [e.url for e in prefills])
-        held_d = self._matched(prompt, prompt_tokens, [e.url for e in decodes])
-        d = lp.decide(
-            prompt_tokens,
-            [lp.PrefillLoad(max(e.inflight_tokens * self.config.workers,
-                                e.waiting * self.mean_prompt_tokens), rate, held)
-             for e, held in zip(prefills, held_p, strict=True)],
-            [lp.DecodeLoad(e.inflight, e.local_tokens, held)
-             for e, held in zip(decodes, held_d, strict=True)],
-            policy,
-            self.local_active,
-        )
-        if d.active != self.local_active:
-            log.info(
-                "local prefill %s: expected prefill wait %.3f s (TTFT target %.3f s), "
-                "prefill engines %d at %.0f tokens/s, decode engines %d",
-                "on" if d.active else "off", d.prefill_wait_s, policy.ttft_s, len(prefills),
-                rate, len(decodes),
-            )
-        self.local_active = d.active
-        return decodes[d.engine] if d.local and d.engine is not None else None
-
     async def _serve_local(
         self, request: web.Request, body: dict[str, Any], start: float, reason: str,
         prompt_tokens: int, progress: Progress, first: str | None = None,
@@ -709,61 +674,3 @@ class Router(HealthChecks, StreamRelay):
         elif handoff:
             raise HandoffFailed(last)
         raise last
-
-    def _prefill_deadline(self, queued_tokens: int,
-                          left_s: float | None = None) -> aiohttp.ClientTimeout | None:
-        """How long a prefill engine may take to answer before it counts as hung: N TTFT
-        targets plus this router's tokens queued there at the learned prefill rate (a
-        saturated engine is not a hung one), at most `left_s` (what the request's deadline
-        budget has left once a deadline was missed)."""
-        c = self.config
-        if c.prefill_deadline_s is None and left_s is None:
-            return None
-        read_s = c.idle_timeout_s
-        if c.prefill_deadline_s is not None:
-            rate = self.prefill_rate.tokens_per_s
-            queue_s = queued_tokens / rate / c.speed if rate > 0 else 0.0
-            read_s = min(read_s, c.prefill_deadline_s + queue_s)
-        if left_s is not None:
-            read_s = max(1e-3, min(read_s, left_s))
-        return aiohttp.ClientTimeout(total=c.request_timeout_s, sock_connect=c.connect_timeout_s,
-                                     sock_read=read_s)
-
-    async def _prompt_keys(self, path: str, body: dict[str, Any]) -> PromptKeys | None:
-        if self.prefix is None:
-            return None
-        try:
-            return await self.prefix.prompt_keys(path, body)
-        except Exception:  # a source's failure must not fail the request: route on load
-            log.warning("prefix source failed to key a prompt; routing on load", exc_info=True)
-            return None
-
-    def _matched(self, prompt: PromptKeys | None, prompt_tokens: int,
-                 urls: list[str]) -> list[int]:
-        """Per url, the prompt tokens it is expected to hold."""
-        if prompt is None or self.prefix is None or not prompt.keys:
-            return [0] * len(urls)
-        blocks = self.prefix.matched_blocks(prompt, urls, self.clock())
-        return [min(prompt_tokens, prompt.tokens(b)) for b in blocks]
-
-    def _pick(self, role: str, exclude: list[str], prompt: PromptKeys | None,
-              prompt_tokens: int) -> tuple[Endpoint | None, int]:
-        """An endpoint of `role` (by prefix when there is a prompt to key) and the prompt
-        tokens it is expected to hold."""
-        now = self.clock()
-        if prompt is None or self.prefix is None or not prompt.keys:
-            return self.balancer.pick(role, now, exclude=exclude), 0
-        got = self.balancer.pick_by_prefix(
-            role, now, lambda urls: self._matched(prompt, prompt_tokens, urls), prompt_tokens,
-            self.config.prefix_balance, exclude=exclude)
-        if got is None:
-            return None, 0
-        endpoint, choice = got
-        self.metrics.observe_choice(role, choice.reason)
-        return endpoint, choice.matched_tokens
-
-    def _settle_local(self, att: Attempt) -> None:
-        """The engine has prefilled (or dropped) the prompt it was computing itself."""
-        if att.local_tokens:
-            self.balancer.add_local_tokens(att.endpoint.url, -att.local_tokens)
-            att.local_tokens = 0
