@@ -87,11 +87,10 @@ def replay(sb: SandboxThread, pool: AppliedPool, n: int) -> list[RequestResult]:
 def pool(sb: SandboxThread, tmp_path_factory: pytest.TempPathFactory) -> AppliedPool:
     tmp: Path = tmp_path_factory.mktemp("pools-mn")
     applied = sb.call(sb.sandbox.apply(write_pool(tmp, pool_manifest("mn", _two_nodes))))
-    wait_for(lambda: groups_ready(sb, applied, 1)
-             and workloads.counts(get(sb, "deployment", "mn-prefill", "-n", applied.namespace)
-                                  or {}).ready >= 1
-             and sb.sandbox.router_urls(applied),
-             timeout=150, what="one ready decode group, a prefill engine and a router")
+    # The sandbox's own wait (what `poolpilot sandbox --pool` does): it reads the decode role's
+    # LeaderWorkerSet, whose ready replicas are groups.
+    sb.call(sb.sandbox.wait_ready(applied, timeout=150), timeout=180)
+    assert groups_ready(sb, applied, 1)
     return applied
 
 
@@ -124,6 +123,13 @@ def test_the_autoscaler_scales_whole_groups(sb: SandboxThread, pool: AppliedPool
     moves = [m for m in sb.call(sb.sandbox.scale_event_messages(pool))
              if m.startswith("decode ")]
     assert moves and re.match(r"decode \d+ -> 2: ", moves[-1]), moves
+    # The sandbox's timeline (the report's replica plot and scale events) counts groups by
+    # their leaders and saw the set's size change.
+    timeline = sb.sandbox.controller.timeline  # type: ignore[union-attr]
+    last = [x for x in timeline.samples if x.pool == pool.name and x.role == "decode"][-1]
+    assert (last.desired, last.ready, last.pods) == (2, 2, 2), last
+    assert any(c.role == "decode" and c.to_replicas == 2 for c in timeline.scale_changes
+               if c.pool == pool.name), timeline.scale_changes
     # The pool's status counts groups too (the operator's next reconcile or drift check).
     wait_for(lambda: (get(sb, "inferencepool.poolpilot.dev", pool.name, "-n", pool.namespace)
                       or {}).get("status", {}).get("decode", {}).get("readyReplicas") == 2,

@@ -31,6 +31,7 @@ from poolpilot.emulator.cluster import pods as P
 from poolpilot.emulator.cluster.controller import Controller, ControllerConfig
 from poolpilot.emulator.cluster.kubeapi import KubeClient
 from poolpilot.emulator.cluster.processes import Child, ProcessTable
+from poolpilot.operator.multinode import multi_node, set_name
 from poolpilot.testkit.prometheus import (
     PrometheusNotInstalled,
     PrometheusProcess,
@@ -39,6 +40,7 @@ from poolpilot.testkit.prometheus import (
     free_port,
 )
 
+from poolpilot import leaderworkerset as lws
 from poolpilot import names, workloads
 from poolpilot.api import InferencePoolSpec
 from poolpilot.validate import InvalidPool, parse_spec
@@ -371,8 +373,7 @@ class Sandbox:
                     f"{self._pod_failures()}see the logs in {self.logs}")
             done = True
             for role in roles:
-                d = await self.kube.get("Deployment", pool.namespace,
-                                        names.child_name(pool.name, role))
+                d = await self._role_workload(pool, role)
                 c = workloads.counts(d or {})
                 ready, want = c.ready, c.desired if d else -1
                 state[role] = "missing" if d is None else f"{ready}/{want} ready"
@@ -386,6 +387,15 @@ class Sandbox:
             + ", ".join(f"{r} {s}" for r, s in state.items())
             + f"\n{self._pod_failures()}see the logs in {self.logs}"
         )
+
+    async def _role_workload(self, pool: AppliedPool, role: str) -> dict[str, Any] | None:
+        """The role's Deployment, or its LeaderWorkerSet for multi-node replicas (replicas and
+        ready replicas count groups)."""
+        assert self.kube is not None
+        if role != "router" and multi_node(pool.spec, role):
+            return await self.kube.get(lws.KIND, pool.namespace, set_name(pool.name, role))
+        return await self.kube.get("Deployment", pool.namespace,
+                                   names.child_name(pool.name, role))
 
     def warmup_seconds(self, pool: AppliedPool) -> float:
         """Simulated seconds to let a freshly started pool run before load: the autoscaler

@@ -92,7 +92,7 @@ class Controller:
         await self.endpoints.sync([self.kubelet.view(p) for p in pods])
         if self.scrape is not None:
             self.scrape.sync([self.kubelet.view(p) for p in pods if self.kubelet.is_running(p)])
-        self.timeline.record(deployments, pods, ready, now)
+        self.timeline.record([*deployments, *sets], pods, ready, now)
 
     def _ready(self, pods: list[P.Obj]) -> dict[str, bool]:
         return {p["metadata"]["name"]: self.kubelet.is_ready(p) for p in pods}

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from poolpilot import leaderworkerset as lws
 from poolpilot import names
 from poolpilot.apitypes import Obj
 
@@ -46,7 +47,7 @@ class Timeline:
     def record(self, deployments: list[Obj], pods: list[Obj], ready: Mapping[str, bool],
                now: float) -> None:
         """A sample per role whose counts changed since the last one; a ScaleChange per
-        engine Deployment whose desired replicas changed."""
+        engine Deployment (or LeaderWorkerSet) whose desired replicas changed."""
         for d in deployments:
             meta = d["metadata"]
             labels = meta.get("labels") or {}
@@ -54,7 +55,9 @@ class Timeline:
             if not pool or not role:
                 continue
             desired = int(d["spec"].get("replicas", 1))
-            mine = [p for p in pods if P.owned_by(p, d)]
+            # A LeaderWorkerSet's replicas are groups: its leaders count, not its workers.
+            mine = [p for p in pods if P.owned_by(p, d)
+                    and not lws.is_worker(p["metadata"].get("labels") or {})]
             n_ready = sum(1 for p in mine if ready.get(p["metadata"]["name"]))
             skey = (meta["namespace"], pool, role)
             if self._last_sample.get(skey) != (desired, n_ready, len(mine)):
