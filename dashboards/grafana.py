@@ -420,6 +420,39 @@ def autoscaler_dashboard() -> Json:
                      "What the autoscaler decided, why, and on which signals.", items)
 
 
+
+def _operator_row() -> list[Panel | Row]:
+    """The operator's own series (poolpilot.operator.metrics). They describe the operator
+    process, not a pool: no namespace or pool filter (the operator runs in its own namespace),
+    summed over its replicas (only the active one reconciles)."""
+    return [
+        Row("Operator"),
+        Panel("Reconciles per second by result", [
+            Query(f"sum by (result) ({rate(m.OPERATOR_RECONCILES, W)})", "{{result}}"),
+        ], unit="ops", description="How each reconcile of a pool ended: converged (children "
+                       "written), no_op (nothing to write), invalid_spec, name_conflict, "
+                       "api_error, pool_gone, backing_off. An idle healthy operator shows only "
+                       "no_op (the drift timer)."),
+        Panel("Reconcile duration", [
+            Query(quantile(q, m.OPERATOR_RECONCILE_DURATION, W, "trigger"),
+                  f"{{{{trigger}}}} p{round(q * 100)}") for q in (0.5, 0.99)
+        ], unit="s", description="Seconds one reconcile took (reading, writing, status), "
+                                 "by what started it: a change to the pool or the drift "
+                                 "timer."),
+        Panel("Writes and API errors per second", [
+            Query(f"sum({rate(m.OPERATOR_WRITES, W)})", "writes"),
+            Query(f"sum by (kind) ({rate(m.OPERATOR_API_ERRORS, W)})", "{{kind}} API errors"),
+        ], unit="ops", description="Writes: applies, deletes and size hand-overs. API errors "
+                       "by kind: transient ones are retried in 2 s; permanent ones (403, 422, "
+                       "quota) set the pool Degraded and back off up to 5 min."),
+        Panel("Reconciles running and queued", [
+            Query(f"sum({series(m.OPERATOR_ACTIVE)})", "running"),
+            Query(f"sum({series(m.OPERATOR_QUEUED)})", "queued"),
+        ], description="Queued: reconciles waiting for one of the --max-concurrent-reconciles "
+                       "slots. Above 0 for long: the API server is the bottleneck."),
+    ]
+
+
 def fleet_dashboard() -> Json:
     items: list[Panel | Row] = [
         Panel("Pools", [Query(f"count(count by ({BY_POOL}) ({series('up', NS, POOL_TARGETS)}))",
@@ -450,6 +483,7 @@ def fleet_dashboard() -> Json:
         Panel("KV-cache usage (max) per pool", [
             Query(_by("max", BY_POOL, m.VLLM_KV_USAGE, NS), "{{namespace}}/{{pool}}"),
         ], unit="percentunit"),
+        *_operator_row(),
     ]
     return dashboard("poolpilot-fleet", "poolpilot / Fleet",
                      "Every InferencePool at a glance.", items, with_pool=False,

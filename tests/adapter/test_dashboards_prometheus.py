@@ -63,6 +63,8 @@ class Q:
         """Which exporter the query needs (to report what was not exercised)."""
         if "poolpilot_autoscaler" in self.expr:
             return "autoscaler"
+        if "poolpilot_operator" in self.expr:
+            return "operator"
         if m.ENGINE_COLD_START in self.expr:
             return "launcher"
         if "vllm" in self.expr:
@@ -274,12 +276,17 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         rule_file.write_text(rules.to_yaml(rules.rule_groups(PARAMS)))
         prom = PrometheusProcess(scrape_interval=SCRAPE, rule_files=[rule_file]).start(targets)
         if available("poolpilot.autoscaler.main") and available("poolpilot.emulator.server"):
-            scaler = _start_autoscaler(tmp, procs, prom.url)
+            scaler, kubeconfig = _start_autoscaler(tmp, procs, prom.url)
             # No target labels: its series carry the pool's namespace/pool/role themselves
             # (the chart's ServiceMonitor sets honorLabels for the same reason).
-            prom.set_targets([*targets, Target(scaler)])
+            targets.append(Target(scaler))
+            # The operator reconciles the same pool (its children are already there, so it
+            # writes little); the drift timer reconciles it every second.
+            targets.append(Target(_start_operator(kubeconfig, procs)))
+            prom.set_targets(targets)
         else:
             missing["autoscaler"] = "poolpilot autoscaler is not built yet"
+            missing["operator"] = "the operator needs the Kubernetes API emulator"
         counts: dict[str, int] = {}
         if router is not None:
             threading.Thread(target=_drive, args=(router.url, stop, counts), daemon=True).start()
@@ -325,7 +332,17 @@ UNSCHEDULABLE_STATUS = json.dumps({"status": {"phase": "Pending", "conditions": 
     "message": "0/3 nodes are available: 3 Insufficient nvidia.com/gpu."}]}})
 
 
-def _start_autoscaler(tmp: Path, procs: list[Proc], prometheus_url: str) -> str:
+def _start_operator(kubeconfig: Path, procs: list[Proc]) -> str:
+    operator = start("operator", [
+        *POOLPILOT, "operator", "--kubeconfig", str(kubeconfig), "--standalone",
+        "-n", NS, "--drift-interval", "1", "--liveness", "",
+        "--metrics-host", "127.0.0.1", "--metrics-port", "0",
+    ], r"operator metrics on (http://127\.0\.0\.1:\d+)")
+    procs.append(operator)
+    return operator.url.removeprefix("http://")
+
+
+def _start_autoscaler(tmp: Path, procs: list[Proc], prometheus_url: str) -> tuple[str, Path]:
     """The emulated cluster holds the pool and its Deployments as the operator would leave
     them, in a state that makes the autoscaler use every series the dashboards show: decode
     over-provisioned for the light load (a scale-down: direction, annotation), prefill with a
@@ -367,7 +384,7 @@ def _start_autoscaler(tmp: Path, procs: list[Proc], prometheus_url: str) -> str:
         "--metrics-host", "127.0.0.1", "--metrics-port", "0",
     ], r"metrics on (http://127\.0\.0\.1:\d+)")
     procs.append(scaler)
-    return scaler.url.removeprefix("http://")
+    return scaler.url.removeprefix("http://"), kubeconfig
 
 
 def _has_number(result: list[dict[str, Any]]) -> bool:

@@ -133,6 +133,7 @@ def test_queries_use_known_metric_names_and_variables(name: str) -> None:
     for expr in exprs:
         plain = re.sub(r'__name__=~"[^"]*"', "", expr)
         names = re.findall(r"([a-z_:]+)(?:\{|\[)", plain)
+        names += re.findall(r"\b(?:sum|max|min|avg|count)\(([a-z_:]+)\)", plain)  # bare
         for group in re.findall(r'__name__=~"vllm\[:_\]\(?([a-z_|]+)\)?"', expr):
             names += [f"vllm:{n}" for n in group.split("|")]
         assert names, expr
@@ -212,3 +213,16 @@ def test_scale_annotations_name_the_role_the_size_and_the_reason() -> None:
     for label in ("{{role}}", "{{replicas}}", "{{reason}}", "{{direction}}"):
         assert label in shown, label
     assert "reason" in scale["tagKeys"]
+
+
+def test_fleet_dashboard_has_a_row_for_every_operator_metric() -> None:
+    """The operator's own series (poolpilot.operator.metrics) are drawn in the Fleet
+    dashboard's Operator row; a new operator metric without a panel fails here."""
+    fleet = _load("fleet")
+    titles = [p["title"] for p in fleet["panels"]]
+    row = titles.index("Operator")
+    below = json.dumps(fleet["panels"][row + 1:])
+    exported = {v for k, v in vars(metrics).items() if k.startswith("OPERATOR_")}
+    assert len(exported) == 6
+    for metric in exported:
+        assert metric.removesuffix("_total") in below, f"{metric} has no panel"
