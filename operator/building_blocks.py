@@ -35,7 +35,8 @@ GATEWAY_POOL_LABEL = "poolpilot.dev/gie-endpoint"
 PRESTOP_SLEEP_SECONDS = 10  # endpoint removal reaches the routers before SIGTERM
 ROUTER_PRESTOP_SECONDS = 5
 STARTUP_PROBE_PERIOD = 10  # its failureThreshold is the cache's budget (model_cache.py)
-RUN_AS_USER = 1000
+# One uid for every poolpilot container: the images' USER and the chart's podSecurityContext.
+RUN_AS_USER = 65532
 # spec.router.prefixRouting Precise: each engine publishes its KV events (vLLM's ZMQ publisher)
 # on these ports of its pod IP, and the router subscribes there.
 KV_EVENTS_PORT = 5557

@@ -301,5 +301,5 @@ def test_runtime_image_tracks_the_tested_vllm_and_copies_every_package_folder() 
     assert folders - dev_only <= copied, f"Dockerfile misses {folders - dev_only - copied}"
     assert not dev_only & copied, f"dev-only rooms in the engine image: {dev_only & copied}"
     assert "runtime_image" in copied  # the launcher, the image's entry point
-    assert re.search(r"^USER 10001$", dockerfile, re.M)
+    assert re.search(r"^USER 65532$", dockerfile, re.M)
     assert re.search(r'^ENTRYPOINT \["poolpilot"\]$', dockerfile, re.M)
