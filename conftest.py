@@ -10,6 +10,12 @@ from __future__ import annotations
 import os
 
 import pytest
+from hypothesis import settings
+
+# No per-example deadline: a property is about values, not time, and a loaded machine (two
+# pytest workers on two cores) made examples miss hypothesis's default 200 ms.
+settings.register_profile("poolpilot", deadline=None)
+settings.load_profile("poolpilot")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
