@@ -53,6 +53,7 @@ class Clumps:
 
     peaks: tuple[Peak, ...] = ()
     waiting: float = 0.0
+    seen: bool = False  # a decision has looked at the queue (a new autoscaler has not)
 
 
 def seconds_demand(demand: float, new_waiting: float, ttft_target: float) -> float:
@@ -84,11 +85,14 @@ def remember(peaks: Sequence[Peak], now: float, demand: float,
 def observe(mem: Clumps, now: float, demand: float, waiting: float, ttft_target: float,
             settled: bool) -> Clumps:
     """One decision's sample. While replicas are starting (`settled` False) a queue is the
-    shortage they were ordered for, not a clump: the sample is the demand alone."""
+    shortage they were ordered for, not a clump: the sample is the demand alone. So is the
+    queue a new (or restarted) autoscaler finds at its first look: of unknown age, it is the
+    capacity model's backlog to drain, not a clump to keep room for (one queue seen at a
+    restart would otherwise set the room from a single sample)."""
     waiting = waiting if math.isfinite(waiting) and waiting > 0 else 0.0
-    grown = waiting - mem.waiting if settled else 0.0
+    grown = waiting - mem.waiting if settled and mem.seen else 0.0
     x = seconds_demand(demand, grown, ttft_target)
-    return Clumps(remember(mem.peaks, now, x), waiting)
+    return Clumps(remember(mem.peaks, now, x), waiting, seen=True)
 
 
 def room(peaks: Sequence[Peak], quantile: float, per_replica: float) -> float:

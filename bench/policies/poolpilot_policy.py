@@ -17,6 +17,7 @@ from typing import Any
 from poolpilot.autoscaler import queries as q
 from poolpilot.autoscaler.decide import History, Observation, decide
 from poolpilot.autoscaler.decide import Policy as ScalerPolicy
+from poolpilot.autoscaler.decide.burst import Clumps
 from poolpilot.autoscaler.observe import RoleState, Snapshot, observation
 from poolpilot.bench.policies.base import ROLES, Bounds, Decision, PoolView
 from poolpilot.bench.policies.static_peak import MinuteLoad
@@ -99,8 +100,11 @@ class PoolpilotPolicy:
         self.hits = hits  # False: the ablation that never sees the engines' hit rate
         self.interval = float(spec.autoscaling.interval_seconds)
         self.rate_window = rate_window
-        # The autoscaler process starts with the pool: no scale-down before its window fills.
-        self.history = History.fresh(0.0)
+        # The autoscaler process starts with the pool: no scale-down before its window fills,
+        # and it saw the pool's prefill queue empty at the start (a queue that forms before
+        # its first decision is a clump, not one of unknown age found at a restart).
+        fresh = History.fresh(0.0)
+        self.history = replace(fresh, clumps={r: Clumps(seen=True) for r in ROLES})
         self._initial = dict(initial)
         self.last_signals: dict[str, str] = {}
 

@@ -100,11 +100,21 @@ def test_the_room_is_the_quantile_of_the_minutes_peaks() -> None:
 
 
 def test_a_queue_that_was_already_there_is_no_new_clump() -> None:
-    first = b.observe(Clumps(), 0.0, 8000.0, 40_000.0, 1.0, settled=True)
-    again = b.observe(first, 15.0, 8000.0, 40_000.0, 1.0, settled=True)
+    idle = b.observe(Clumps(), 0.0, 8000.0, 0.0, 1.0, settled=True)
+    first = b.observe(idle, 15.0, 8000.0, 40_000.0, 1.0, settled=True)
+    again = b.observe(first, 30.0, 8000.0, 40_000.0, 1.0, settled=True)
     assert [p.demand for p in again.peaks] == [40_000.0]  # the minute's peak from the first
     next_minute = b.observe(again, 60.0, 8000.0, 40_000.0, 1.0, settled=True)
     assert next_minute.peaks[-1].demand == 8000.0
+
+
+def test_the_queue_a_new_autoscaler_finds_is_its_backlog_not_a_clump() -> None:
+    # A restart (or the first decision) sees a queue of unknown age: one sample must not set
+    # the room; the next queue that forms under its eyes does.
+    found = b.observe(Clumps(), 0.0, 8000.0, 40_000.0, 1.0, settled=True)
+    assert [p.demand for p in found.peaks] == [8000.0] and found.waiting == 40_000.0
+    grew = b.observe(found, 15.0, 8000.0, 80_000.0, 1.0, settled=True)
+    assert grew.peaks[-1].demand == 40_000.0
 
 
 def test_a_queue_while_replicas_start_is_their_shortage_not_a_clump() -> None:
