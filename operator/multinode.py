@@ -25,7 +25,14 @@ from __future__ import annotations
 
 import copy
 
-from poolpilot.operator.building_blocks import Capabilities, Obj, Pool, _meta, _replicas_enforced
+from poolpilot.operator.building_blocks import (
+    GATEWAY_POOL_LABEL,
+    Capabilities,
+    Obj,
+    Pool,
+    _meta,
+    _replicas_enforced,
+)
 
 from poolpilot import api, names
 from poolpilot import leaderworkerset as lws
@@ -61,6 +68,9 @@ def _worker_template(leader: Obj) -> Obj:
         annotations.pop(key, None)
     if not annotations:
         worker["metadata"].pop("annotations", None)
+    # A GIE InferencePool selects by labels alone (matchLabels): a worker, which serves
+    # nothing, must not carry the label its endpoints are picked by.
+    (worker["metadata"].get("labels") or {}).pop(GATEWAY_POOL_LABEL, None)
     return worker
 
 
