@@ -20,6 +20,8 @@ from typing import Any
 import numpy as np
 
 from poolpilot import cli
+from poolpilot.api import Mode
+from poolpilot.roles import Role
 
 from .batching import measure
 from .hardware import GPUS
@@ -43,7 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     cli.add_gpu(t, GPUS)
     t.add_argument("--tensor-parallel", type=int, default=1,
                    help="GPUs per engine (default 1)")
-    t.add_argument("--mode", choices=["disaggregated", "aggregated"], default="disaggregated",
+    t.add_argument("--mode", choices=[m.lower() for m in Mode], default="disaggregated",
                    help="separate prefill and decode engines, or one engine pool")
     t.add_argument("--prefill", type=int, default=1, help="prefill replicas")
     t.add_argument("--decode", type=int, default=1, help="decode replicas")
@@ -150,7 +152,7 @@ def _trace(args: argparse.Namespace) -> int:
             1, sum(r.prompt_tokens for r in ok)),
         "ideal_prefix_hit_rate": ideal_prefix_hit_rate(trace),
     }
-    first = sim.metrics()["prefill" if args.mode == "disaggregated" else "engine"].counters
+    first = sim.metrics()[Role.PREFILL if sim.mode == Mode.DISAGGREGATED else Role.ENGINE].counters
     if first[m.VLLM_PREFIX_CACHE_QUERIES]:  # the engines' own counters say the same
         out["prefix_cache_hits_over_queries"] = (first[m.VLLM_PREFIX_CACHE_HITS]
                                                  / first[m.VLLM_PREFIX_CACHE_QUERIES])

@@ -62,6 +62,9 @@ from poolpilot.router import local_prefill as lp
 from poolpilot.router import prefix_index as pi
 from poolpilot.router.prefix_source import PromptKeys
 
+from poolpilot.api import Mode
+from poolpilot.roles import DISAGGREGATED_ROLES, Role
+
 from .engine import EngineConfig, EngineCore, canonical_role, itl_p90
 from .hardware import StepModel, make_step_model
 from .scheduler import Seq
@@ -156,7 +159,7 @@ class ReplicaCounts(NamedTuple):
 @dataclass
 class Replica:
     id: int
-    role: str
+    role: Role
     engine: EngineCore
     ready_at: float
     draining: bool = False
@@ -186,6 +189,7 @@ class _Job:
 
 _ARRIVAL, _READY, _STEP, _LOAD, _HANDOFF = range(5)
 ROUTING = ("least-loaded", "prefix-aware")
+_MODES = {m.lower(): m for m in Mode}  # `mode` is case-insensitive
 
 
 class PoolSim:
@@ -196,7 +200,7 @@ class PoolSim:
         model: str = "llama-3.1-8b",
         gpu: str = "h200",
         tensor_parallel: int = 1,
-        mode: str = "disaggregated",
+        mode: Mode | str = Mode.DISAGGREGATED,
         prefill_replicas: int = 1,
         decode_replicas: int = 1,
         engine_replicas: int = 1,
@@ -209,8 +213,8 @@ class PoolSim:
         routing: str = "least-loaded",
         prefix_balance: float = pi.DEFAULT_BALANCE,
     ) -> None:
-        mode_l = mode.lower()
-        if mode_l not in ("disaggregated", "aggregated"):
+        pool_mode = _MODES.get(str(mode).lower())
+        if pool_mode is None:
             raise ValueError(f"mode must be 'disaggregated' or 'aggregated', got {mode!r}")
         if routing not in ROUTING:
             raise ValueError(f"routing must be one of {', '.join(ROUTING)}, got {routing!r}")
@@ -224,24 +228,25 @@ class PoolSim:
             max(1, pi.DEFAULT_MAX_ENTRIES * pi.BLOCK_TOKENS // HASH_BLOCK_TOKENS),
             pi.DEFAULT_TTL_S)
         self.prefix_choices: dict[str, int] = {}  # the router's counter, by reason
-        self.mode = mode_l
+        self.mode = pool_mode
         self.step_model: StepModel = make_step_model(model, gpu, tensor_parallel)
         base = config or EngineConfig()
         self.configs = {
-            "prefill": prefill_config or base,
-            "decode": decode_config or base,
-            "engine": base,
+            Role.PREFILL: prefill_config or base,
+            Role.DECODE: decode_config or base,
+            Role.ENGINE: base,
         }
-        self.local_prefill = local_prefill if mode_l == "disaggregated" else None
+        self.local_prefill = local_prefill if pool_mode == Mode.DISAGGREGATED else None
         self.local_prefill_total: dict[str, int] = {}  # the router's counter, by reason
         self._lp_active = False  # the rule's hysteresis state (one router)
         self._lp_costs: dict[int, _MixedStepCost] = {}
         self._prefill_rate = lp.RateEstimate(
             2048 / self.step_model.step_time([(2048, 0)]))  # as the router's presets
-        if self.local_prefill is not None and self.configs["decode"].itl_budget is None:
-            self.configs["decode"] = replace(self.configs["decode"],
+        if self.local_prefill is not None and self.configs[Role.DECODE].itl_budget is None:
+            self.configs[Role.DECODE] = replace(self.configs[Role.DECODE],
                                              itl_budget=self.local_prefill.itl_s)
-        self.roles = ("prefill", "decode") if mode_l == "disaggregated" else ("engine",)
+        self.roles: tuple[Role, ...] = (DISAGGREGATED_ROLES if pool_mode == Mode.DISAGGREGATED
+                                        else (Role.ENGINE,))
         self.router_overhead = router_overhead
         self.now = 0.0
         self._events: list[tuple[float, int, int, Any]] = []
@@ -254,14 +259,14 @@ class PoolSim:
         self._retired_stats: dict[str, list[MetricsSnapshot]] = {r: [] for r in self.roles}
         self.max_model_len: int | None = None
         self.events_processed = 0
-        if mode_l == "disaggregated":
+        if pool_mode == Mode.DISAGGREGATED:
             for _ in range(prefill_replicas):
-                self.add_replica("prefill", ready_at=0.0)
+                self.add_replica(Role.PREFILL, ready_at=0.0)
             for _ in range(decode_replicas):
-                self.add_replica("decode", ready_at=0.0)
+                self.add_replica(Role.DECODE, ready_at=0.0)
         else:
             for _ in range(engine_replicas):
-                self.add_replica("engine", ready_at=0.0)
+                self.add_replica(Role.ENGINE, ready_at=0.0)
 
     # ---- public API ----
     def submit(self, req: SimRequest) -> None:
@@ -327,10 +332,11 @@ class PoolSim:
             self.now = max(self.now, time)
             self.events_processed += 1
             if kind == _ARRIVAL:
-                self._route(data, "prefill" if self.mode == "disaggregated" else "engine", None)
+                self._route(data, Role.PREFILL if self.mode == Mode.DISAGGREGATED else Role.ENGINE,
+                            None)
             elif kind == _HANDOFF:
                 job, seq = data
-                self._route(job, "decode", seq)
+                self._route(job, Role.DECODE, seq)
             elif kind == _READY:
                 rep = self.replicas[data]
                 if rep.removed_at is None:
@@ -386,10 +392,10 @@ class PoolSim:
             len(q) for q in self._pending.values())
 
     # ---- internals ----
-    def _role(self, role: str) -> str:
+    def _role(self, role: str) -> Role:
         r = canonical_role(role)
         if r not in self.roles:
-            raise ValueError(f"role {role!r} is not in this {self.mode} pool; roles: "
+            raise ValueError(f"role '{role}' is not in this {self.mode.lower()} pool; roles: "
                              f"{', '.join(self.roles)}")
         return r
 
@@ -409,7 +415,7 @@ class PoolSim:
     def _choose(self, role: str, req: SimRequest) -> Replica | None:
         """The router's pick for `req`: by prefix for prefill and aggregated engines when
         routing is prefix-aware (recording where it went), else least loaded."""
-        if self.routing != "prefix-aware" or role == "decode":
+        if self.routing != "prefix-aware" or role == Role.DECODE:
             return self._pick(role)
         ready = [r for r in self._live.values() if r.role == role and r.is_ready(self.now)]
         if not ready:
@@ -432,7 +438,7 @@ class PoolSim:
         return [min(prompt_tokens, keys.tokens(b)) for b in blocks]
 
     def _route(self, job: _Job, role: str, seq: Seq | None) -> None:
-        if role == "prefill" and self.local_prefill is not None:
+        if role == Role.PREFILL and self.local_prefill is not None:
             local = self._local_target(job.req)
             if local is not None:
                 job.local = True
@@ -453,7 +459,7 @@ class PoolSim:
         decode: list[Replica] = []
         for r in self._live.values():
             if r.is_ready(now):
-                (prefill if r.role == "prefill" else decode).append(r)
+                (prefill if r.role == Role.PREFILL else decode).append(r)
         if not decode:
             return None
         rate = self._prefill_rate.tokens_per_s
@@ -467,7 +473,7 @@ class PoolSim:
             cost = self._lp_costs[context] = _MixedStepCost(self.step_model, context)
         policy = lp.LocalPrefillPolicy(
             lpc.ttft_s, lpc.itl_s, cost, lpc.enter, lpc.exit,
-            max_chunk_tokens=self.configs["decode"].max_num_batched_tokens)
+            max_chunk_tokens=self.configs[Role.DECODE].max_num_batched_tokens)
         keys = PromptKeys(req.hash_ids, HASH_BLOCK_TOKENS)
         aware = self.routing == "prefix-aware"
         held_p = self._matched(keys, req.prompt_tokens, prefill) if aware else [0] * len(prefill)
@@ -505,7 +511,7 @@ class PoolSim:
             self._records.append(RequestRecord(req.id, req.arrival, req.prompt_tokens, 0, None,
                                                None, None, False, err))
             return
-        if rep.role == "prefill":
+        if rep.role == Role.PREFILL:
             job.prefill_replica = rep.id
             seq = Seq(req.id, req.prompt_tokens, 1, self.now, payload=job,
                       block_hashes=req.hash_ids, hash_block_tokens=HASH_BLOCK_TOKENS)
@@ -516,7 +522,7 @@ class PoolSim:
             seq = Seq(req.id, req.prompt_tokens, req.output_tokens, self.now, payload=job,
                       block_hashes=req.hash_ids, hash_block_tokens=HASH_BLOCK_TOKENS)
             rep.queued_tokens += req.prompt_tokens
-        elif rep.role == "decode":
+        elif rep.role == Role.DECODE:
             job.decode_replica = rep.id
             # its own cache serves what it holds; the blocks it receives are cached
             seq = Seq(req.id, req.prompt_tokens, req.output_tokens, self.now,
@@ -565,7 +571,7 @@ class PoolSim:
         for s in out.finished:
             job: _Job = s.payload
             job.preemptions += s.preemptions
-            if rep.role == "prefill":
+            if rep.role == Role.PREFILL:
                 job.prefix_hit = s.prefix_hit
                 rep.queued_tokens -= s.prompt
                 self._prefill_rate.observe(job.queued_at_send, out.end - job.sent_at)

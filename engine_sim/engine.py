@@ -18,20 +18,22 @@ from typing import Any
 import numpy as np
 
 from poolpilot import metrics as m
+from poolpilot.roles import ENGINE_ROLES, Role
 
 from .hardware import StepModel
 from .scheduler import Scheduler, Seq, SeqState
 from .stats import GAUGES, EngineStats, MetricsSnapshot
 
-ROLES = ("prefill", "decode", "engine")
-ROLE_ALIASES = {"aggregated": "engine", "both": "engine"}
+# Older names of the aggregated engine, still accepted (`--role aggregated` is what earlier
+# launchers and pod specs pass).
+ROLE_ALIASES = {"aggregated": Role.ENGINE, "both": Role.ENGINE}
 
 
-def canonical_role(role: str) -> str:
+def canonical_role(role: str) -> Role:
     r = ROLE_ALIASES.get(role, role)
-    if r not in ROLES:
-        raise ValueError(f"unknown role {role!r}; use one of prefill, decode, aggregated")
-    return r
+    if r not in ENGINE_ROLES:
+        raise ValueError(f"unknown role {role!r}; use one of prefill, decode, engine")
+    return Role(r)
 
 
 @dataclass
@@ -76,7 +78,7 @@ class Chunk:
 
 
 @dataclass
-class Outcome:
+class ChunkResult:
     """What committing (part of) a chunk produced."""
 
     end: float
@@ -87,7 +89,7 @@ class Outcome:
 
 
 class EngineCore:
-    def __init__(self, step_model: StepModel, role: str = "engine",
+    def __init__(self, step_model: StepModel, role: str = Role.ENGINE,
                  config: EngineConfig | None = None) -> None:
         self.model = step_model
         self.role = canonical_role(role)
@@ -310,14 +312,14 @@ class EngineCore:
         return ch.end
 
     # ---- committing ----
-    def commit(self, upto: float | None = None) -> Outcome:
+    def commit(self, upto: float | None = None) -> ChunkResult:
         """Apply the chunk's steps that end by `upto` (all of them if None)."""
         ch = self.chunk
         assert ch is not None
         n_end = ch.steps if upto is None else int(np.searchsorted(ch.ends, upto, side="right"))
         n_end = max(n_end, ch.done)
         j = n_end - ch.done
-        out = Outcome(end=float(ch.ends[n_end - 1]) if n_end else ch.start, sampled=[],
+        out = ChunkResult(end=float(ch.ends[n_end - 1]) if n_end else ch.start, sampled=[],
                       first_tokens=[], finished=[],
                       preempted=ch.preempted if ch.done == 0 else [])
         if j > 0:
@@ -351,7 +353,7 @@ class EngineCore:
     def step_ends(self) -> np.ndarray:
         return self._ends[: self._n_ends]
 
-    def _commit_decode_run(self, ch: Chunk, a: int, b: int, out: Outcome) -> None:
+    def _commit_decode_run(self, ch: Chunk, a: int, b: int, out: ChunkResult) -> None:
         ends = ch.ends[a:b]
         prev = ch.start if a == 0 else float(ch.ends[a - 1])
         j = b - a
@@ -413,7 +415,7 @@ class EngineCore:
             s.blocks = exact
         self.sched.free_blocks += surplus
 
-    def _commit_step(self, ch: Chunk, out: Outcome) -> None:
+    def _commit_step(self, ch: Chunk, out: ChunkResult) -> None:
         end = float(ch.ends[0])
         idx = self._log_steps(ch.ends[:1])
         itl = self.stats.histograms[m.VLLM_ITL]
@@ -452,7 +454,7 @@ class EngineCore:
         if back_to_back:
             itl.observe(end - start, back_to_back)
 
-    def _finish(self, s: Seq, end: float, out: Outcome) -> None:
+    def _finish(self, s: Seq, end: float, out: ChunkResult) -> None:
         s.finished_at = end
         self.sched.finish(s)
         out.finished.append(s)

@@ -61,9 +61,10 @@ from prometheus_client.core import (
 
 from poolpilot import cli
 from poolpilot import metrics as m
+from poolpilot.roles import Role
 
 from . import protocol as p
-from .engine import EngineConfig, EngineCore, Outcome, canonical_role
+from .engine import ChunkResult, EngineConfig, EngineCore, canonical_role
 from .hardware import GPUS, StepModel, UnknownHardware, make_step_model
 from .prefix_cache import chain_hashes
 from .scheduler import Seq
@@ -210,7 +211,7 @@ class SimEngine:
                 await self.clock.sleep_until(nxt_end)
                 self._deliver(core.commit(upto=nxt_end if core.chunk is ch else None))
 
-    def _deliver(self, out: Outcome) -> None:
+    def _deliver(self, out: ChunkResult) -> None:
         for s in out.sampled:
             st: Stream = s.payload
             new = s.generated - st.emitted
@@ -265,7 +266,7 @@ class SimServerConfig:
     model: str = "llama-3.1-8b"
     gpu: str = "h200"
     tensor_parallel: int = 1
-    role: str = "aggregated"
+    role: str = Role.ENGINE
     host: str = "127.0.0.1"
     port: int = 8000
     speed: float = 1.0
@@ -571,7 +572,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tensor-parallel", type=int, default=D.tensor_parallel,
                         help="GPUs per engine")
     parser.add_argument("--role", default=D.role,
-                        help="prefill, decode or aggregated (alias: engine)")
+                        help="prefill, decode or engine (the aggregated engine, the default; "
+                        "aggregated is an older name for it, still accepted)")
     parser.add_argument("--host", default=D.host, help="address to bind (loopback)")
     parser.add_argument("--port", type=int, default=D.port, help="port (0 = a free one)")
     cli.add_speed(parser, D.speed)

@@ -8,9 +8,11 @@ from dataclasses import dataclass, fields
 
 import pytest
 from poolpilot.engine_sim import protocol as p
+from poolpilot.engine_sim.engine import canonical_role
 from poolpilot.engine_sim.server import SimServerConfig
 
 from poolpilot.cli import build_parser, main
+from poolpilot.roles import Role
 
 
 @dataclass(frozen=True)
@@ -23,7 +25,7 @@ class BadArgs:
 BAD_ARGS = [
     BadArgs("unknown-model", ["--model", "gpt-9"],
             "unknown model 'gpt-9'; known models: llama-3.1-70b, llama-3.1-8b"),
-    BadArgs("unknown-role", ["--role", "both-ways"], "use one of prefill, decode, aggregated"),
+    BadArgs("unknown-role", ["--role", "both-ways"], "use one of prefill, decode, engine"),
     BadArgs("too-long-context", ["--max-model-len", "200000"], "lower --max-model-len"),
     BadArgs("70b-on-one-gpu", ["--model", "llama-3.1-70b", "--gpu", "h100"],
             "use --tensor-parallel 2 or more"),
@@ -51,6 +53,15 @@ def test_engine_sim_options_are_its_config() -> None:
     assert SimServerConfig.from_args(given) == SimServerConfig(
         role="decode", speed=math.inf, gpu="h100", enable_prefix_caching=False,
         itl_budget=0.05)
+
+
+@pytest.mark.parametrize(("given", "role"), [
+    ("prefill", Role.PREFILL), ("decode", Role.DECODE), ("engine", Role.ENGINE),
+    ("aggregated", Role.ENGINE),  # the older name, still passed by older pod specs
+], ids=lambda v: str(v))
+def test_engine_sim_roles_are_the_pool_roles(given: str, role: Role) -> None:
+    assert canonical_role(given) is role
+    assert SimServerConfig().role == Role.ENGINE  # the default: the aggregated engine
 
 
 def _subparser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:

@@ -11,11 +11,13 @@ from poolpilot.engine_sim.engine import EngineConfig, EngineCore
 from poolpilot.engine_sim.hardware import make_step_model
 from poolpilot.engine_sim.scheduler import Seq
 
+from poolpilot.roles import Role
+
 
 def serve(slowdown: float, prompts: tuple[int, ...], output: int) -> tuple[dict[str, float],
                                                                               int]:
     """Run the requests (all arriving at 0) to completion: finish time per request, steps."""
-    core = EngineCore(make_step_model("llama-3.1-8b", "h200"), "aggregated", EngineConfig())
+    core = EngineCore(make_step_model("llama-3.1-8b", "h200"), Role.ENGINE, EngineConfig())
     core.slowdown = slowdown
     for i, p in enumerate(prompts):
         core.add(Seq(f"r{i}", p, output, 0.0))
@@ -57,7 +59,7 @@ def test_every_step_takes_slowdown_times_as_long(case: SlowCase) -> None:
 
 def test_slowdown_applies_from_the_next_chunk_and_ends_when_reset() -> None:
     # one step per chunk, so each chunk is one priced step
-    core = EngineCore(make_step_model("llama-3.1-8b", "h200"), "aggregated",
+    core = EngineCore(make_step_model("llama-3.1-8b", "h200"), Role.ENGINE,
                       EngineConfig(max_chunk_steps=1))
     core.add(Seq("a", 100, 50, 0.0))
     core.plan(0.0)  # the prefill step
