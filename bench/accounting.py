@@ -31,12 +31,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from poolpilot.leaderworkerset import gpus_per_replica
+from poolpilot.roles import DISAGGREGATED_ROLES
 
 ATTAINMENT_GOAL = 0.9
 
 
 @dataclass(frozen=True)
-class Outcome:
+class ReplayedRequest:
     """One submitted request as the user saw it."""
 
     id: int
@@ -178,12 +179,12 @@ class Summary:
 
 
 def summarize(
-    outcomes: Sequence[Outcome],
+    outcomes: Sequence[ReplayedRequest],
     ledger: Ledger,
     duration_s: float,
     slo_ttft: float,
     slo_itl: float,
-    roles: Sequence[str] = ("prefill", "decode"),
+    roles: Sequence[str] = DISAGGREGATED_ROLES,
     attainment_goal: float = ATTAINMENT_GOAL,
 ) -> Summary:
     n = len(outcomes)

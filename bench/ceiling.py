@@ -21,6 +21,8 @@ from poolpilot.bench.replay import BenchConfig, new_pool_sim
 from poolpilot.engine_sim.des import SimRequest
 from poolpilot.engine_sim.traces import TraceRequest
 
+from poolpilot.roles import Role
+
 
 @dataclass(frozen=True)
 class Ceiling:
@@ -38,8 +40,8 @@ class Ceiling:
 def _alone(cfg: BenchConfig, prompt: int) -> float | None:
     """TTFT of one request with this prompt on an idle 1+1 pool; None if it fails."""
     sim = new_pool_sim(cfg)
-    sim.add_replica("prefill", 0.0)
-    sim.add_replica("decode", 0.0)
+    sim.add_replica(Role.PREFILL, 0.0)
+    sim.add_replica(Role.DECODE, 0.0)
     sim.submit(SimRequest(0, 0.0, prompt, 2))
     sim.run()
     rec = sim.records()[0]
@@ -48,7 +50,7 @@ def _alone(cfg: BenchConfig, prompt: int) -> float | None:
 
 def slo_ceiling(trace: Sequence[TraceRequest], cfg: BenchConfig) -> Ceiling:
     probe = new_pool_sim(cfg)
-    probe.add_replica("decode", 0.0)
+    probe.add_replica(Role.DECODE, 0.0)
     limit = probe.max_model_len or 1
     step = probe.step_model
 

@@ -33,7 +33,7 @@ from poolpilot.bench.cold_start_sweep import (
     sweep_document,
 )
 from poolpilot.bench.oracle import DEFAULT_WINDOW_S, plan_oracle, warm_start
-from poolpilot.bench.policies.base import Bounds, Policy
+from poolpilot.bench.policies.base import Bounds, ScalingPolicy
 from poolpilot.bench.policies.oracle import Oracle
 from poolpilot.bench.policies.static_peak import StaticPool, peak_sizes
 from poolpilot.bench.profile import SimCapacity
@@ -54,6 +54,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from poolpilot import cli
+from poolpilot.roles import Role
 from poolpilot.validate import InvalidPool, parse_spec
 
 POLICIES = ("poolpilot", "oracle", "static-min", "static-peak", "hpa", "keda-queue",
@@ -167,7 +168,7 @@ def _capacity(cfg: BenchConfig) -> SimCapacity:
 
 def build_policy(name: str, trace: Sequence[TraceRequest], cfg: BenchConfig,
                  opts: Options | None = None,
-                 progress: Callable[[float], None] | None = None) -> Policy:
+                 progress: Callable[[float], None] | None = None) -> ScalingPolicy:
     """Policies are built where they run (each worker process builds its own). The oracle
     plans here (`progress` follows its plan); static-min searches here, one replay at a time
     (`run_all` runs that search with its replays in parallel instead)."""
@@ -179,7 +180,8 @@ def build_policy(name: str, trace: Sequence[TraceRequest], cfg: BenchConfig,
 
 
 def _build(name: str, params: dict[str, float], trace: Sequence[TraceRequest],
-           cfg: BenchConfig, opts: Options, progress: Callable[[float], None] | None) -> Policy:
+           cfg: BenchConfig, opts: Options,
+           progress: Callable[[float], None] | None) -> ScalingPolicy:
     from poolpilot.bench.policies.dynamo_sla import ADJUSTMENT_INTERVAL_S, DynamoSLA
     from poolpilot.bench.policies.hpa import TARGET_UTIL, HPAGpuUtil
     from poolpilot.bench.policies.keda import QUEUE_THRESHOLD, KedaQueue
@@ -240,7 +242,7 @@ def _policy_job(name: str, trace: list[TraceRequest], cfg: BenchConfig, opts: Op
 
 def _pool_job(sizes: tuple[int, int], trace: list[TraceRequest], cfg: BenchConfig,
               budget: int | None, emit: Emit) -> RunResult:
-    pool = StaticPool({"prefill": sizes[0], "decode": sizes[1]}, "static-min")
+    pool = StaticPool({Role.PREFILL: sizes[0], Role.DECODE: sizes[1]}, "static-min")
     return replay(trace, pool, cfg, lambda t: emit("static-min", t), miss_budget=budget)
 
 
@@ -332,22 +334,22 @@ def static_min(trace: list[TraceRequest], cfg: BenchConfig, opts: Options,
         result = found[best]
     result.info = {
         "found": best is not None, "goal": opts.goal,
-        "prefill": best[0] if best else None, "decode": best[1] if best else None,
+        Role.PREFILL: best[0] if best else None, Role.DECODE: best[1] if best else None,
         "replays": len(probes),
         "probes": [asdict(pr) for pr in probes],
     }
     if best is None:
-        result.info["largest_pool"] = {"prefill": cfg.max_replicas,
-                                       "decode": cfg.max_replicas}
+        result.info["largest_pool"] = {Role.PREFILL: cfg.max_replicas,
+                                       Role.DECODE: cfg.max_replicas}
     return result
 
 
 def _static_min_inline(trace: Sequence[TraceRequest], cfg: BenchConfig,
-                       opts: Options) -> Policy:
+                       opts: Options) -> ScalingPolicy:
     with Workers(1) as w:
         r = static_min(list(trace), cfg, opts, w)
-    sizes = r.info.get("largest_pool") or {"prefill": r.info["prefill"],
-                                           "decode": r.info["decode"]}
+    sizes = r.info.get("largest_pool") or {Role.PREFILL: r.info[Role.PREFILL],
+                                           Role.DECODE: r.info[Role.DECODE]}
     pool = StaticPool(sizes, "static-min")
     pool.info = r.info
     return pool

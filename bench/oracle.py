@@ -53,12 +53,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from poolpilot.bench.ceiling import slo_ceiling
-from poolpilot.bench.policies.base import ROLES, Bounds
+from poolpilot.bench.policies.base import Bounds
 from poolpilot.bench.policies.static_peak import MinuteLoad, size_for
 from poolpilot.bench.profile import Capacity
 from poolpilot.bench.replay import BenchConfig, meets_slo, new_pool_sim, to_sim_requests
 from poolpilot.engine_sim.des import PoolSim, RequestRecord
 from poolpilot.engine_sim.traces import TraceRequest
+
+from poolpilot.roles import DISAGGREGATED_ROLES, Role
 
 DEFAULT_WINDOW_S = 30.0
 DEFAULT_TARGET = 0.95  # the bench's goal: the oracle meets what the others are asked to
@@ -93,11 +95,11 @@ class OraclePlan:
         """Pods to hold at time t: the largest need of any window that overlaps (t, t+ahead)
         (`ahead` = cold start + the decision interval: what must be ordered now to be ready
         in time), at least `floor`."""
-        out = {r: floor for r in ROLES}
+        out: dict[str, int] = {r: floor for r in DISAGGREGATED_ROLES}
         for w in self.needs:
             if w.start < t + ahead and w.start + self.window > t:
-                out["prefill"] = max(out["prefill"], w.prefill)
-                out["decode"] = max(out["decode"], w.decode)
+                out[Role.PREFILL] = max(out[Role.PREFILL], w.prefill)
+                out[Role.DECODE] = max(out[Role.DECODE], w.decode)
         return out
 
     def summary(self) -> dict[str, Any]:
@@ -106,8 +108,8 @@ class OraclePlan:
             "windows": len(self.needs),
             "unattainable_windows": sum(1 for w in self.needs if not w.attainable),
             "trials": sum(w.trials for w in self.needs),
-            "peak_need": {"prefill": max((w.prefill for w in self.needs), default=0),
-                          "decode": max((w.decode for w in self.needs), default=0)},
+            "peak_need": {Role.PREFILL: max((w.prefill for w in self.needs), default=0),
+                          Role.DECODE: max((w.decode for w in self.needs), default=0)},
         }
 
 
@@ -151,7 +153,7 @@ class _Planner:
         self.arrivals = [r.arrival for r in self.reqs]
         self.sim = new_pool_sim(cfg, _SearchSim)
         assert isinstance(self.sim, _SearchSim)
-        self.ratio = {r: 1.0 for r in ROLES}  # need / profile estimate, last window
+        self.ratio = {r: 1.0 for r in DISAGGREGATED_ROLES}  # need / profile estimate, last window
 
     def _idx(self, t: float) -> int:
         return bisect.bisect_left(self.arrivals, t)
@@ -159,16 +161,16 @@ class _Planner:
     def trial(self, blob: bytes, p: int, d: int, i0: int, i1: int, it: int,
               stop_after: float) -> _Trial:
         sim = pickle.loads(blob)
-        _resize(sim, "prefill", p)
-        _resize(sim, "decode", d)
+        _resize(sim, Role.PREFILL, p)
+        _resize(sim, Role.DECODE, d)
         sim.submit_many(self.reqs[i0:it])
         last = self.arrivals[it - 1] if it > i0 else sim.now
         out = _Trial()
         cfg = self.cfg
         while True:
             sim.run_until(sim.now + 2.0)
-            out.prefill_queued = out.prefill_queued or _queued(sim, "prefill") > 0
-            out.decode_blocked = out.decode_blocked or _queued(sim, "decode") > 0
+            out.prefill_queued = out.prefill_queued or _queued(sim, Role.PREFILL) > 0
+            out.decode_blocked = out.decode_blocked or _queued(sim, Role.DECODE) > 0
             for r in sim.take_records():
                 if not i0 <= r.id < i1 or meets_slo(r, cfg.slo_ttft, cfg.slo_itl):
                     continue
@@ -206,9 +208,9 @@ class _Planner:
         def ok(p: int, d: int) -> bool:
             return run(p, d).misses <= allowed
 
-        p = min(hi, max(lo, guess["prefill"]))
-        d = min(hi, max(lo, guess["decode"]))
-        step = {"prefill": 1, "decode": 1}
+        p = min(hi, max(lo, guess[Role.PREFILL]))
+        d = min(hi, max(lo, guess[Role.DECODE]))
+        step = {Role.PREFILL: 1, Role.DECODE: 1}
         attainable = True
         while not ok(p, d):
             if p == hi and d == hi:
@@ -226,11 +228,11 @@ class _Planner:
             if not grow_p and not grow_d:  # misses with no queue seen: try either
                 grow_p, grow_d = p < hi, p == hi
             if grow_p:
-                p = min(hi, p + step["prefill"])
-                step["prefill"] *= 2
+                p = min(hi, p + step[Role.PREFILL])
+                step[Role.PREFILL] *= 2
             if grow_d:
-                d = min(hi, d + step["decode"])
-                step["decode"] *= 2
+                d = min(hi, d + step[Role.DECODE])
+                step[Role.DECODE] *= 2
         p = _shrink(lambda x: ok(x, d), lo, p)
         d = _shrink(lambda x: ok(p, x), lo, d)
         misses = run(p, d, exact=True).misses
@@ -238,8 +240,8 @@ class _Planner:
 
     def advance(self, s: float, need: WindowNeed) -> None:
         e = s + self.window
-        _resize(self.sim, "prefill", need.prefill)
-        _resize(self.sim, "decode", need.decode)
+        _resize(self.sim, Role.PREFILL, need.prefill)
+        _resize(self.sim, Role.DECODE, need.decode)
         self.sim.submit_many(self.reqs[self._idx(s):self._idx(e)])
         self.sim.run_until(e)
         assert isinstance(self.sim, _SearchSim)
@@ -260,11 +262,12 @@ class _Planner:
         s = 0.0
         while s <= end:
             est = self.estimate(s)
-            guess = {r: math.ceil(est[r] * self.ratio[r] - 1e-9) for r in ROLES}
+            guess: dict[str, int] = {r: math.ceil(est[r] * self.ratio[r] - 1e-9)
+                                     for r in DISAGGREGATED_ROLES}
             need = self.window_need(s, guess)
             if need.requests:
-                self.ratio = {"prefill": need.prefill / est["prefill"],
-                              "decode": need.decode / est["decode"]}
+                self.ratio = {Role.PREFILL: need.prefill / est[Role.PREFILL],
+                              Role.DECODE: need.decode / est[Role.DECODE]}
             plan.needs.append(need)
             self.advance(s, need)
             if progress is not None:
@@ -322,8 +325,8 @@ def warm_start(trace: Sequence[TraceRequest], cfg: BenchConfig, bounds: Bounds,
     span = max(cfg.cold_start, window)
     head = [r for r in trace if r.arrival_s < span + window]
     if not head:
-        return {r: bounds.min_replicas for r in ROLES}
+        return {r: bounds.min_replicas for r in DISAGGREGATED_ROLES}
     plan = plan_oracle(head, cfg, bounds, capacity, window, target, tail=window)
     firsts = [w for w in plan.needs if w.start < span] or plan.needs[:1]
-    return {"prefill": max(bounds.min_replicas, *(w.prefill for w in firsts)),
-            "decode": max(bounds.min_replicas, *(w.decode for w in firsts))}
+    return {Role.PREFILL: max(bounds.min_replicas, *(w.prefill for w in firsts)),
+            Role.DECODE: max(bounds.min_replicas, *(w.decode for w in firsts))}

@@ -24,6 +24,7 @@ from poolpilot.engine_sim.des import PoolSim, SimRequest
 from poolpilot.engine_sim.engine import EngineConfig
 
 from poolpilot import metrics as m
+from poolpilot.roles import Role
 
 ISL_GRID = (16, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
 
@@ -74,7 +75,7 @@ class SimCapacity:
                           decode_replicas=1, config=self.config)
             sim.submit(SimRequest(0, 0.0, isl, 2))
             sim.run()
-            h = sim.metrics()["prefill"].histograms[m.VLLM_TTFT]
+            h = sim.metrics()[Role.PREFILL].histograms[m.VLLM_TTFT]
             self._isl.append(float(isl))
             self._ttft.append(h.sum / h.count)
 

@@ -38,14 +38,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from poolpilot.bench.accounting import Ledger, Outcome, ScaleEvent, Span, Summary, summarize
-from poolpilot.bench.policies.base import ROLES, Policy, PoolView, RoleState
+from poolpilot.bench.accounting import Ledger, ReplayedRequest, ScaleEvent, Span, Summary, summarize
+from poolpilot.bench.policies.base import PoolView, RolePods, ScalingPolicy
 from poolpilot.bench.scrape import Labels, PromView, labels_of
 from poolpilot.engine_sim.des import ROUTING, LocalPrefill, PoolSim, SimRequest
 from poolpilot.engine_sim.engine import EngineConfig
 from poolpilot.engine_sim.traces import TraceRequest
 
 from poolpilot import metrics as m
+from poolpilot.roles import DISAGGREGATED_ROLES
 
 DEFAULT_ROUTING = "prefix-aware"  # the router's default (approximate prefix index)
 # The load imbalance reported: this percentile over the run of (busiest / even spread) per role.
@@ -86,21 +87,25 @@ class BenchConfig:
                              f"got {self.routing!r}")
 
 
+def _per_role() -> dict[str, list[int]]:
+    return {r: [] for r in DISAGGREGATED_ROLES}
+
+
 @dataclass
 class Timeline:
     """Per role, sampled every `every` seconds: pods billed, ready pods, the target."""
 
     t: list[float] = field(default_factory=list)
-    billed: dict[str, list[int]] = field(default_factory=lambda: {r: [] for r in ROLES})
-    ready: dict[str, list[int]] = field(default_factory=lambda: {r: [] for r in ROLES})
-    target: dict[str, list[int]] = field(default_factory=lambda: {r: [] for r in ROLES})
+    billed: dict[str, list[int]] = field(default_factory=_per_role)
+    ready: dict[str, list[int]] = field(default_factory=_per_role)
+    target: dict[str, list[int]] = field(default_factory=_per_role)
 
 
 @dataclass
 class RunResult:
     policy: str
     summary: Summary
-    outcomes: list[Outcome]
+    outcomes: list[ReplayedRequest]
     ledger: Ledger
     timeline: Timeline
     reasons: dict[str, dict[str, int]]
@@ -129,7 +134,7 @@ def new_pool_sim(cfg: BenchConfig, sim_class: type[PoolSim] = PoolSim) -> PoolSi
 
 
 def meets_slo(rec: Any, slo_ttft: float, slo_itl: float) -> bool:
-    """A simulator RequestRecord against the SLO (the same rule as `Outcome.meets`)."""
+    """A simulator RequestRecord against the SLO (the same rule as `ReplayedRequest.meets`)."""
     if not rec.ok or rec.first_token_at is None or rec.finished_at is None:
         return False
     if rec.first_token_at - rec.arrival > slo_ttft:
@@ -166,7 +171,8 @@ def snapshot_samples(snap: Any, labels: dict[str, str]) -> list[tuple[str, Label
 
 
 class Replay:
-    def __init__(self, trace: Sequence[TraceRequest], policy: Policy, cfg: BenchConfig) -> None:
+    def __init__(self, trace: Sequence[TraceRequest], policy: ScalingPolicy,
+                 cfg: BenchConfig) -> None:
         self.trace = trace
         self.policy = policy
         self.cfg = cfg
@@ -177,11 +183,11 @@ class Replay:
         self.busy: dict[int, int] = {}  # busy samples since the last scrape, per replica
         self.samples: dict[int, int] = {}
         self.timeline = Timeline()
-        self.reasons: dict[str, dict[str, int]] = {r: {} for r in ROLES}
+        self.reasons: dict[str, dict[str, int]] = {r: {} for r in DISAGGREGATED_ROLES}
         self.end = trace[-1].arrival_s if trace else 0.0
         self._checked = self._misses = 0  # records already counted, and their misses
         self._arrivals = sorted(r.arrival_s for r in trace)
-        self.imbalance: dict[str, list[float]] = {r: [] for r in ROLES}
+        self.imbalance: dict[str, list[float]] = {r: [] for r in DISAGGREGATED_ROLES}
         self._warm_taken: set[int] = set()  # replicas on a warm node (--warm-placeholders)
         self.warm_landings = 0
 
@@ -219,12 +225,12 @@ class Replay:
                 if removed is not None:
                     self.ledger.close(span, removed)
 
-    def role_state(self, role: str) -> RoleState:
+    def role_pods(self, role: str) -> RolePods:
         c = self.sim.replica_counts(role)
         now = self.sim.now
         ready = frozenset(str(rid) for rid, rep in self.sim.replicas.items()
                           if rep.role == role and rep.is_ready(now))
-        return RoleState(c.ready, c.starting, c.draining, c.ready + c.starting, ready)
+        return RolePods(c.ready, c.starting, c.draining, c.ready + c.starting, ready)
 
     # ---- scrape ----
     def _sample_busy(self) -> None:
@@ -260,7 +266,7 @@ class Replay:
         spread in whole requests. (Over the plain mean, one request on one of six engines read
         6.0.) No sample while the role has nothing in flight."""
         now = self.sim.now
-        loads: dict[str, list[int]] = {r: [] for r in ROLES}
+        loads: dict[str, list[int]] = {r: [] for r in DISAGGREGATED_ROLES}
         for rep in self.sim.replicas.values():
             if rep.removed_at is None and not rep.draining and rep.is_ready(now) \
                     and rep.role in loads:
@@ -272,9 +278,9 @@ class Replay:
 
     # ---- policy ----
     def _decide(self, t: float) -> None:
-        roles = {r: self.role_state(r) for r in ROLES}
+        roles = {r: self.role_pods(r) for r in DISAGGREGATED_ROLES}
         d = self.policy.decide(PoolView(t, self.prom, roles))
-        for role in ROLES:
+        for role in DISAGGREGATED_ROLES:
             want = d.replicas.get(role, roles[role].target)
             cur = roles[role].target
             reason = d.reasons.get(role, "")
@@ -289,8 +295,8 @@ class Replay:
     def _record(self, t: float) -> None:
         tl = self.timeline
         tl.t.append(t)
-        for role in ROLES:
-            st = self.role_state(role)
+        for role in DISAGGREGATED_ROLES:
+            st = self.role_pods(role)
             tl.ready[role].append(st.ready)
             tl.target[role].append(st.target)
             tl.billed[role].append(st.ready + st.starting + st.draining)
@@ -355,9 +361,9 @@ class Replay:
         for i, req in enumerate(self.trace):
             r = recs.get(i)
             if r is None:  # never finished: counted, as a miss
-                outcomes.append(Outcome(i, req.arrival_s, None, None, 0, None))
+                outcomes.append(ReplayedRequest(i, req.arrival_s, None, None, 0, None))
             else:
-                outcomes.append(Outcome(i, r.arrival, r.first_token_at,
+                outcomes.append(ReplayedRequest(i, r.arrival, r.first_token_at,
                                         r.finished_at if r.ok else None, r.output_tokens,
                                         r.itl_p90))
         duration = max(self.end, cfg.tick)
@@ -384,7 +390,7 @@ class Replay:
         prompt = sum(r.prompt_tokens for r in recs)
         hits = sum(r.prefix_hit_tokens for r in recs)
         by_role: dict[str, float | None] = {}
-        for role in ROLES:
+        for role in DISAGGREGATED_ROLES:
             q = h = 0.0
             for rep in self.sim.replicas.values():
                 if rep.role == role:
@@ -395,7 +401,8 @@ class Replay:
         return {
             "prefix_hit_rate": round(hits / prompt, 6) if prompt else None,
             "prefix_hit_rate_by_role": by_role,
-            "gpu_hours_by_role": {r: self.ledger.gpu_hours(duration, r) for r in ROLES},
+            "gpu_hours_by_role": {r: self.ledger.gpu_hours(duration, r)
+                                  for r in DISAGGREGATED_ROLES},
             "load_imbalance": {
                 r: (round(float(np.percentile(xs, IMBALANCE_PERCENTILE)), 4) if xs else None)
                 for r, xs in self.imbalance.items()},
@@ -413,7 +420,7 @@ def load_imbalance(loads: Sequence[int]) -> float | None:
     return max(loads) / math.ceil(total / len(loads))
 
 
-def replay(trace: Sequence[TraceRequest], policy: Policy, cfg: BenchConfig,
+def replay(trace: Sequence[TraceRequest], policy: ScalingPolicy, cfg: BenchConfig,
            progress: Callable[[float], None] | None = None,
            miss_budget: int | None = None) -> RunResult:
     return Replay(trace, policy, cfg).run(progress, miss_budget)

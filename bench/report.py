@@ -22,6 +22,8 @@ from poolpilot.bench.sweeps import SWEEPS, best_points, family
 from rich.console import Console
 from rich.table import Table
 
+from poolpilot.roles import DISAGGREGATED_ROLES, Role
+
 COLUMNS = (
     ("policy", "policy"),
     ("SLO attain.", "slo_attainment"),
@@ -88,8 +90,8 @@ def _series(r: RunResult) -> dict[str, list[float]]:
                 minutes.append(b + 0.5)
                 p90.append(round(min(float(np.percentile(sel, 90, method="inverted_cdf")),
                                      1e4), 4))
-    return {"t": [round(t, 3) for t in tl.t], "prefill": list(tl.billed["prefill"]),
-            "decode": list(tl.billed["decode"]), "minute": minutes, "ttft_p90": p90}
+    return {"t": [round(t, 3) for t in tl.t], Role.PREFILL: list(tl.billed[Role.PREFILL]),
+            Role.DECODE: list(tl.billed[Role.DECODE]), "minute": minutes, "ttft_p90": p90}
 
 
 def as_json(results: Sequence[RunResult], meta: Mapping[str, Any],
@@ -124,13 +126,13 @@ def label(name: str, p: Mapping[str, Any], best: Mapping[str, str] | None = None
         return f"{name} (best)"
     info = p.get("info") or {}
     if name == "static-min":
-        if info.get("found", True) and "prefill" in info:
-            return f"static-min ({info['prefill']}+{info['decode']})"
+        if info.get("found", True) and Role.PREFILL in info:
+            return f"static-min ({info[Role.PREFILL]}+{info[Role.DECODE]})"
         if not info.get("found", True):
             pool = info.get("largest_pool", {})
-            return f"static-min: none ({pool.get('prefill')}+{pool.get('decode')} misses)"
-    if name == "static-peak" and "prefill" in info:
-        return f"static-peak ({info['prefill']}+{info['decode']})"
+            return f"static-min: none ({pool.get(Role.PREFILL)}+{pool.get(Role.DECODE)} misses)"
+    if name == "static-peak" and Role.PREFILL in info:
+        return f"static-peak ({info[Role.PREFILL]}+{info[Role.DECODE]})"
     return name
 
 
@@ -172,7 +174,7 @@ def reference_notes(doc: Doc) -> list[str]:
                 f"within the bounds")
         elif name == "static-min":
             if i.get("found", True):
-                notes.append(f"static-min: {i.get('prefill')} prefill + {i.get('decode')} "
+                notes.append(f"static-min: {i.get(Role.PREFILL)} prefill + {i.get(Role.DECODE)} "
                              f"decode is the smallest fixed pool that reaches {goal:.0f}% "
                              f"({i.get('replays')} replays)")
             else:
@@ -240,7 +242,7 @@ def plot(doc: Doc, path: str | Path, title: str) -> None:
     for n in shown:
         s = pols[n].get("series") or {}
         mins = np.asarray(s.get("t", [])) / 60.0
-        for ax, role in zip(axes[:2], ("prefill", "decode"), strict=True):
+        for ax, role in zip(axes[:2], DISAGGREGATED_ROLES, strict=True):
             ax.step(mins, s.get(role, []), where="post", label=label(n, pols[n], best),
                     **style[n])
         axes[2].plot(s.get("minute", []), s.get("ttft_p90", []), **style[n])

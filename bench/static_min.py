@@ -24,6 +24,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from poolpilot.roles import Role
+
 PASS_GOAL = 0.95
 
 
@@ -78,11 +80,11 @@ def search_static_min(replay_pool: Callable[[list[tuple[int, int]]], list[Probe]
                 seen[(probe.prefill, probe.decode)] = probe.passed
         return [seen[pd] for pd in pools]
 
-    d = smallest_passing(lambda xs: run([(hi, x) for x in xs]), lo, hi, guess["decode"], jobs)
+    d = smallest_passing(lambda xs: run([(hi, x) for x in xs]), lo, hi, guess[Role.DECODE], jobs)
     if d is None:
         return None, probes
     dec: int = d
-    p = smallest_passing(lambda xs: run([(x, dec) for x in xs]), lo, hi, guess["prefill"],
+    p = smallest_passing(lambda xs: run([(x, dec) for x in xs]), lo, hi, guess[Role.PREFILL],
                          jobs)
     if p is None:  # cannot happen if passing is monotone: (hi, d) passed
         return None, probes

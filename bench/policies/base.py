@@ -20,11 +20,9 @@ from typing import Protocol
 
 from poolpilot.bench.scrape import PromView
 
-ROLES = ("prefill", "decode")
-
 
 @dataclass(frozen=True)
-class RoleState:
+class RolePods:
     ready: int
     starting: int
     draining: int
@@ -41,11 +39,11 @@ class RoleState:
 class PoolView:
     now: float
     prom: PromView
-    roles: Mapping[str, RoleState]
+    roles: Mapping[str, RolePods]
 
 
 @dataclass(frozen=True)
-class Decision:
+class ScalingDecision:
     replicas: dict[str, int]
     reasons: dict[str, str] = field(default_factory=dict)
 
@@ -56,7 +54,7 @@ class Bounds:
     max_replicas: int = 64
 
 
-class Policy(Protocol):
+class ScalingPolicy(Protocol):
     name: str
     interval: float  # seconds between decisions
 
@@ -64,7 +62,7 @@ class Policy(Protocol):
         """Replicas per role at t=0 (before any metric exists)."""
         ...
 
-    def decide(self, view: PoolView) -> Decision: ...
+    def decide(self, view: PoolView) -> ScalingDecision: ...
 
 
 def clamp(n: int, bounds: Bounds) -> int:

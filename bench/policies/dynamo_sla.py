@@ -47,11 +47,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from poolpilot.bench.policies.base import Bounds, Decision, PoolView
+from poolpilot.bench.policies.base import Bounds, PoolView, ScalingDecision
 from poolpilot.bench.profile import Capacity
 from poolpilot.bench.replay import FRONTEND_STARTED
 
 from poolpilot import metrics as m
+from poolpilot.roles import DISAGGREGATED_ROLES, Role
 
 ADJUSTMENT_INTERVAL_S = 180.0
 PREDICTION_WINDOW = 50
@@ -135,7 +136,7 @@ class DynamoSLA:
         at the decode engines, ISL from the prompts prefilled, OSL from the tokens generated
         per finished request."""
         w, prom = self.interval, view.prom
-        pre, dec = {"role": "prefill"}, {"role": "decode"}
+        pre, dec = {"role": Role.PREFILL}, {"role": Role.DECODE}
 
         def one(d: dict[tuple[str, ...], float]) -> float:
             return next(iter(d.values()), math.nan)
@@ -154,21 +155,21 @@ class DynamoSLA:
             "osl": osl / finished if finished and finished > 0 else math.nan,
         }
 
-    def decide(self, view: PoolView) -> Decision:
-        cur = {r: view.roles[r].target for r in ("prefill", "decode")}
+    def decide(self, view: PoolView) -> ScalingDecision:
+        cur = {r: view.roles[r].target for r in DISAGGREGATED_ROLES}
         o = self.observe(view)
         if o["num_req"] == 0:  # an idle interval: undefined averages read as 0
             o = {k: 0.0 if math.isnan(v) else v for k, v in o.items()}
         if any(math.isnan(v) for v in o.values()):
             why = "MetricsNaN"  # requests, but none finished (or no data yet): skip
-            return Decision(cur, {"prefill": why, "decode": why})
+            return ScalingDecision(cur, {Role.PREFILL: why, Role.DECODE: why})
         self.num_req.add(o["num_req"])
         self.isl.add(o["isl"])
         self.osl.add(o["osl"])
         n, isl, osl = self.num_req.predict(), self.isl.predict(), self.osl.predict()
         p, d = self.replicas_for(n, isl, osl)
-        return Decision({"prefill": p, "decode": d},
-                        {"prefill": "SLAPlanner", "decode": "SLAPlanner"})
+        return ScalingDecision({Role.PREFILL: p, Role.DECODE: d},
+                        {Role.PREFILL: "SLAPlanner", Role.DECODE: "SLAPlanner"})
 
     def replicas_for(self, num_req: float, isl: float, osl: float) -> tuple[int, int]:
         """`_compute_prefill_replicas` / `_compute_decode_replicas` and the GPU budget."""

@@ -19,10 +19,11 @@ which the results show as GPU-hours, not as missed SLOs.
 
 from __future__ import annotations
 
-from poolpilot.bench.policies.base import ROLES, Bounds, Decision, PoolView
+from poolpilot.bench.policies.base import Bounds, PoolView, ScalingDecision
 from poolpilot.bench.policies.hpa_core import SYNC_PERIOD_S, HPAController, pods_metric_replicas
 
 from poolpilot import metrics as m
+from poolpilot.roles import DISAGGREGATED_ROLES
 
 TARGET_UTIL = 80.0
 
@@ -35,15 +36,16 @@ class HPAGpuUtil:
                  target_util: float = TARGET_UTIL) -> None:
         self.target = target_util
         self._initial = dict(initial)
-        self.hpa = {r: HPAController(bounds.min_replicas, bounds.max_replicas) for r in ROLES}
+        self.hpa = {r: HPAController(bounds.min_replicas, bounds.max_replicas)
+                    for r in DISAGGREGATED_ROLES}
 
     def initial(self) -> dict[str, int]:
         return dict(self._initial)
 
-    def decide(self, view: PoolView) -> Decision:
+    def decide(self, view: PoolView) -> ScalingDecision:
         out: dict[str, int] = {}
         reasons: dict[str, str] = {}
-        for role in ROLES:
+        for role in DISAGGREGATED_ROLES:
             st = view.roles[role]
             per_pod = view.prom.gauge(m.DCGM_GPU_UTIL, {"role": role}, by=("pod",))
             # Pods reporting: the ready ones (a draining pod is being deleted: ignored).
@@ -55,4 +57,4 @@ class HPAGpuUtil:
                 continue
             rec = pods_metric_replicas(sum(values), reporting, missing, st.target, self.target)
             out[role], reasons[role] = self.hpa[role].step(view.now, st.target, rec)
-        return Decision(out, reasons)
+        return ScalingDecision(out, reasons)

@@ -23,10 +23,11 @@ from __future__ import annotations
 
 import math
 
-from poolpilot.bench.policies.base import ROLES, Bounds, Decision, PoolView
+from poolpilot.bench.policies.base import Bounds, PoolView, ScalingDecision
 from poolpilot.bench.policies.hpa_core import SYNC_PERIOD_S, HPAController, external_metric_replicas
 
 from poolpilot import metrics as m
+from poolpilot.roles import DISAGGREGATED_ROLES
 
 POLLING_INTERVAL_S = 30.0
 COOLDOWN_PERIOD_S = 300.0
@@ -52,21 +53,22 @@ class KedaQueue:
         self._initial = dict(initial)
         # KEDA sets the HPA's minReplicas to max(minReplicaCount, 1).
         self.hpa = {
-            r: HPAController(max(1, bounds.min_replicas), bounds.max_replicas) for r in ROLES
+            r: HPAController(max(1, bounds.min_replicas), bounds.max_replicas)
+            for r in DISAGGREGATED_ROLES
         }
-        self._last_active: dict[str, float] = {r: 0.0 for r in ROLES}
+        self._last_active: dict[str, float] = {r: 0.0 for r in DISAGGREGATED_ROLES}
         self._last_poll = -math.inf
 
     def initial(self) -> dict[str, int]:
         return dict(self._initial)
 
-    def decide(self, view: PoolView) -> Decision:
+    def decide(self, view: PoolView) -> ScalingDecision:
         out: dict[str, int] = {}
         reasons: dict[str, str] = {}
         poll = view.now - self._last_poll >= self.polling_interval - 1e-9
         if poll:
             self._last_poll = view.now
-        for role in ROLES:
+        for role in DISAGGREGATED_ROLES:
             st = view.roles[role]
             q = view.prom.gauge(m.VLLM_WAITING, {"role": role}).get((), math.nan)
             if poll and not math.isnan(q) and q > 0:
@@ -91,4 +93,4 @@ class KedaQueue:
                 q = 0.0
             rec = external_metric_replicas(q, st.exists, self.threshold)
             out[role], reasons[role] = self.hpa[role].step(view.now, st.target, rec)
-        return Decision(out, reasons)
+        return ScalingDecision(out, reasons)

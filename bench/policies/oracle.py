@@ -13,7 +13,9 @@ from __future__ import annotations
 from typing import Any
 
 from poolpilot.bench.oracle import OraclePlan
-from poolpilot.bench.policies.base import Bounds, Decision, PoolView, clamp
+from poolpilot.bench.policies.base import Bounds, PoolView, ScalingDecision, clamp
+
+from poolpilot.roles import DISAGGREGATED_ROLES
 
 DECISION_INTERVAL_S = 5.0
 
@@ -38,5 +40,5 @@ class Oracle:
     def initial(self) -> dict[str, int]:
         return self._pods(0.0)
 
-    def decide(self, view: PoolView) -> Decision:
-        return Decision(self._pods(view.now), {r: "Plan" for r in ("prefill", "decode")})
+    def decide(self, view: PoolView) -> ScalingDecision:
+        return ScalingDecision(self._pods(view.now), {r: "Plan" for r in DISAGGREGATED_ROLES})

@@ -19,11 +19,12 @@ from poolpilot.autoscaler.decide import History, Observation, decide
 from poolpilot.autoscaler.decide import Policy as ScalerPolicy
 from poolpilot.autoscaler.decide.burst import Clumps
 from poolpilot.autoscaler.observe import RoleState, Snapshot, observation
-from poolpilot.bench.policies.base import ROLES, Bounds, Decision, PoolView
+from poolpilot.bench.policies.base import Bounds, PoolView, ScalingDecision
 from poolpilot.bench.policies.static_peak import MinuteLoad
 from poolpilot.bench.profile import Capacity
 
 from poolpilot import metrics as m
+from poolpilot.roles import DISAGGREGATED_ROLES
 from poolpilot.validate import parse_spec
 
 RATE_WINDOW_S = 60.0  # rate() and histogram_quantile() window (autoscaler.queries.QuerySet)
@@ -104,7 +105,7 @@ class PoolpilotPolicy:
         # and it saw the pool's prefill queue empty at the start (a queue that forms before
         # its first decision is a clump, not one of unknown age found at a restart).
         fresh = History.fresh(0.0)
-        self.history = replace(fresh, clumps={r: Clumps(seen=True) for r in ROLES})
+        self.history = replace(fresh, clumps={r: Clumps(seen=True) for r in DISAGGREGATED_ROLES})
         self._initial = dict(initial)
         self.last_signals: dict[str, str] = {}
 
@@ -147,17 +148,17 @@ class PoolpilotPolicy:
         states = {
             r: RoleState(replicas=view.roles[r].target, ready=view.roles[r].ready,
                          starting=view.roles[r].starting)
-            for r in ROLES
+            for r in DISAGGREGATED_ROLES
         }
         return observation(NAMESPACE, POOL, states, snap, qt, qt)
 
-    def decide(self, view: PoolView) -> Decision:
+    def decide(self, view: PoolView) -> ScalingDecision:
         d = decide(self.observe(view), self.policy, self.history, view.now)
         # the replay applies every decision, so each scale starts its role's cooldown
         self.history = d.history.scaled(
             (r for r, rd in d.roles.items() if rd.replicas != rd.current), view.now)
         self.last_decision = d
-        return Decision(
-            {r: d.roles[r].replicas for r in ROLES},
-            {r: d.roles[r].reason for r in ROLES},
+        return ScalingDecision(
+            {r: d.roles[r].replicas for r in DISAGGREGATED_ROLES},
+            {r: d.roles[r].reason for r in DISAGGREGATED_ROLES},
         )

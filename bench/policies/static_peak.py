@@ -20,9 +20,11 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from poolpilot.bench.policies.base import Bounds, Decision, PoolView, clamp
+from poolpilot.bench.policies.base import Bounds, PoolView, ScalingDecision, clamp
 from poolpilot.bench.profile import Capacity
 from poolpilot.engine_sim.traces import TraceRequest
+
+from poolpilot.roles import DISAGGREGATED_ROLES, Role
 
 
 @dataclass(frozen=True)
@@ -77,12 +79,12 @@ def warmup_load(trace: Sequence[TraceRequest], seconds: float = 300.0) -> Minute
 def size_for(load: MinuteLoad, capacity: Capacity, bounds: Bounds) -> dict[str, int]:
     """Replicas per role that carry one minute's load at the SLO, by the capacity profile."""
     if load.requests == 0:
-        return {"prefill": bounds.min_replicas, "decode": bounds.min_replicas}
+        return {Role.PREFILL: bounds.min_replicas, Role.DECODE: bounds.min_replicas}
     p_cap = capacity.prefill_tokens_per_s(load.mean_isl)
     d_cap = capacity.decode_tokens_per_s(load.mean_isl + load.mean_osl / 2)
     return {
-        "prefill": clamp(math.ceil(load.prompt_tokens_per_s / p_cap), bounds),
-        "decode": clamp(math.ceil(load.output_tokens_per_s / d_cap), bounds),
+        Role.PREFILL: clamp(math.ceil(load.prompt_tokens_per_s / p_cap), bounds),
+        Role.DECODE: clamp(math.ceil(load.output_tokens_per_s / d_cap), bounds),
     }
 
 
@@ -94,22 +96,22 @@ class StaticPool:
     def __init__(self, sizes: dict[str, int], name: str = "static") -> None:
         self.name = name
         self.sizes = dict(sizes)
-        self.info: dict[str, object] = {"prefill": sizes["prefill"], "decode": sizes["decode"]}
+        self.info: dict[str, object] = {r: sizes[r] for r in DISAGGREGATED_ROLES}
 
     def initial(self) -> dict[str, int]:
         return dict(self.sizes)
 
-    def decide(self, view: PoolView) -> Decision:
-        return Decision(dict(self.sizes), {r: "Static" for r in self.sizes})
+    def decide(self, view: PoolView) -> ScalingDecision:
+        return ScalingDecision(dict(self.sizes), {r: "Static" for r in self.sizes})
 
 
 def peak_sizes(trace: Sequence[TraceRequest], capacity: Capacity,
                bounds: Bounds) -> dict[str, int]:
     """Each role sized by the profile for its own busiest minute."""
     sizes = [size_for(m, capacity, bounds) for m in minute_loads(trace)] or [
-        {"prefill": bounds.min_replicas, "decode": bounds.min_replicas}
+        {Role.PREFILL: bounds.min_replicas, Role.DECODE: bounds.min_replicas}
     ]
-    return {r: max(s[r] for s in sizes) for r in ("prefill", "decode")}
+    return {r: max(s[r] for s in sizes) for r in DISAGGREGATED_ROLES}
 
 
 class StaticPeak(StaticPool):

@@ -7,7 +7,7 @@ import math
 import pytest
 from poolpilot.bench.accounting import (
     Ledger,
-    Outcome,
+    ReplayedRequest,
     ScaleEvent,
     direction_changes,
     percentile,
@@ -15,8 +15,8 @@ from poolpilot.bench.accounting import (
 )
 
 
-def out(i: int, ttft: float | None, itl: float | None = 0.01, done: bool = True) -> Outcome:
-    return Outcome(
+def out(i: int, ttft: float | None, itl: float | None = 0.01, done: bool = True) -> ReplayedRequest:
+    return ReplayedRequest(
         id=i,
         arrival=float(i),
         first_token_at=None if ttft is None else i + ttft,

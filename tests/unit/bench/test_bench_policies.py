@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import pytest
 from poolpilot.autoscaler import decide as real_decide
-from poolpilot.bench.policies.base import Bounds, PoolView, RoleState
+from poolpilot.bench.policies.base import Bounds, PoolView, RolePods
 from poolpilot.bench.policies.dynamo_sla import DynamoSLA
 from poolpilot.bench.policies.hpa import HPAGpuUtil
 from poolpilot.bench.policies.keda import KedaQueue
@@ -40,11 +40,11 @@ class FlatCapacity:
 BOUNDS = Bounds(1, 50)
 
 
-def roles(prefill: int = 1, decode: int = 1, starting: int = 0) -> dict[str, RoleState]:
+def roles(prefill: int = 1, decode: int = 1, starting: int = 0) -> dict[str, RolePods]:
     return {
-        "prefill": RoleState(prefill, starting, 0, prefill + starting,
+        "prefill": RolePods(prefill, starting, 0, prefill + starting,
                              frozenset(f"p{i}" for i in range(prefill))),
-        "decode": RoleState(decode, 0, 0, decode, frozenset(f"d{i}" for i in range(decode))),
+        "decode": RolePods(decode, 0, 0, decode, frozenset(f"d{i}" for i in range(decode))),
     }
 
 

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from poolpilot.bench.main import build_policy
-from poolpilot.bench.policies.base import Decision, PoolView
+from poolpilot.bench.policies.base import PoolView, ScalingDecision
 from poolpilot.bench.replay import FRONTEND_STARTED, BenchConfig, replay
 from poolpilot.engine_sim.traces import TraceRequest
 
@@ -34,12 +34,12 @@ class Scripted:
     def initial(self) -> dict[str, int]:
         return dict(self.start)
 
-    def decide(self, view: PoolView) -> Decision:
+    def decide(self, view: PoolView) -> ScalingDecision:
         self.seen.append(view)
         self.scrapes[view.now] = view.prom.scrapes
         self.waiting[view.now] = view.prom.gauge("vllm:num_requests_waiting", by=("role",))
         cur = {r: s.target for r, s in view.roles.items()}
-        return Decision(self.plan.get(view.now, cur))
+        return ScalingDecision(self.plan.get(view.now, cur))
 
 
 def test_small_trace_known_by_hand() -> None:

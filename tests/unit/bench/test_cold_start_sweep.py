@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from poolpilot.bench.cold_start import PROFILES, parse_phases, profile
 from poolpilot.bench.cold_start_sweep import monotone_drops, parse_cold_starts
-from poolpilot.bench.policies.base import Decision, PoolView
+from poolpilot.bench.policies.base import PoolView, ScalingDecision
 from poolpilot.bench.replay import BenchConfig, replay
 from poolpilot.bench.synthetic import Shape, generate
 from poolpilot.engine_sim.traces import TraceRequest, write_csv
@@ -57,11 +57,11 @@ class OneUpAt:
     def initial(self) -> dict[str, int]:
         return {"prefill": 1, "decode": 1}
 
-    def decide(self, view: PoolView) -> Decision:
+    def decide(self, view: PoolView) -> ScalingDecision:
         cur = {r: s.target for r, s in view.roles.items()}
         if view.now == 10.0:
             cur["prefill"] += self.n
-        return Decision(cur)
+        return ScalingDecision(cur)
 
 
 def test_a_scale_up_lands_warm_on_a_free_placeholder_node_only() -> None:
