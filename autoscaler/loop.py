@@ -35,6 +35,7 @@ from pydantic import ValidationError
 
 from poolpilot import api, names
 from poolpilot.reasons import Reason
+from poolpilot.roles import Role
 from poolpilot.validate import InvalidPool, parse_spec
 
 log = logging.getLogger("poolpilot.autoscaler")
@@ -253,7 +254,7 @@ class Autoscaler:
             policy = replace(policy, bounds={r: b for r, b in policy.bounds.items()
                                              if r in states})
         obs = observation(ns, name, states, snap, spec.slo.ttft.quantile, spec.slo.itl.quantile,
-                          router=wl.role_state(ns, name, "router", uid))
+                          router=wl.role_state(ns, name, Role.ROUTER, uid))
         for role, state in states.items():
             await self._measured_cold_starts(ns, name, role, state.ready, uid, st, now)
         d = core.decide(obs, policy, st.history, now)
@@ -475,7 +476,7 @@ def _round(v: float | None) -> float | None:
 
 
 def _first_ttft(obs: core.Observation) -> float | None:
-    for role in ("prefill", "engine"):
+    for role in (Role.PREFILL, Role.ENGINE):
         o = obs.roles.get(role)
         if o is not None and _ok(o.ttft):
             return o.ttft
@@ -483,7 +484,7 @@ def _first_ttft(obs: core.Observation) -> float | None:
 
 
 def _itl(obs: core.Observation) -> float | None:
-    for role in ("decode", "engine"):
+    for role in (Role.DECODE, Role.ENGINE):
         o = obs.roles.get(role)
         if o is not None and _ok(o.itl):
             return o.itl

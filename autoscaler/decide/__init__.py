@@ -88,12 +88,9 @@ from poolpilot.autoscaler.decide.steps import (
 from poolpilot.autoscaler.decide.types import (
     _EPS,
     CAPACITY_ALPHA,
-    DECODE,
     DOWN,
-    ENGINE,
     MAX_HIT_RATE,
     NONE,
-    PREFILL,
     UP,
     Behavior,
     ConditionDecision,
@@ -116,17 +113,15 @@ from poolpilot.autoscaler.frozen import replace
 
 from poolpilot.reasons import Reason, StepName
 from poolpilot.reasons import SignalName as S
+from poolpilot.roles import Role
 
 # What callers import from `poolpilot.autoscaler.decide` (the loop, the bench, the tests).
 __all__ = [
     "CAPACITY_ALPHA",
     "COUNTS_STARTING",
-    "DECODE",
     "DOWN",
-    "ENGINE",
     "MAX_HIT_RATE",
     "NONE",
-    "PREFILL",
     "QUEUED_SHARE",
     "UP",
     "_ABOVE",
@@ -195,8 +190,8 @@ def decide(observation: Observation, policy: Policy, history: History, now: floa
     """Decide the size of every engine role of one pool. Pure: same inputs, same output."""
     roles = [r for r in policy.bounds if r in observation.roles]
     capacity = dict(history.capacity)
-    for role, seed in ((PREFILL, policy.prefill_tokens_per_replica),
-                       (DECODE, policy.decode_tokens_per_replica)):
+    for role, seed in ((Role.PREFILL, policy.prefill_tokens_per_replica),
+                       (Role.DECODE, policy.decode_tokens_per_replica)):
         if seed and role not in capacity:
             capacity[role] = seed  # a profile's number: where the learning starts
     seen = {r: history.ready_change(r, observation.roles[r].ready_replicas, now) for r in roles}
@@ -217,7 +212,7 @@ def decide(observation: Observation, policy: Policy, history: History, now: floa
         need, memory[role] = measure_need(role, observation, policy, capacity, memory[role], now,
                                           settled=now - seen[role][1] >= settle_seconds(policy))
         proposals[role] = propose_from_signals(role, observation, policy, capacity, need)
-        if need is not None and role == PREFILL and policy.burst_room:
+        if need is not None and role == Role.PREFILL and policy.burst_room:
             clumps[role], proposals[role].room = burst_room(
                 observation, policy, need, memory[role], clumps.get(role, Clumps()), now)
     presized = {r: presize(proposals[r]) for r in roles}

@@ -6,9 +6,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from poolpilot.autoscaler.decide.types import (
-    DECODE,
-    ENGINE,
-    PREFILL,
     ConditionDecision,
     Observation,
     Policy,
@@ -19,12 +16,13 @@ from poolpilot.autoscaler.decide.types import (
 )
 
 from poolpilot.reasons import Reason, StepName
+from poolpilot.roles import Role
 
 # Signals each role must have to decide (gauges every engine exports while it runs).
 _REQUIRED = {
-    PREFILL: ("waiting", "running", "prompt_tokens_rate"),
-    DECODE: ("waiting", "running", "kv_usage", "generation_tokens_rate"),
-    ENGINE: ("waiting", "running", "kv_usage"),
+    Role.PREFILL: ("waiting", "running", "prompt_tokens_rate"),
+    Role.DECODE: ("waiting", "running", "kv_usage", "generation_tokens_rate"),
+    Role.ENGINE: ("waiting", "running", "kv_usage"),
 }
 
 
@@ -106,11 +104,11 @@ def ttft_owner(obs: Observation, p: Policy) -> str:
     """The role a TTFT breach at the router belongs to. The router's TTFT covers prefill, the
     KV transfer and the first decode step: it is prefill's, unless the prefill engines meet
     the target on their own while requests wait at decode (then decode is the bottleneck)."""
-    pre, dec = obs.roles.get(PREFILL), obs.roles.get(DECODE)
+    pre, dec = obs.roles.get(Role.PREFILL), obs.roles.get(Role.DECODE)
     if pre is None or dec is None or _bad(obs.router_ttft) or _bad(pre.ttft):
-        return PREFILL
+        return Role.PREFILL
     decode_queue = not _bad(dec.waiting) and (dec.waiting or 0) > 0
-    return DECODE if (pre.ttft or 0) <= p.ttft_target and decode_queue else PREFILL
+    return Role.DECODE if (pre.ttft or 0) <= p.ttft_target and decode_queue else Role.PREFILL
 
 
 def metrics_condition(ds: Mapping[str, RoleDecision]) -> ConditionDecision:
@@ -144,7 +142,7 @@ def kv_transfer_failing(obs: Observation, p: Policy) -> str | None:
     failures = obs.kv_transfer_failure_rate
     if _bad(failures) or not failures:
         return None
-    pre = obs.roles.get(PREFILL)
+    pre = obs.roles.get(Role.PREFILL)
     requests = obs.router_request_rate
     if _bad(requests) or not requests:
         requests = pre.request_rate if pre is not None else None

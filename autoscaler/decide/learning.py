@@ -13,8 +13,6 @@ from poolpilot.autoscaler.decide.checks import (
 from poolpilot.autoscaler.decide.types import (
     _EPS,
     CAPACITY_ALPHA,
-    DECODE,
-    PREFILL,
     Observation,
     Policy,
     RoleObservation,
@@ -22,6 +20,8 @@ from poolpilot.autoscaler.decide.types import (
     _num,
 )
 from poolpilot.autoscaler.frozen import replace
+
+from poolpilot.roles import Role
 
 
 def measure_need(role: str, obs: Observation, p: Policy, capacity: Mapping[str, float],
@@ -32,7 +32,7 @@ def measure_need(role: str, obs: Observation, p: Policy, capacity: Mapping[str, 
     o = obs.roles[role]
     per_replica = capacity.get(role)
     local = 0.0
-    if role == PREFILL:
+    if role == Role.PREFILL:
         served = _num(o.prompt_tokens_rate)
         requests = _num(o.request_rate)
         tokens = served / requests if served > 0 and requests > 0 else mem.tokens_per_request
@@ -47,7 +47,7 @@ def measure_need(role: str, obs: Observation, p: Policy, capacity: Mapping[str, 
         backlog = (_num(o.waiting) + _num(o.running)) * tokens * miss
         local = _num(obs.local_prefill_rate) * tokens * miss
         served += local
-    elif role == DECODE:
+    elif role == Role.DECODE:
         served, backlog = _num(o.generation_tokens_rate), 0.0
     else:
         return None, mem
@@ -58,7 +58,7 @@ def measure_need(role: str, obs: Observation, p: Policy, capacity: Mapping[str, 
     if not per_replica:
         return None, mem
     headroom = role_headroom(role, p, mem)
-    if role == PREFILL and settled and o.starting == 0:
+    if role == Role.PREFILL and settled and o.starting == 0:
         ttft = obs.router_ttft if not _bad(obs.router_ttft) else o.ttft
         if not _bad(ttft):
             assert ttft is not None
@@ -92,7 +92,7 @@ def burst_room(obs: Observation, p: Policy, need: model.Need, mem: model.Memory,
     """Prefill's clumps with this decision's seconds-scale demand added, and the burst room
     they size, in replicas (`decide/burst.py`). Waiting prompts are counted as the capacity
     model counts tokens: computed (not served by the prefix cache)."""
-    o = obs.roles[PREFILL]
+    o = obs.roles[Role.PREFILL]
     waiting = _num(o.waiting) * (mem.tokens_per_request or 0.0) * o.miss
     clumps = observe(clumps, now, need.rate, waiting, p.ttft_target, settled=o.starting == 0)
     quantile = p.rise_quantile if p.rise_quantile is not None else p.slo_quantile
@@ -100,7 +100,7 @@ def burst_room(obs: Observation, p: Policy, need: model.Need, mem: model.Memory,
 
 
 def _unit(role: str, o: RoleObservation) -> str:
-    if role != PREFILL:
+    if role != Role.PREFILL:
         return "generated tokens"
     if o.miss < 1:
         return f"computed prompt tokens ({1 - o.miss:.0%} from the prefix cache)"
@@ -118,7 +118,7 @@ def role_headroom(role: str, p: Policy, mem: model.Memory | None = None) -> floa
     Decode batches: every running sequence advances each step, its ITL is the step time of
     the batch, and the per-replica capacity (tokens/s at the ITL target) already is the
     throughput at the SLO; only a small margin for the next minute's noise is kept."""
-    if role == DECODE:
+    if role == Role.DECODE:
         return p.decode_headroom
     return mem.headroom if mem is not None and mem.headroom is not None else p.headroom
 
@@ -131,10 +131,10 @@ QUEUED_SHARE = 0.25
 def _latency_breach(role: str, obs: Observation, p: Policy) -> bool:
     """The role's latency signal is above its target band (TTFT for prefill, ITL for decode)."""
     o = obs.roles[role]
-    if role == PREFILL and ttft_owner(obs, p) == PREFILL:
+    if role == Role.PREFILL and ttft_owner(obs, p) == Role.PREFILL:
         ttft = obs.router_ttft if not _bad(obs.router_ttft) else o.ttft
         return not _bad(ttft) and (ttft or 0) > p.ttft_target * (1 + p.dead_band)
-    if role == DECODE:
+    if role == Role.DECODE:
         return not _bad(o.itl) and (o.itl or 0) > p.itl_target * (1 + p.dead_band)
     return False
 
@@ -160,14 +160,14 @@ def learn_capacity(role: str, obs: Observation, p: Policy, capacity: Mapping[str
     latency_breach = _latency_breach(role, obs, p)
     ready = o.ready_replicas
     busy = 1 + p.dead_band
-    if role == PREFILL:
+    if role == Role.PREFILL:
         saturated = float(o.waiting or 0) > p.prefill_queue_per_replica * ready * busy
         # Computed prompt tokens: a replica that served 3x its compute from the cache did
         # not compute 3x faster, and an estimate that said so would be divided by the hit
         # rate a second time when the demand is.
         rate = o.prompt_tokens_rate if _bad(o.prompt_tokens_rate) else (
             (o.prompt_tokens_rate or 0.0) * o.miss)
-    elif role == DECODE:
+    elif role == Role.DECODE:
         # (not the sequences-per-replica proxy: a batch larger than it is no evidence that
         # decode is at its limit, and would teach the capacity model a limit that is not)
         saturated = latency_breach or float(o.kv_usage or 0) > min(1.0, p.kv_cache_usage * busy)

@@ -10,9 +10,6 @@ from poolpilot.autoscaler.decide.checks import (
     ttft_owner,
 )
 from poolpilot.autoscaler.decide.types import (
-    DECODE,
-    ENGINE,
-    PREFILL,
     Observation,
     Policy,
     Proposal,
@@ -23,6 +20,7 @@ from poolpilot.autoscaler.decide.types import (
 
 from poolpilot.reasons import Reason
 from poolpilot.reasons import SignalName as S
+from poolpilot.roles import Role
 
 # --- step: signals -----------------------------------------------------------------------------
 
@@ -76,28 +74,28 @@ def propose_from_signals(role: str, obs: Observation, p: Policy, capacity: Mappi
     # While KV handoffs keep failing, a late first token is the retries' (ScalingLimited says
     # so): more replicas of either role would fail alike.
     failing = kv_transfer_failing(obs, p) is not None
-    if role in (PREFILL, ENGINE):
-        if role == ENGINE or owner == PREFILL:
+    if role in (Role.PREFILL, Role.ENGINE):
+        if role == Role.ENGINE or owner == Role.PREFILL:
             ttft = obs.router_ttft if not _bad(obs.router_ttft) else o.ttft
             latency(S.TTFT, ttft, p.ttft_target, sizes=need is None and not failing)
         if need is None:
             load(S.QUEUE, waiting, p.prefill_queue_per_replica * ready)
-    if role == PREFILL and need is None:
-        cap = capacity.get(PREFILL)
+    if role == Role.PREFILL and need is None:
+        cap = capacity.get(Role.PREFILL)
         if cap:  # (capacity counts computed tokens: those the prefix cache did not serve)
             load(S.PROMPT_THROUGHPUT, float(o.prompt_tokens_rate or 0) * o.miss,
                  cap * (1 - p.headroom) * ready)
-    if role == DECODE and owner == DECODE:
+    if role == Role.DECODE and owner == Role.DECODE:
         # (decode's waiting gauge counts KV handoffs in flight: a late first token with a few
         # of those is no decode shortage; its model and KV cache say when decode is short)
         latency(S.TTFT, obs.router_ttft, p.ttft_target, sizes=need is None and not failing)
-    if role in (DECODE, ENGINE):
+    if role in (Role.DECODE, Role.ENGINE):
         latency(S.ITL, o.itl, p.itl_target)
         if need is None:
             load(S.SEQUENCES, running + waiting, p.decode_sequences_per_replica * ready)
         load(S.KV_CACHE, float(o.kv_usage or 0), p.kv_cache_usage)
     if need is not None:
-        demand, ahead = ((S.PROMPT_TOKENS_DEMAND, S.PROMPT_TOKENS_AHEAD) if role == PREFILL
+        demand, ahead = ((S.PROMPT_TOKENS_DEMAND, S.PROMPT_TOKENS_AHEAD) if role == Role.PREFILL
                          else (S.GENERATION_TOKENS_DEMAND, S.GENERATION_TOKENS_AHEAD))
         target = need.per_replica * (1 - need.headroom) * o.replicas
         sig.append(Signal(demand, need.rate + need.backlog / need.drain, target,

@@ -9,8 +9,6 @@ from collections.abc import Mapping
 from poolpilot.autoscaler.decide.signals import _signals_text
 from poolpilot.autoscaler.decide.types import (
     _EPS,
-    DECODE,
-    PREFILL,
     History,
     Observation,
     Policy,
@@ -24,6 +22,7 @@ from poolpilot.autoscaler.decide.types import (
 )
 
 from poolpilot.reasons import Reason, StepName
+from poolpilot.roles import Role
 
 # --- steps: capacity and forecast --------------------------------------------------------------
 
@@ -125,10 +124,10 @@ def ratio_floors(
     orders decode before its generated tokens arrive; a replica count that only drains a
     backlog, or the margin a role keeps for its own rises, is no news for the other role).
     """
-    if PREFILL not in props or DECODE not in props:
+    if Role.PREFILL not in props or Role.DECODE not in props:
         return {}
-    pre, dec = obs.roles[PREFILL], obs.roles[DECODE]
-    cp, cd = capacity.get(PREFILL), capacity.get(DECODE)
+    pre, dec = obs.roles[Role.PREFILL], obs.roles[Role.DECODE]
+    cp, cd = capacity.get(Role.PREFILL), capacity.get(Role.DECODE)
     prompt, gen = pre.prompt_tokens_rate, dec.generation_tokens_rate
     if not cp or not cd or _bad(prompt) or _bad(gen) or not prompt or not gen:
         return {}
@@ -136,11 +135,11 @@ def ratio_floors(
     prompt *= pre.miss  # computed prompt tokens, the unit of Cp and of prefill's demand
     if not prompt or not 1e-9 < gen / prompt < 1e9:  # degenerate (denormal): no ratio
         return {}
-    pn, dn = props[PREFILL][0].need, props[DECODE][0].need
+    pn, dn = props[Role.PREFILL][0].need, props[Role.DECODE][0].need
     if pn is not None and dn is not None:
         return {
-            DECODE: _ceil(pn.trend_ahead * (gen / prompt) / (cd * (1 - dn.headroom))),
-            PREFILL: _ceil(dn.trend_ahead * (prompt / gen) / (cp * (1 - pn.headroom))),
+            Role.DECODE: _ceil(pn.trend_ahead * (gen / prompt) / (cd * (1 - dn.headroom))),
+            Role.PREFILL: _ceil(dn.trend_ahead * (prompt / gen) / (cp * (1 - pn.headroom))),
         }
     ratio = (prompt * cd) / (gen * cp) if gen * cp > 0 else math.inf  # (P/Cp) / (G/Cd)
     if not 1e-6 < ratio < 1e6:  # degenerate (tiny rates): no meaningful ratio
@@ -156,10 +155,10 @@ def ratio_floors(
         return sized.replicas
 
     out = {}
-    if (d := growth(props[DECODE])) is not None:
-        out[PREFILL] = _ceil(d * ratio / band)
-    if (pr := growth(props[PREFILL])) is not None:
-        out[DECODE] = _ceil(pr / (ratio * band))
+    if (d := growth(props[Role.DECODE])) is not None:
+        out[Role.PREFILL] = _ceil(d * ratio / band)
+    if (pr := growth(props[Role.PREFILL])) is not None:
+        out[Role.DECODE] = _ceil(pr / (ratio * band))
     return out
 
 

@@ -18,7 +18,6 @@ from poolpilot.reasons import SignalName as S
 if TYPE_CHECKING:  # only for type hints; the core does not depend on the API at runtime
     from poolpilot.api import InferencePoolSpec
 
-PREFILL, DECODE, ENGINE = "prefill", "decode", "engine"
 UP, DOWN, NONE = "up", "down", "none"
 _EPS = 1e-9
 # How much a new saturated throughput sample moves the learned capacity (EWMA weight).
