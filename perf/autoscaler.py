@@ -60,6 +60,7 @@ from poolpilot.testkit.prometheus import MetricsPage, PrometheusProcess, Target,
 
 from poolpilot import api, gcpolicy, names
 from poolpilot import metrics as m
+from poolpilot.roles import DISAGGREGATED_ROLES, Role
 
 ROOT = Path(__file__).resolve().parents[1]
 POOLS = f"/apis/{api.GROUP}/{api.VERSION}"
@@ -125,18 +126,18 @@ class SyntheticExporter:
         ns, pool = pool_name(i)
         cls = i % 7
         load = cls / 3.0  # 0 .. 2: some pools idle, some over their queue targets
-        for role in ("prefill", "decode"):
+        for role in DISAGGREGATED_ROLES:
             lab = f'namespace="{ns}",pool="{pool}",role="{role}"'
             self._static(f"{m.VLLM_WAITING}{{{lab}}} {4 * load:.3f}")
             self._static(f"{m.VLLM_RUNNING}{{{lab}}} {60 * load:.3f}")
             self._static(f"{m.VLLM_KV_USAGE}{{{lab}}} {min(1.0, 0.45 * load):.3f}")
             self._counter(f"{m.VLLM_PROMPT_TOKENS}{{{lab}}}", f"prompt{cls}", 500 * load)
             self._counter(f"{m.VLLM_GENERATION_TOKENS}{{{lab}}}", f"gen{cls}", 80 * load)
-            if role == "prefill":
+            if role == Role.PREFILL:
                 self._histogram(m.VLLM_TTFT, lab, m.TTFT_BUCKETS, 0.5)
             else:
                 self._histogram(m.VLLM_ITL, lab, m.ITL_BUCKETS, 0.05)
-        lab = f'namespace="{ns}",pool="{pool}",role="router"'
+        lab = f'namespace="{ns}",pool="{pool}",role="{Role.ROUTER}"'
         self._static(f"{m.ROUTER_INFLIGHT}{{{lab}}} {5 * load:.3f}")
         self._counter(f'{m.ROUTER_REQUESTS}{{{lab},code="200"}}', "requests", 2)
         self._histogram(m.ROUTER_TTFT, lab, m.TTFT_BUCKETS, 0.75)
@@ -228,7 +229,7 @@ async def populate(kube: KubeClient, n: int) -> None:
                 "spec": {"model": {"name": "m"}, "prefill": role, "decode": role,
                          "autoscaling": {"metricsMaxAgeSeconds": MAX_AGE_S}}}
         await kube.request("POST", f"{POOLS}/namespaces/{ns}/{api.PLURAL}", body=body)
-        for r in ("prefill", "decode"):
+        for r in DISAGGREGATED_ROLES:
             lab = names.labels(pool, r)
             dep: dict[str, Any] = {
                 "apiVersion": "apps/v1", "kind": "Deployment",

@@ -21,10 +21,12 @@ from typing import Any
 import aiohttp
 from poolpilot.emulator.server import KubeEmulator
 
+from poolpilot.roles import Role
+
 
 def _deployment(i: int, image: str) -> dict[str, Any]:
     labels = {"app.kubernetes.io/managed-by": "poolpilot", "poolpilot.dev/pool": f"p{i}",
-              "poolpilot.dev/role": "decode"}
+              "poolpilot.dev/role": Role.DECODE}
     return {
         "apiVersion": "apps/v1", "kind": "Deployment",
         "metadata": {"name": f"p{i}-decode", "namespace": "bench", "labels": labels},

@@ -24,6 +24,9 @@ from poolpilot.engine_sim.des import PoolSim, SimRequest
 from poolpilot.engine_sim.engine import EngineConfig
 from poolpilot.testkit.engine_sim import EngineSimProcess
 
+from poolpilot.api import Mode
+from poolpilot.roles import Role
+
 NAME = "bench"
 
 
@@ -147,7 +150,7 @@ def bench_http(seconds: float, concurrency: int) -> dict[str, Any]:
             if time.monotonic() > deadline:
                 raise RuntimeError("baseline server did not start")
             time.sleep(0.1)
-        with EngineSimProcess(role="decode", speed=float("inf"), served_name=NAME) as sim:
+        with EngineSimProcess(role=Role.DECODE, speed=float("inf"), served_name=NAME) as sim:
             for stream in (False, True):
                 kind = "stream" if stream else "json"
                 b = asyncio.run(_load(f"http://127.0.0.1:{port}/v1/completions", body,
@@ -186,7 +189,7 @@ def bench_time_scaling(n: int = 40, rate: float = 4.0) -> dict[str, Any]:
             for i, a in enumerate(arrivals)]
     out: dict[str, Any] = {}
     for speed in (1.0, 5.0, 20.0):
-        with EngineSimProcess(role="aggregated", speed=speed, served_name=NAME) as sim:
+        with EngineSimProcess(role=Role.ENGINE, speed=speed, served_name=NAME) as sim:
             asyncio.run(_replay(sim.url + "/v1/completions", reqs, speed))
             recs = httpx.get(sim.url + "/sim/requests").json()["requests"]
         ttft = [r["first_token_at"] - r["arrival"] for r in recs]
@@ -200,7 +203,7 @@ def bench_time_scaling(n: int = 40, rate: float = 4.0) -> dict[str, Any]:
                                           "tpot_mean": float(np.mean(tpot)),
                                           "arrival_lag_p90": float(np.percentile(np.abs(lag),
                                                                                  90))}
-    sim2 = PoolSim(mode="aggregated")
+    sim2 = PoolSim(mode=Mode.AGGREGATED)
     sim2.submit_many(reqs)
     sim2.run()
     recs2 = [r for r in sim2.records() if r.finished_at is not None

@@ -53,6 +53,7 @@ from aiohttp import web
 from poolpilot.engine_sim.hardware import GPUS
 
 from poolpilot import cli
+from poolpilot.roles import Role
 
 # -- the zero-time upstream (--upstream minimal) ---------------------------------------------
 
@@ -547,11 +548,11 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     load_before = os.getloadavg()
     results: list[dict[str, Any]] = []
     try:
-        engines = {"aggregated": {"engine": upstream("aggregated")}} if "aggregated" in modes \
+        engines = {"aggregated": {Role.ENGINE: upstream(Role.ENGINE)}} if "aggregated" in modes \
             else {}
         if "disaggregated" in modes:
-            engines["disaggregated"] = {"prefill": upstream("prefill"),
-                                        "decode": upstream("decode")}
+            engines["disaggregated"] = {Role.PREFILL: upstream(Role.PREFILL),
+                                        Role.DECODE: upstream(Role.DECODE)}
         routers: dict[tuple[str, int], tuple[str, int]] = {}
         for mode, urls in engines.items():
             extra = [arg for role, url in urls.items() for arg in (f"--{role}", url)]
@@ -571,12 +572,12 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         for c in levels:
             for mode in modes:
                 urls = engines[mode]
-                direct_target = (Target(urls["engine"]) if mode == "aggregated"
-                                 else Target(urls["decode"], prefill=urls["prefill"]))
+                direct_target = (Target(urls[Role.ENGINE]) if mode == "aggregated"
+                                 else Target(urls[Role.DECODE], prefill=urls[Role.PREFILL]))
                 run = (args.duration, args.warmup, args.prompt_tokens, args.output_tokens)
                 pgids = [engine_pgids[u] for u in urls.values()]
                 # The engine that prefills: the aggregated one, or the prefill engine.
-                first = [urls.get("engine") or urls["prefill"]]
+                first = [urls.get(Role.ENGINE) or urls[Role.PREFILL]]
                 direct = asyncio.run(_load(direct_target, c, *run, None, pgids, first))
                 for w in workers:
                     url, pgid = routers[(mode, w)]

@@ -38,8 +38,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from poolpilot.roles import Role
+
 INFRA = ("operator", "autoscaler", "prometheus")  # processes the sandbox restarts itself
-PODS = ("prefill", "decode", "engine", "router")  # pods the kubelet restarts
+PODS = tuple(Role)  # pods the kubelet restarts: every role's
 ALIVE = ("hung", "slow")  # faults on an engine pod whose process stays alive: "hung-decode"
 SLOWDOWN = 10.0  # a slow engine's step-time multiplier
 # The router's default deadlines (router/main.py's --prefill-deadline-ttfts and
@@ -66,7 +68,7 @@ MIN_GAP_S = 5.0  # simulated seconds between one fault's recovery and the next f
 
 
 def default_kinds(engine_roles: Sequence[str]) -> list[str]:
-    return [*INFRA, *engine_roles, "router"]
+    return [*INFRA, *engine_roles, Role.ROUTER]
 
 
 def alive_kinds(engine_roles: Sequence[str]) -> list[str]:
@@ -204,7 +206,7 @@ class FaultRecord:
 
 
 @dataclass(frozen=True)
-class Outcome:
+class ChaosRequest:
     """One request as its client saw it (from loadgen.RequestResult)."""
 
     sent_s: float
@@ -245,7 +247,7 @@ class Verdict:
     data: dict[str, Any] = field(default_factory=dict)
 
 
-def judge_requests(trace_len: int, outcomes: Sequence[Outcome]) -> Verdict:
+def judge_requests(trace_len: int, outcomes: Sequence[ChaosRequest]) -> Verdict:
     counts = {k: 0 for k in ("answered", "error", "truncated", "hung")}
     for o in outcomes:
         counts[o.kind] += 1
@@ -276,13 +278,13 @@ class Targets:
     def wait_bound_s(self, role: str) -> float:
         """The longest a request may wait on a hung engine of `role`: the TTFT target plus
         the deadline after which the router gives up on that engine (plus the allowance)."""
-        deadline = PREFILL_DEADLINE_TTFTS * self.ttft_s if role == "prefill" else \
+        deadline = PREFILL_DEADLINE_TTFTS * self.ttft_s if role == Role.PREFILL else \
             DECODE_STALL_ITLS * self.itl_s
         deadline = max(deadline, self.min_deadline_s)
         return round(self.ttft_s + deadline + self.allowance_s, 3)
 
 
-def wait_on(o: Outcome, stopped_s: float, resumed_s: float) -> float | None:
+def wait_on(o: ChaosRequest, stopped_s: float, resumed_s: float) -> float | None:
     """How long `o` waited for its next token (or its answer, or its error) from its send or
     the stop, whichever is later; None when it was not waiting during [stopped, resumed] (it
     had ended before the stop, or was sent after the engine resumed); inf when it never
@@ -294,7 +296,7 @@ def wait_on(o: Outcome, stopped_s: float, resumed_s: float) -> float | None:
     return float("inf") if nxt is None else round(max(0.0, nxt - start), 3)
 
 
-def judge_hung(records: Sequence[FaultRecord], outcomes: Sequence[Outcome],
+def judge_hung(records: Sequence[FaultRecord], outcomes: Sequence[ChaosRequest],
                targets: Targets) -> Verdict:
     """Property 4 (the module's docstring) for each hung-engine fault."""
     problems: list[str] = []
@@ -341,7 +343,7 @@ def holds_for(r: FaultRecord, event: Mapping[str, Any]) -> bool:
     holds. Another role may scale up for work it really gets (the decode engines prefill
     locally while the prefill role is out)."""
     role = pod_role(r.fault.kind)
-    if r.fault.kind == "prometheus" or role == "router":
+    if r.fault.kind == "prometheus" or role == Role.ROUTER:
         return True
     return event.get("role") == role or event["to"] < event["from"]
 
@@ -411,13 +413,13 @@ def judge_recovery(records: Sequence[FaultRecord]) -> Verdict:
     return Verdict("back_to_desired_size", not problems, detail)
 
 
-def errors_by_fault(records: Sequence[FaultRecord], outcomes: Sequence[Outcome]) \
-        -> tuple[dict[int, dict[str, int]], list[Outcome]]:
+def errors_by_fault(records: Sequence[FaultRecord], outcomes: Sequence[ChaosRequest]) \
+        -> tuple[dict[int, dict[str, int]], list[ChaosRequest]]:
     """Errors (and any other non-answer) attributed to the first fault whose span [injected,
     end] overlaps the request's life [sent, finished]: one in flight across the whole fault
     counts too. Those outside every fault come second."""
     per: dict[int, dict[str, int]] = {r.fault.index: {} for r in records}
-    outside: list[Outcome] = []
+    outside: list[ChaosRequest] = []
     for o in outcomes:
         if o.kind == "answered":
             continue
@@ -434,7 +436,7 @@ def errors_by_fault(records: Sequence[FaultRecord], outcomes: Sequence[Outcome])
 OUTSIDE_SHOWN = 20
 
 
-def _overlaps(o: Outcome, r: FaultRecord) -> bool:
+def _overlaps(o: ChaosRequest, r: FaultRecord) -> bool:
     if r.injected_s is None or r.end_s is None:
         return False
     finished = o.finished_s if o.finished_s is not None else float("inf")
@@ -445,7 +447,7 @@ def events_during(r: FaultRecord, events: Iterable[Mapping[str, Any]]) -> list[M
     return [e for e in events if _in(e["t"], r.injected_s, r.end_s)]
 
 
-def section(seed: int, records: Sequence[FaultRecord], outcomes: Sequence[Outcome],
+def section(seed: int, records: Sequence[FaultRecord], outcomes: Sequence[ChaosRequest],
             trace_len: int, events: Sequence[Mapping[str, Any]],
             down_window_s: float, interval_s: float, lag_s: float,
             targets: Targets | None = None) -> dict[str, Any]:

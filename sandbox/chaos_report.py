@@ -10,6 +10,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from poolpilot.roles import Role
+
 from . import chaos as C
 
 COLORS = {"answered": "tab:green", "error": "tab:red", "truncated": "tab:orange",
@@ -24,7 +26,7 @@ def add_to_report(out: dict[str, Any], section: Mapping[str, Any], out_dir: Path
     return path
 
 
-def write_plot(out_dir: Path, section: Mapping[str, Any], outcomes: Sequence[C.Outcome],
+def write_plot(out_dir: Path, section: Mapping[str, Any], outcomes: Sequence[C.ChaosRequest],
                end_s: float) -> Path:
     import matplotlib
 
@@ -32,7 +34,7 @@ def write_plot(out_dir: Path, section: Mapping[str, Any], outcomes: Sequence[C.O
     import matplotlib.pyplot as plt
 
     watch = section.get("watch") or []
-    roles = sorted({r for s in watch for r in s["sizes"]}, key=lambda r: (r == "router", r))
+    roles = sorted({r for s in watch for r in s["sizes"]}, key=lambda r: (r == Role.ROUTER, r))
     fig, axes = plt.subplots(len(roles) + 1, 1, figsize=(9, 1.9 * (len(roles) + 1) + 0.6),
                              sharex=True, squeeze=False)
     for ax, role in zip(axes[:-1, 0], roles, strict=False):

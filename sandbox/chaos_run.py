@@ -43,6 +43,7 @@ from poolpilot.router.main import MIN_DEADLINE_S
 
 from poolpilot import names, workloads
 from poolpilot.api import AutoscalingMode
+from poolpilot.roles import Role
 
 from . import chaos as C
 from .supervisor import AppliedPool, Sandbox
@@ -83,7 +84,7 @@ class Sample:
             return False
         return not autoscaled or all(
             self.desired.get(role) in (None, spec) for role, (spec, _) in self.sizes.items()
-            if role != "router")
+            if role != Role.ROUTER)
 
 
 class ChaosRun:
@@ -176,8 +177,8 @@ class ChaosRun:
                 c = workloads.counts(d)
                 sizes[role] = (c.desired, c.ready)
         status = obj.get("status") or {}
-        desired = {r: (status.get(r) or {}).get("desiredReplicas")
-                   for r in pool.spec.engine_roles()}
+        desired: dict[str, int | None] = {r: (status.get(r) or {}).get("desiredReplicas")
+                                          for r in pool.spec.engine_roles()}
         cond = next((c for c in status.get("conditions") or []
                      if c.get("type") == "MetricsAvailable"), None)
         s = Sample(time.monotonic(), sizes, desired, cond.get("status") if cond else None)
@@ -454,8 +455,8 @@ class ChaosRun:
 
     # -- report ---------------------------------------------------------------------------------
 
-    def outcomes(self, results: Sequence[Any]) -> list[C.Outcome]:
-        return [C.Outcome(sent_s=self.sim(r.sent_at) if r.sent_at else r.arrival_s,
+    def outcomes(self, results: Sequence[Any]) -> list[C.ChaosRequest]:
+        return [C.ChaosRequest(sent_s=self.sim(r.sent_at) if r.sent_at else r.arrival_s,
                           finished_s=self.sim(r.finished_at) if r.finished_at else None,
                           ok=r.ok, output_tokens=r.output_tokens, max_tokens=r.max_tokens,
                           error=r.error,
@@ -482,8 +483,8 @@ class ChaosRun:
             "token, its answer or an error) within the TTFT target + one router deadline: "
             f"{C.PREFILL_DEADLINE_TTFTS:g} x TTFT target (prefill), {C.DECODE_STALL_ITLS:g} x "
             f"ITL target (decode, aggregated), + {C.WAIT_ALLOWANCE_REAL_S:g} real seconds x "
-            f"speed; here prefill {targets.wait_bound_s('prefill'):g}s, "
-            f"decode {targets.wait_bound_s('decode'):g}s")
+            f"speed; here prefill {targets.wait_bound_s(Role.PREFILL):g}s, "
+            f"decode {targets.wait_bound_s(Role.DECODE):g}s")
         out["watch"] = [
             {"t": self.sim(s.t), "sizes": {r: list(v) for r, v in s.sizes.items()},
              "desired": s.desired, "metrics_available": s.metrics_available}

@@ -19,6 +19,8 @@ from typing import Any
 import numpy as np
 from poolpilot.emulator.cluster.timeline import RoleSample, ScaleChange
 
+from poolpilot.roles import Role
+
 from .loadgen import RequestResult
 
 QUANTILES = {"p50": 50.0, "p90": 90.0, "p99": 99.0}
@@ -412,7 +414,7 @@ def write_plots(*, out_dir: Path, results: Sequence[RequestResult], slo: Slo, sp
 
     desired = role_series(samples, t0, speed, "desired")
     ready = role_series(samples, t0, speed, "ready")
-    engine_roles = [r for r in sorted(desired) if r != "router"] or sorted(desired)
+    engine_roles = [r for r in sorted(desired) if r != Role.ROUTER] or sorted(desired)
     rows = max(1, len(engine_roles))
     fig, axes = plt.subplots(rows, 1, figsize=(8, 2.6 * rows), squeeze=False)
     for ax, role in zip(axes[:, 0], engine_roles, strict=False):

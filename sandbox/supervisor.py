@@ -43,6 +43,7 @@ from poolpilot.testkit.prometheus import (
 from poolpilot import leaderworkerset as lws
 from poolpilot import names, workloads
 from poolpilot.api import InferencePoolSpec
+from poolpilot.roles import Role
 from poolpilot.validate import InvalidPool, parse_spec
 
 log = logging.getLogger("poolpilot.sandbox")
@@ -284,8 +285,10 @@ class Sandbox:
             raise SandboxError(f"--engine vllm-cpu needs real vLLM in {python.parent.parent}; "
                                "run ./dev setup-vllm")
         model = tinymodel.ensure_tiny_model(REPO / ".cache" / "tiny-llama")
+        # one core each for prefill and decode; an aggregated engine gets all (the kubelet's
+        # default, whichever name its --role gives it)
         return replace(mapping, tiny_model=str(model), vllm_python=str(python),
-                       cpu_threads={"prefill": "0", "decode": "1", "aggregated": "all"})
+                       cpu_threads={Role.PREFILL: "0", Role.DECODE: "1"})
 
     def _env(self) -> dict[str, str]:
         return {**os.environ, "KUBECONFIG": str(self.kubeconfig), "PYTHONUNBUFFERED": "1"}
@@ -361,7 +364,7 @@ class Sandbox:
         """Until every role has its minimum of ready pods and a router answers."""
         assert self.kube is not None and self.controller is not None
         deadline = time.monotonic() + timeout
-        roles = [*pool.spec.engine_roles(), "router"]
+        roles = [*pool.spec.engine_roles(), Role.ROUTER]
         state: dict[str, str] = {}
         while time.monotonic() < deadline:
             self.check_alive()
@@ -392,7 +395,7 @@ class Sandbox:
         """The role's Deployment, or its LeaderWorkerSet for multi-node replicas (replicas and
         ready replicas count groups)."""
         assert self.kube is not None
-        if role != "router" and multi_node(pool.spec, role):
+        if role != Role.ROUTER and multi_node(pool.spec, role):
             return await self.kube.get(lws.KIND, pool.namespace, set_name(pool.name, role))
         return await self.kube.get("Deployment", pool.namespace,
                                    names.child_name(pool.name, role))
@@ -430,7 +433,7 @@ class Sandbox:
     def router_urls(self, pool: AppliedPool) -> list[str]:
         """OpenAI base URLs of the pool's ready router pods (the Service's endpoints)."""
         assert self.controller is not None
-        prefix = names.child_name(pool.name, "router") + "-"
+        prefix = names.child_name(pool.name, Role.ROUTER) + "-"
         return sorted(
             f"http://{rt.ip}:{names.ROUTER_PORT}/v1"
             for rt in self.controller.kubelet.runtimes.values()

@@ -14,10 +14,12 @@ import time
 from dataclasses import dataclass, field
 from types import TracebackType
 
+from poolpilot.roles import Role
+
 
 @dataclass
 class EngineSimProcess:
-    role: str = "aggregated"
+    role: str = Role.ENGINE
     model: str = "llama-3.1-8b"
     gpu: str = "h200"
     host: str = "127.0.0.1"

@@ -59,12 +59,12 @@ def test_recovery_bound(fault: C.Fault, restarts: int, bound: float) -> None:
     assert C.recovery_bound_s(fault, B, restarts) == bound
 
 
-def outcome(kind: str, t: float = 50.0, error: str | None = None) -> C.Outcome:
+def outcome(kind: str, t: float = 50.0, error: str | None = None) -> C.ChaosRequest:
     return {
-        "answered": C.Outcome(t, t + 1, True, 10, 10, None),
-        "error": C.Outcome(t, t + 1, False, 0, 10, error or "APIConnectionError: refused"),
-        "truncated": C.Outcome(t, t + 1, True, 4, 10, None),
-        "hung": C.Outcome(t, None, False, 0, 10, "no outcome"),
+        "answered": C.ChaosRequest(t, t + 1, True, 10, 10, None),
+        "error": C.ChaosRequest(t, t + 1, False, 0, 10, error or "APIConnectionError: refused"),
+        "truncated": C.ChaosRequest(t, t + 1, True, 4, 10, None),
+        "hung": C.ChaosRequest(t, None, False, 0, 10, "no outcome"),
     }[kind]
 
 
@@ -132,9 +132,9 @@ def test_errors_are_attributed_to_the_fault_they_fall_in() -> None:
     outs = [outcome("error", 110, "APIConnectionError: Connection error."),
             outcome("error", 90, "InternalServerError: Error code: 502 - {...}"),
             outcome("answered", 110), outcome("error", 10)]
-    outs[1] = C.Outcome(90, 105, False, 0, 10, outs[1].error)  # sent before, failed during
+    outs[1] = C.ChaosRequest(90, 105, False, 0, 10, outs[1].error)  # sent before, failed during
     # in flight across the whole fault: sent before it, failed after it ended
-    outs.append(C.Outcome(95, 130, False, 0, 10, "InternalServerError: Error code: 503 - x"))
+    outs.append(C.ChaosRequest(95, 130, False, 0, 10, "InternalServerError: Error code: 503 - x"))
     per, outside = C.errors_by_fault([r], outs)
     assert per == {0: {"APIConnectionError: Connection error.": 1,
                        "InternalServerError 502": 1, "InternalServerError 503": 1}}
@@ -251,8 +251,8 @@ def test_wait_bound_is_the_ttft_target_plus_the_roles_router_deadline() -> None:
 
 
 def streamed(sent: float, tokens: tuple[float, ...], finished: float | None = None,
-             ok: bool = True) -> C.Outcome:
-    return C.Outcome(sent, finished if finished is not None or not tokens else tokens[-1], ok,
+             ok: bool = True) -> C.ChaosRequest:
+    return C.ChaosRequest(sent, finished if finished is not None or not tokens else tokens[-1], ok,
                      len(tokens) if ok else 0, len(tokens) if ok else 10,
                      None if ok else "APIError: engine stalled", token_s=tokens)
 
@@ -260,7 +260,7 @@ def streamed(sent: float, tokens: tuple[float, ...], finished: float | None = No
 @dataclass(frozen=True)
 class WaitCase:
     name: str
-    outcome: C.Outcome
+    outcome: C.ChaosRequest
     wait: float | None  # from max(sent, stop=100) to its next token or end; stop 100..130
 
 
@@ -270,7 +270,7 @@ WAITS = [
     WaitCase("sent-during-moved-on-after-the-deadline", streamed(110, (115.5, 116)), 5.5),
     WaitCase("in-flight-its-next-token-after-the-stop", streamed(95, (96, 99, 104, 105)), 4),
     WaitCase("error-seen-is-an-answer", streamed(101, (), finished=111, ok=False), 10),
-    WaitCase("never-heard-again", C.Outcome(105, None, False, 0, 10, None), float("inf")),
+    WaitCase("never-heard-again", C.ChaosRequest(105, None, False, 0, 10, None), float("inf")),
 ]
 
 
@@ -289,12 +289,12 @@ def hung_record(kind: str = "hung-prefill") -> C.FaultRecord:
     ("hung-prefill", [streamed(101, (107.5,))], False),
     ("hung-prefill", [streamed(101, (), finished=221, ok=False)], False),
     ("hung-decode", [streamed(95, (96, 108, 109))], True),
-    ("hung-decode", [C.Outcome(105, None, False, 0, 10, None)], False),
+    ("hung-decode", [C.ChaosRequest(105, None, False, 0, 10, None)], False),
     ("slow-prefill", [streamed(101, (200,))], True),
 ], ids=["moved-on-within-the-prefill-deadline", "past-the-prefill-deadline",
         "idle-timeout-504", "decode-deadline-is-itl-based", "hung-forever",
         "slow-engine-is-not-judged-on-it"])
-def test_judge_hung(kind: str, outcomes: list[C.Outcome], ok: bool) -> None:
+def test_judge_hung(kind: str, outcomes: list[C.ChaosRequest], ok: bool) -> None:
     v = C.judge_hung([hung_record(kind)], outcomes, T)
     assert v.ok is ok, v.detail
 
@@ -334,7 +334,7 @@ def test_wait_on_is_never_negative_and_bounded_by_the_next_event(
     for g in gaps:
         t += g
         tokens.append(t)
-    o = C.Outcome(sent, (t + 1) if ends else None, ends, len(tokens), len(tokens),
+    o = C.ChaosRequest(sent, (t + 1) if ends else None, ends, len(tokens), len(tokens),
                   None, token_s=tuple(tokens))
     w = C.wait_on(o, stop, stop + hold)
     if w is None:  # not waiting during the stop: sent after, or done before
