@@ -278,7 +278,7 @@ class Replay:
 
     # ---- policy ----
     def _decide(self, t: float) -> None:
-        roles = {r: self.role_pods(r) for r in DISAGGREGATED_ROLES}
+        roles: dict[str, RolePods] = {r: self.role_pods(r) for r in DISAGGREGATED_ROLES}
         d = self.policy.decide(PoolView(t, self.prom, roles))
         for role in DISAGGREGATED_ROLES:
             want = d.replicas.get(role, roles[role].target)

@@ -156,7 +156,7 @@ class DynamoSLA:
         }
 
     def decide(self, view: PoolView) -> ScalingDecision:
-        cur = {r: view.roles[r].target for r in DISAGGREGATED_ROLES}
+        cur: dict[str, int] = {r: view.roles[r].target for r in DISAGGREGATED_ROLES}
         o = self.observe(view)
         if o["num_req"] == 0:  # an idle interval: undefined averages read as 0
             o = {k: 0.0 if math.isnan(v) else v for k, v in o.items()}

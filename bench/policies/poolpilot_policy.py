@@ -18,7 +18,8 @@ from poolpilot.autoscaler import queries as q
 from poolpilot.autoscaler.decide import History, Observation, decide
 from poolpilot.autoscaler.decide import Policy as ScalerPolicy
 from poolpilot.autoscaler.decide.burst import Clumps
-from poolpilot.autoscaler.observe import RoleState, Snapshot, observation
+from poolpilot.autoscaler.kube import RoleState
+from poolpilot.autoscaler.observe import Snapshot, observation
 from poolpilot.bench.policies.base import Bounds, PoolView, ScalingDecision
 from poolpilot.bench.policies.static_peak import MinuteLoad
 from poolpilot.bench.profile import Capacity
@@ -145,7 +146,7 @@ class PoolpilotPolicy:
                             for g in prom.gauge(m.VLLM_WAITING, by=by)},
         }
         snap = Snapshot(time=view.now, values=values)
-        states = {
+        states: dict[str, RoleState] = {
             r: RoleState(replicas=view.roles[r].target, ready=view.roles[r].ready,
                          starting=view.roles[r].starting)
             for r in DISAGGREGATED_ROLES
