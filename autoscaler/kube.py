@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from poolpilot.autoscaler.observe import RoleState
 from poolpilot.kubeclient import ApiError, NoCredentials
 from poolpilot.kubeclient import KubeClient as SharedClient
 
@@ -49,6 +48,18 @@ def parse_time(value: str | None) -> float | None:
         return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
     except ValueError:
         return None
+
+
+@dataclass(frozen=True)
+class RoleState:
+    """The Kubernetes view of one role, which `observe.observation` joins with Prometheus's
+    (see decide.RoleObservation for the meaning)."""
+
+    replicas: int
+    ready: int
+    starting: int = 0
+    unschedulable: int = 0
+    unschedulable_message: str = ""
 
 
 @dataclass

@@ -14,7 +14,7 @@ import time
 from collections.abc import Collection, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 from poolpilot.autoscaler import queries as q
@@ -23,6 +23,9 @@ from poolpilot.autoscaler.decide import Observation, RoleObservation
 from poolpilot.autoscaler.promaccess import PrometheusAccess
 
 from poolpilot.metrics import COLD_START_PHASES, COLD_START_TOTAL
+
+if TYPE_CHECKING:  # (kube loads the Kubernetes client: this adapter needs only the type)
+    from poolpilot.autoscaler.kube import RoleState
 
 log = logging.getLogger("poolpilot.autoscaler")
 GroupKey = tuple[str, str, str]  # (namespace, pool, role); role "" for per-pool series
@@ -69,17 +72,6 @@ class MetricsSource(Protocol):
               pools: Collection[str] | None = None) -> Snapshot:
         """Every signal at one instant; `pools`: only pools of these names (a shard's)."""
         ...
-
-
-@dataclass(frozen=True)
-class RoleState:
-    """The Kubernetes view of one role (see decide.RoleObservation for the meaning)."""
-
-    replicas: int
-    ready: int
-    starting: int = 0
-    unschedulable: int = 0
-    unschedulable_message: str = ""
 
 
 class PrometheusSource:
@@ -261,7 +253,7 @@ def pod_start_times(pod: Mapping[str, Any]) -> tuple[float | None, float | None,
     """(created, scheduled, container started) of a pod, Unix seconds, None where unknown:
     metadata.creationTimestamp, the PodScheduled condition's transition to True, and the
     (first) running container's startedAt."""
-    from poolpilot.autoscaler.kube import parse_time  # (kube imports this module)
+    from poolpilot.autoscaler.kube import parse_time  # (see the TYPE_CHECKING import above)
 
     meta, status = pod.get("metadata") or {}, pod.get("status") or {}
     scheduled = next((parse_time(c.get("lastTransitionTime"))

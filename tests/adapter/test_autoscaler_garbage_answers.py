@@ -18,7 +18,8 @@ import pytest
 from aiohttp import web
 from poolpilot.autoscaler import queries as q
 from poolpilot.autoscaler.decide import History, Policy, decide
-from poolpilot.autoscaler.observe import PrometheusSource, RoleState, observation
+from poolpilot.autoscaler.kube import RoleState
+from poolpilot.autoscaler.observe import PrometheusSource, observation
 
 pytestmark = pytest.mark.adapter
 

@@ -20,7 +20,8 @@ from autoscaler_exporters import FakeExporter, Hist, engine, router, router_fall
 from poolpilot.autoscaler import queries as q
 from poolpilot.autoscaler import recording
 from poolpilot.autoscaler.decide import History, Policy, decide
-from poolpilot.autoscaler.observe import PrometheusSource, RoleState, Snapshot, observation
+from poolpilot.autoscaler.kube import RoleState
+from poolpilot.autoscaler.observe import PrometheusSource, Snapshot, observation
 from poolpilot.testkit.prometheus import PrometheusProcess, Target, free_port
 
 from poolpilot import metrics as m

@@ -7,10 +7,9 @@ from typing import Any
 
 import pytest
 from poolpilot.autoscaler.decide import Behavior, Policy, RoleDecision, Signal
-from poolpilot.autoscaler.kube import Workloads, parse_time, rfc3339, status_patch
+from poolpilot.autoscaler.kube import RoleState, Workloads, parse_time, rfc3339, status_patch
 from poolpilot.autoscaler.loop import scaled_policy
 from poolpilot.autoscaler.metrics import AutoscalerMetrics
-from poolpilot.autoscaler.observe import RoleState
 from poolpilot.autoscaler.queries import QuerySet, name_variants
 
 from poolpilot import metrics as m

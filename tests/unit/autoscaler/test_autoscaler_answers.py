@@ -11,9 +11,9 @@ import orjson
 import pytest
 from poolpilot.autoscaler import queries as q
 from poolpilot.autoscaler.decide import History, Policy, decide
+from poolpilot.autoscaler.kube import RoleState
 from poolpilot.autoscaler.observe import (
     MalformedAnswer,
-    RoleState,
     Snapshot,
     observation,
     parse_answer,

@@ -9,8 +9,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from poolpilot.autoscaler.kube import KubeClient, KubeError, Workloads
-from poolpilot.autoscaler.observe import RoleState
+from poolpilot.autoscaler.kube import KubeClient, KubeError, RoleState, Workloads
 
 from poolpilot import leaderworkerset as lws
 from poolpilot import names

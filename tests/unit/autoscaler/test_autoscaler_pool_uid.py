@@ -8,8 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from poolpilot.autoscaler.kube import Workloads, own_pods
-from poolpilot.autoscaler.observe import RoleState
+from poolpilot.autoscaler.kube import RoleState, Workloads, own_pods
 
 from poolpilot import names
 
