@@ -75,9 +75,9 @@ from .stats import GAUGES, HELP
 KV_LEASE_DEFAULT = 30.0
 
 
-class Clock:
+class EngineClock:
     """Simulated seconds: wall time x speed; with infinite speed, a virtual clock that only
-    moves when the engine runs."""
+    moves when the engine runs (what poolpilot.clock.Clock, the control plane's, cannot be)."""
 
     def __init__(self, speed: float) -> None:
         if not speed > 0:
@@ -120,7 +120,7 @@ class SimEngine:
     """The engine core driven by asyncio in (scaled) real time."""
 
     def __init__(self, step_model: StepModel, role: str, config: EngineConfig,
-                 clock: Clock, kv_lease: float = KV_LEASE_DEFAULT) -> None:
+                 clock: EngineClock, kv_lease: float = KV_LEASE_DEFAULT) -> None:
         self.core = EngineCore(step_model, role, config)
         self.clock = clock
         self.kv_lease = kv_lease
@@ -294,7 +294,7 @@ class SimServer:
         self.cfg = cfg
         self.step_model = make_step_model(cfg.model, cfg.gpu, cfg.tensor_parallel)
         self.role = canonical_role(cfg.role)
-        self.clock = Clock(cfg.speed)
+        self.clock = EngineClock(cfg.speed)
         if cfg.itl_budget is not None and not cfg.itl_budget > 0:
             raise ValueError(f"--itl-budget must be > 0 seconds, got {cfg.itl_budget}")
         config = EngineConfig(
