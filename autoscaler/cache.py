@@ -5,7 +5,7 @@ Listing every pool and Deployment each cycle costs the API server and the autosc
 grows with the fleet (1,000 pools: one LIST of 1,000 pools and one of 2,000 Deployments per
 cycle). `WatchedKube` lists each kind once, then follows a watch from the list's
 resourceVersion (the shared client's `watch`, over kubernetes_asyncio), so a cycle reads
-memory. It is the autoscaler's Kubernetes adapter (`kube.KubeClient`) with its reads
+memory. It is the autoscaler's Kubernetes adapter (`kube.KubeScaler`) with its reads
 replaced; writes are the same.
 
 - Each informer lists, then watches; when the server ends a watch (its timeout) it watches on
@@ -34,8 +34,8 @@ from typing import Any
 from poolpilot.autoscaler.kube import (
     LWS_RECHECK_S,
     MANAGER,
-    KubeClient,
     KubeError,
+    KubeScaler,
     Obj,
     Workloads,
     status_patch,
@@ -160,7 +160,7 @@ class Informer:
                 await asyncio.sleep(self.retry_delay)
 
 
-class WatchedKube(KubeClient):
+class WatchedKube(KubeScaler):
     """The autoscaler's adapter with pools, Deployments and unschedulable pods read from
     watches. `start()` begins watching; reads wait up to `sync_timeout` for the first list."""
 

@@ -148,8 +148,9 @@ class Kube(Protocol):
                            annotations: Mapping[str, str | None]) -> None: ...
 
 
-class KubeClient:
-    """The real adapter, on the shared client. `namespaces` empty: cluster-wide lists."""
+class KubeScaler:
+    """The loop's `Kube` on the shared client: it lists pools and their roles, and writes
+    scale, status, Events and pod marks. `namespaces` empty: cluster-wide lists."""
 
     def __init__(self, kube: SharedClient, namespaces: Iterable[str] = ()) -> None:
         self.kube = kube
@@ -161,7 +162,7 @@ class KubeClient:
 
     @classmethod
     async def connect(cls, kubeconfig: str | None = None, namespaces: Iterable[str] = (),
-                      timeout: float = 10.0, identity: str | None = None) -> KubeClient:
+                      timeout: float = 10.0, identity: str | None = None) -> KubeScaler:
         """Credentials in the shared order: --kubeconfig, in-cluster, $KUBECONFIG,
         ~/.kube/config (see poolpilot.kubeclient.credentials)."""
         agent = f"{MANAGER}/{identity or socket.gethostname()}"

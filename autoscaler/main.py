@@ -145,7 +145,7 @@ def run(args: argparse.Namespace) -> int:
 
 async def _main(args: argparse.Namespace) -> int:
     from poolpilot.autoscaler.cache import WatchedKube
-    from poolpilot.autoscaler.kube import KubeClient, KubeError
+    from poolpilot.autoscaler.kube import KubeError, KubeScaler
     from poolpilot.autoscaler.loop import Autoscaler, Options
     from poolpilot.autoscaler.metrics import AutoscalerMetrics
     from poolpilot.autoscaler.observe import PrometheusSource
@@ -164,7 +164,7 @@ async def _main(args: argparse.Namespace) -> int:
     try:
         me = args.leader_election_identity or identity()
         # One cycle lists; a running loop reads pools and Deployments from watches.
-        adapter = KubeClient if args.once else WatchedKube
+        adapter = KubeScaler if args.once else WatchedKube
         kube = await adapter.connect(args.kubeconfig, namespaces, identity=me)
     except KubeError as exc:
         print(f"poolpilot autoscaler: {exc}", file=sys.stderr)

@@ -51,7 +51,7 @@ import yaml
 from poolpilot.autoscaler import queries as q
 from poolpilot.autoscaler import recording
 from poolpilot.autoscaler.cache import WatchedKube
-from poolpilot.autoscaler.kube import KubeClient, KubeError
+from poolpilot.autoscaler.kube import KubeError, KubeScaler
 from poolpilot.autoscaler.loop import Autoscaler, CycleResult, Options
 from poolpilot.autoscaler.observe import PrometheusSource
 from poolpilot.autoscaler.shard import Shard
@@ -206,7 +206,7 @@ async def gather_limited(n: int, jobs: list[Callable[[], Any]]) -> list[Any]:
     return list(await asyncio.gather(*(one(j) for j in jobs)))
 
 
-async def populate(kube: KubeClient, n: int) -> None:
+async def populate(kube: KubeScaler, n: int) -> None:
     crd = yaml.safe_load((ROOT / "crds" / "inferencepool.yaml").read_text())
     try:
         await kube.request("POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions",
@@ -244,7 +244,7 @@ async def populate(kube: KubeClient, n: int) -> None:
     await gather_limited(32, [partial(one, i) for i in range(n)])
 
 
-async def _ready(kube: KubeClient, ns: str, name: str, replicas: int) -> None:
+async def _ready(kube: KubeScaler, ns: str, name: str, replicas: int) -> None:
     """What the Deployment controller and kubelet would report: every replica ready."""
     await kube.request("PATCH", f"/apis/apps/v1/namespaces/{ns}/deployments/{name}/status",
                        body={"status": {"replicas": replicas, "readyReplicas": replicas,
@@ -252,7 +252,7 @@ async def _ready(kube: KubeClient, ns: str, name: str, replicas: int) -> None:
                        content_type="application/merge-patch+json")
 
 
-async def reset(kube: KubeClient, n: int, scaled: set[tuple[str, str]]) -> None:
+async def reset(kube: KubeScaler, n: int, scaled: set[tuple[str, str]]) -> None:
     """Pools back to no autoscaler status, scaled Deployments back to 2 ready replicas."""
     async def no_status(ns: str, pool: str) -> None:
         await kube.request("PATCH", f"{POOLS}/namespaces/{ns}/{api.PLURAL}/{pool}/status",
@@ -302,7 +302,7 @@ def quantile(values: list[float], qv: float) -> float:
     return s[min(len(s) - 1, max(0, round(qv * (len(s) - 1))))]
 
 
-async def _settle(kube: KubeClient) -> None:
+async def _settle(kube: KubeScaler) -> None:
     """Until the watches have taken in the first cycle's writes (no event for 0.5 s)."""
     if not isinstance(kube, WatchedKube):
         return
@@ -315,10 +315,10 @@ async def _settle(kube: KubeClient) -> None:
 
 
 async def first_cycle(mode: str, kubeconfig: Path, prom: PrometheusProcess, setup: Setup,
-                      now: list[float], shard: Shard) -> tuple[KubeClient, Autoscaler,
+                      now: list[float], shard: Shard) -> tuple[KubeScaler, Autoscaler,
                                                                CycleResult, float, int, int]:
     """A started autoscaler's first cycle: (adapter, loop, result, seconds, requests, writes)."""
-    adapter = WatchedKube if mode != "list+raw" else KubeClient
+    adapter = WatchedKube if mode != "list+raw" else KubeScaler
     kube = await adapter.connect(str(kubeconfig))
     source = PrometheusSource(prom.url, q.QuerySet(window_seconds=setup.window_s),
                               use_rules=mode == "watch+rules")
@@ -496,7 +496,7 @@ async def measure(n: int, setup: Setup, modes: list[str], profile: Path | None
             with PrometheusProcess(scrape_interval=setup.scrape_s, rule_files=[rule_file],
                                    workdir=Path(tmp) / "prom") as prom:
                 prom.start([Target(f"127.0.0.1:{p}") for p in exporter_ports])
-                kube = await KubeClient.connect(str(kubeconfig), timeout=60)
+                kube = await KubeScaler.connect(str(kubeconfig), timeout=60)
                 try:
                     t0 = time.monotonic()
                     await populate(kube, n)

@@ -24,7 +24,7 @@ import yaml
 from autoscaler_exporters import FakeExporter, engine
 from poolpilot.autoscaler import queries as q
 from poolpilot.autoscaler.cache import WatchedKube
-from poolpilot.autoscaler.kube import KubeClient, KubeError
+from poolpilot.autoscaler.kube import KubeError, KubeScaler
 from poolpilot.autoscaler.loop import Autoscaler, CycleResult, Options
 from poolpilot.autoscaler.metrics import AutoscalerMetrics
 from poolpilot.autoscaler.observe import PrometheusSource
@@ -79,7 +79,7 @@ def run(coro: Any) -> Any:
 
 async def call(kubeconfig: Path, method: str, path: str, body: Any = None,
                content_type: str = "application/json") -> dict[str, Any]:
-    kube = await KubeClient.connect(str(kubeconfig))
+    kube = await KubeScaler.connect(str(kubeconfig))
     try:
         return await kube.request(method, path, body=body, content_type=content_type)
     finally:
@@ -277,7 +277,7 @@ def test_no_metrics_holds_and_says_so(env: Env) -> None:
 
 async def two_cycles(env: Env, namespace: str, metrics: AutoscalerMetrics | None = None
                      ) -> list[CycleResult]:
-    kube = await KubeClient.connect(str(env.kubeconfig), [namespace])
+    kube = await KubeScaler.connect(str(env.kubeconfig), [namespace])
     now = [time.time()]
     try:
         scaler = Autoscaler(kube, PrometheusSource(env.prom.url, q.QuerySet(WINDOW)),

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from poolpilot.autoscaler.kube import KubeClient
+from poolpilot.autoscaler.kube import KubeScaler
 from poolpilot.autoscaler.loop import Autoscaler
 from poolpilot.autoscaler.observe import PodSeries, Snapshot
 from poolpilot.emulator.server import KubeEmulator
@@ -38,7 +38,7 @@ class Source:
 
 async def scenario(kubeconfig: Path) -> dict[str, dict[str, str]]:
     shared = await SharedClient.connect(str(kubeconfig), user_agent="test")
-    kube = await KubeClient.connect(str(kubeconfig))
+    kube = await KubeScaler.connect(str(kubeconfig))
     try:
         await shared.create({"apiVersion": "v1", "kind": "Namespace",
                              "metadata": {"name": NS}})

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from poolpilot.autoscaler.kube import KubeClient, KubeError, RoleState, Workloads
+from poolpilot.autoscaler.kube import KubeError, KubeScaler, RoleState, Workloads
 
 from poolpilot import leaderworkerset as lws
 from poolpilot import names
@@ -56,7 +56,7 @@ class FakeShared:
 
 def test_a_multi_node_role_is_read_and_scaled_through_its_leaderworkerset() -> None:
     shared = FakeShared()
-    kube = KubeClient(shared)  # type: ignore[arg-type]
+    kube = KubeScaler(shared)  # type: ignore[arg-type]
 
     async def run() -> Workloads:
         wl = await kube.workloads()
@@ -77,7 +77,7 @@ def test_a_multi_node_role_is_read_and_scaled_through_its_leaderworkerset() -> N
 
 def test_a_cluster_without_leaderworkersets_is_asked_once_a_minute() -> None:
     shared = FakeShared(serves_lws=False)
-    kube = KubeClient(shared)  # type: ignore[arg-type]
+    kube = KubeScaler(shared)  # type: ignore[arg-type]
 
     async def two_cycles() -> None:
         await kube.workloads()
