@@ -13,8 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, suppress
 from typing import Any
 
@@ -24,7 +23,7 @@ from aiohttp import web
 from poolpilot.router import local_prefill as lp
 from poolpilot.router import pd, validate
 from poolpilot.router.balancer import Balancer
-from poolpilot.router.config import DISAGGREGATED, PREFIX_ROUTING, RouterConfig
+from poolpilot.router.config import PREFIX_ROUTING, RouterConfig
 from poolpilot.router.deadline_budget import DeadlineBudget
 from poolpilot.router.engine_choice import EngineChoice
 from poolpilot.router.errors import (
@@ -36,7 +35,7 @@ from poolpilot.router.errors import (
     openai_errors,
 )
 from poolpilot.router.health_checks import HealthChecks
-from poolpilot.router.kv_lease import GivenUp, KvLease, LeaseRanOut
+from poolpilot.router.kv_lease import GIVEN_UP_HORIZON_S, PICKUP_S, GivenUp, KvLease, LeaseRanOut
 from poolpilot.router.metrics import (
     HandoffCounters,
     RouterMetrics,
@@ -46,6 +45,10 @@ from poolpilot.router.prefix_source import PrefixSource, PromptKeys
 from poolpilot.router.relay import Attempt, FirstTokenStalled, Progress, StreamRelay
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest, multiprocess
 
+from poolpilot.api.runtime import Mode
+from poolpilot.clock import REAL_TIME, Clock
+from poolpilot.roles import DISAGGREGATED_ROLES, Role
+
 log = logging.getLogger("poolpilot.router")
 
 # Upstream answers that mean "this engine cannot take it now": try another one.
@@ -54,9 +57,12 @@ JSON_HEADERS = {"Content-Type": "application/json"}
 
 
 class Router(HealthChecks, EngineChoice, StreamRelay):
-    def __init__(self, config: RouterConfig, clock: Callable[[], float] = time.monotonic,
+    def __init__(self, config: RouterConfig, clock: Clock = REAL_TIME,
                  prefix_source: PrefixSource | None = None) -> None:
-        """`prefix_source`: where prefixes are cached, for `prefix_routing` precise (the KV
+        """`clock`: latencies, deadlines, KV leases and the deadline budget are measured in its
+        simulated seconds (`clock.now()`), the balancer's ramps and ejections and the prefix
+        index's TTL in real ones (`clock.monotonic()`: their flags are real seconds);
+        `prefix_source`: where prefixes are cached, for `prefix_routing` precise (the KV
         events source) or to replace the approximate index; None with approximate: the
         router's own index."""
         self.config = config
@@ -72,7 +78,7 @@ class Router(HealthChecks, EngineChoice, StreamRelay):
         # P/D: when every prefill (or decode) engine is ejected, local prefill (or a 503 with
         # Retry-After) instead of waiting on an engine that stopped answering.
         self.balancer = Balancer(config.balancer, strict_roles=frozenset(
-            ("prefill", "decode") if config.mode == DISAGGREGATED else ()))
+            DISAGGREGATED_ROLES if config.mode == Mode.DISAGGREGATED else ()))
         self.metrics = RouterMetrics(config.pool)
         self.session: aiohttp.ClientSession | None = None
         self.draining = False
@@ -94,7 +100,7 @@ class Router(HealthChecks, EngineChoice, StreamRelay):
         self._handoff_seen: dict[str, HandoffCounters] = {}
         self._prefills_since: dict[str, int] = {}
         # Leases this router let run out (already counted): discounted from the engines'.
-        self.given_up = GivenUp()
+        self.given_up = GivenUp(horizon_s=clock.simulated(GIVEN_UP_HORIZON_S))
         # Per engine: the max_model_len its GET /v1/models reported (learned on health
         # checks and on /v1/models calls), for refusing requests that cannot fit.
         self.max_model_len: dict[str, int] = {}
@@ -102,7 +108,8 @@ class Router(HealthChecks, EngineChoice, StreamRelay):
     # -- membership (called by discovery) ----------------------------------------------------
 
     def set_endpoints(self, role: str, urls: list[str], initial: bool = False) -> None:
-        added, removed = self.balancer.set_endpoints(role, urls, self.clock(), initial=initial)
+        added, removed = self.balancer.set_endpoints(role, urls, self.clock.monotonic(),
+                                                     initial=initial)
         if added or removed:
             log.info("endpoints role=%s added=%s removed=%s", role, added, removed)
         for url in removed:
@@ -212,10 +219,10 @@ class Router(HealthChecks, EngineChoice, StreamRelay):
         if denied is not None:
             self.metrics.observe_request(401)
             return denied
-        role = "decode" if self.config.mode == DISAGGREGATED else "engine"
+        role = Role.DECODE if self.config.mode == Mode.DISAGGREGATED else Role.ENGINE
         tried: list[str] = []
         for _ in range(self.config.max_attempts):
-            endpoint = self.balancer.pick(role, self.clock(), exclude=tried)
+            endpoint = self.balancer.pick(role, self.clock.monotonic(), exclude=tried)
             if endpoint is None:
                 break
             tried.append(endpoint.url)
@@ -245,7 +252,7 @@ class Router(HealthChecks, EngineChoice, StreamRelay):
         return client, None
 
     async def handle_generate(self, request: web.Request) -> web.StreamResponse:
-        start = self.clock()
+        start = self.clock.now()
         client, denied = self._client(request)
         if denied is not None:
             self.metrics.observe_request(401)
@@ -307,7 +314,7 @@ class Router(HealthChecks, EngineChoice, StreamRelay):
             raise
         finally:
             self.metrics.observe_request(code)
-            self.metrics.e2e_pool.observe((self.clock() - start) * self.config.speed)
+            self.metrics.e2e_pool.observe(self.clock.now() - start)
             self.active -= 1
             if self.active == 0:
                 self._idle.set()
@@ -324,8 +331,8 @@ class Router(HealthChecks, EngineChoice, StreamRelay):
             return json_error(400, too_long.message, "BadRequestError", too_long.param), 400
         prompt = await self._prompt_keys(path, body)
         try:
-            if self.config.mode != DISAGGREGATED:
-                return await self._open_relay("engine", request, body, tokens, start,
+            if self.config.mode != Mode.DISAGGREGATED:
+                return await self._open_relay(Role.ENGINE, request, body, tokens, start,
                                               progress, prompt=prompt,
                                               prompt_tokens=prompt_tokens)
             bad = validate.check_disaggregated(body, chat=path.endswith("/chat/completions"))
@@ -353,8 +360,8 @@ class Router(HealthChecks, EngineChoice, StreamRelay):
                                                prompt=prompt)
             progress.kv = pd.kv_params_from_prefill(prefill)
             try:
-                async with self._open("decode", path, pd.decode_body(body, progress.kv), tokens,
-                                      handoff=True, progress=progress,
+                async with self._open(Role.DECODE, path, pd.decode_body(body, progress.kv),
+                                      tokens, handoff=True, progress=progress,
                                       budget=progress.budget) as att:
                     return await self._relay(request, att, stream, start, progress,
                                              handoff=True)
@@ -428,16 +435,17 @@ class Router(HealthChecks, EngineChoice, StreamRelay):
 
     def _lease_gone(self, lease: KvLease | None) -> bool:
         """The prefill's KV may be freed before a decode engine could read it."""
-        return lease is not None and not lease.releasable(self.clock())
+        return lease is not None and not lease.releasable(self.clock.now())
 
     def _count_given_up(self, lease: KvLease) -> None:
-        if self.given_up.gave_up(lease, self.clock()):
+        if self.given_up.gave_up(lease, self.clock.now()):
             self.metrics.kv_failures_pool.inc()
 
     async def _drain(self, path: str, body: dict[str, Any], avoid: list[str]) -> None:
         assert self.session is not None
-        endpoint = (self.balancer.pick("decode", self.clock(), exclude=avoid)
-                    or self.balancer.pick("decode", self.clock()))
+        now = self.clock.monotonic()
+        endpoint = (self.balancer.pick(Role.DECODE, now, exclude=avoid)
+                    or self.balancer.pick(Role.DECODE, now))
         outcome = "failed"
         if endpoint is not None:
             timeout = aiohttp.ClientTimeout(total=self.config.release_timeout_s)
@@ -464,12 +472,12 @@ class Router(HealthChecks, EngineChoice, StreamRelay):
         """Serve the request aggregated on a decode engine: it prefills the prompt itself.
         `after`: the prefill's failure this retries, named in the error if this fails too.
         `exclude`: decode engines not to use (one whose handoff just failed)."""
-        if not progress.budget.spent(self.clock()):  # else _open answers the 504 at once
+        if not progress.budget.spent(self.clock.now()):  # else _open answers the 504 at once
             self.metrics.local_prefill_reason[reason].inc()
         tokens = prompt_tokens + pd.requested_output_tokens(body)
         try:
-            return await self._open_relay("decode", request, pd.local_body(body), tokens, start,
-                                          progress, first=first, local_tokens=prompt_tokens,
+            return await self._open_relay(Role.DECODE, request, pd.local_body(body), tokens,
+                                          start, progress, first=first, local_tokens=prompt_tokens,
                                           prompt=prompt, prompt_tokens=prompt_tokens,
                                           exclude=exclude)
         except UpstreamError as exc:
@@ -479,7 +487,7 @@ class Router(HealthChecks, EngineChoice, StreamRelay):
                                 f"the prefill step failed: {after.message})") from exc
 
     async def _open_relay(
-        self, role: str, request: web.Request, body: dict[str, Any], tokens: int,
+        self, role: Role, request: web.Request, body: dict[str, Any], tokens: int,
         start: float, progress: Progress, first: str | None = None, local_tokens: int = 0,
         prompt: PromptKeys | None = None, prompt_tokens: int = 0,
         exclude: list[str] | None = None,
@@ -517,10 +525,10 @@ class Router(HealthChecks, EngineChoice, StreamRelay):
         last: UpstreamError | None = None
         for _ in range(self.config.max_attempts):
             try:
-                async with self._open("prefill", path, pd.prefill_body(body), tokens,
+                async with self._open(Role.PREFILL, path, pd.prefill_body(body), tokens,
                                       exclude=failed, prompt=prompt, prompt_tokens=tokens,
                                       budget=progress.budget if progress else None) as att:
-                    granted = self.clock()
+                    granted = self.clock.now()
                     try:
                         data = orjson.loads(await att.resp.read())
                     except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
@@ -529,14 +537,13 @@ class Router(HealthChecks, EngineChoice, StreamRelay):
                         last = UpstreamError(att.endpoint.url, 502,
                                              f"prefill answer unreadable: {exc!r}")
                         continue
-                    self.prefill_rate.observe(
-                        att.queued_tokens, (self.clock() - att.sent_at) * self.config.speed
-                    )
+                    self.prefill_rate.observe(att.queued_tokens, self.clock.now() - att.sent_at)
                     url = att.endpoint.url
                     self._prefills_since[url] = self._prefills_since.get(url, 0) + 1
                     lease_s = self.config.kv_lease_s
                     if progress is not None and lease_s is not None:
-                        progress.lease = KvLease(granted, lease_s / self.config.speed, url)
+                        progress.lease = KvLease(granted, lease_s, url,
+                                                 self.clock.simulated(PICKUP_S))
                 if not isinstance(data, dict):
                     raise UpstreamError(att.endpoint.url, 502, "prefill answer is not an object")
                 return data
@@ -550,7 +557,7 @@ class Router(HealthChecks, EngineChoice, StreamRelay):
 
     @asynccontextmanager
     async def _open(
-        self, role: str, path: str, body: dict[str, Any], tokens: int,
+        self, role: Role, path: str, body: dict[str, Any], tokens: int,
         exclude: list[str] | None = None, first: str | None = None, handoff: bool = False,
         local_tokens: int = 0, progress: Progress | None = None,
         prompt: PromptKeys | None = None, prompt_tokens: int = 0,
@@ -573,15 +580,15 @@ class Router(HealthChecks, EngineChoice, StreamRelay):
         budget = budget or DeadlineBudget(None)
         stream = body.get("stream") is True
         for _ in range(self.config.max_attempts):
-            if budget.spent(self.clock()):
+            if budget.spent(self.clock.now()):
                 last = UpstreamError(last.url if last else NO_ENDPOINT, 504, (
                     f"no {role} engine answered within the request's deadline "
                     f"({budget.missed_deadlines} missed, then the TTFT target)"))
                 log.warning("%s", last)
                 break
             lease = progress.lease if handoff and progress is not None else None
-            if lease is not None and not lease.usable(self.clock()):
-                raise LeaseRanOut(lease, self.clock())  # before any engine got them
+            if lease is not None and not lease.usable(now := self.clock.now()):
+                raise LeaseRanOut(lease, now)  # before any engine got them
             endpoint = None
             matched = 0
             if first is not None and first not in tried:
@@ -601,7 +608,7 @@ class Router(HealthChecks, EngineChoice, StreamRelay):
             queued = endpoint.inflight_tokens
             gauge.inc()
             att: Attempt | None = None
-            sent_at = self.clock()
+            sent_at = self.clock.now()
             if progress is not None:
                 progress.decode_sent, progress.decode_answered = True, False
                 progress.decode_url = endpoint.url
@@ -612,12 +619,13 @@ class Router(HealthChecks, EngineChoice, StreamRelay):
                 # idle timeout (its first byte comes with its last token).
                 deadline: aiohttp.ClientTimeout | None = None
                 first_s: float | None = None
-                if role == "prefill":
+                if role == Role.PREFILL:
                     deadline = self._prefill_deadline(queued, budget.timeout(None, sent_at))
                 elif stream:
                     first_s = budget.timeout(self._token_deadlines(handoff)[0], sent_at)
                 try:
-                    async with asyncio.timeout(first_s):
+                    async with asyncio.timeout(None if first_s is None
+                                               else self.clock.real(first_s)):
                         resp = await self.session.post(
                             endpoint.url + path, data=orjson.dumps(body), headers=JSON_HEADERS,
                             timeout=deadline or self.session.timeout)
@@ -627,8 +635,8 @@ class Router(HealthChecks, EngineChoice, StreamRelay):
                     status = 504 if timed_out else 502
                     why = repr(exc)
                     if timed_out and (deadline is not None or first_s is not None):
-                        budget.missed(self.clock())  # hung: the request's grace starts
-                        why = ("no answer within the prefill deadline" if role == "prefill"
+                        budget.missed(self.clock.now())  # hung: the request's grace starts
+                        why = ("no answer within the prefill deadline" if role == Role.PREFILL
                                else "no status line within the first-token deadline")
                     last = UpstreamError(endpoint.url, status, f"{role} engine failed: {why}")
                     log.warning("%s", last)
@@ -655,7 +663,7 @@ class Router(HealthChecks, EngineChoice, StreamRelay):
                                           resp.content_type or "application/json")
                     self.balancer.report_success(endpoint.url)
                     if prompt is not None and self.prefix is not None:
-                        self.prefix.record(prompt, endpoint.url, self.clock())
+                        self.prefix.record(prompt, endpoint.url, self.clock.monotonic())
                         self.metrics.observe_prefix(role, endpoint.url, prompt_tokens, matched)
                     att = Attempt(endpoint, resp, sent_at, queued, local, matched,
                                   None if first_s is None else sent_at + first_s)
@@ -669,7 +677,7 @@ class Router(HealthChecks, EngineChoice, StreamRelay):
                 elif local:
                     self.balancer.add_local_tokens(endpoint.url, -local)
         if last is None:
-            engine = "engine" if role == "engine" else f"{role} engine"
+            engine = "engine" if role == Role.ENGINE else f"{role} engine"
             last = UpstreamError(NO_ENDPOINT, 503, f"no {engine} available")
         elif handoff:
             raise HandoffFailed(last)

@@ -1,4 +1,10 @@
-"""The router's configuration (what `poolpilot router`'s flags become) and its modes."""
+"""The router's configuration (what `poolpilot router`'s flags become).
+
+Its durations are of two kinds. Deadlines, leases and the deadline budget's grace are in
+simulated seconds, the seconds of the SLO targets, and the Router compares them on its
+`poolpilot.clock.Clock`; the transport's limits (timeouts of connections, requests and
+releases, health checks, draining) and the balancer's and the approximate prefix index's
+durations are in real seconds. In a cluster the two are the same (the clock's rate is 1)."""
 
 from __future__ import annotations
 
@@ -10,15 +16,32 @@ from poolpilot.router.balancer import BalancerConfig
 from poolpilot.router.prefix_index import DEFAULT_BALANCE, DEFAULT_MAX_ENTRIES, DEFAULT_TTL_S
 
 from poolpilot import handoff
+from poolpilot.api.runtime import Mode
+from poolpilot.clock import Clock
+from poolpilot.roles import DISAGGREGATED_ROLES, Role
 
-DISAGGREGATED = "disaggregated"
-AGGREGATED = "aggregated"
 PREFIX_ROUTING = ("off", "approximate", "precise")
+# The router's own spelling of the modes (--mode, its config file, its listening line): lower
+# case, as it always was; the API's Mode is the value.
+MODES = {str(m).lower(): m for m in Mode}
+
+# No deadline is shorter than this many *real* seconds. Under time compression (--speed) the
+# targets shrink but the machine's scheduling pauses do not: at --speed 8 a 1.25 s decode
+# deadline took a busy 2-core machine for hung engines (streams cut, healthy engines ejected).
+# At --speed 1 the default deadlines (5 s, 10 s) are above it.
+MIN_DEADLINE_S = 3.0
+
+
+def floored(deadline_s: float | None, clock: Clock) -> float | None:
+    """A deadline in simulated seconds, raised to MIN_DEADLINE_S of real time."""
+    if deadline_s is None:
+        return None
+    return max(deadline_s, clock.simulated(MIN_DEADLINE_S))
 
 
 @dataclass
 class RouterConfig:
-    mode: str = DISAGGREGATED
+    mode: Mode = Mode.DISAGGREGATED
     pool: str = "default"
     max_request_bytes: int = 8 * 1024 * 1024
     connect_timeout_s: float = 5.0
@@ -28,9 +51,6 @@ class RouterConfig:
     health_interval_s: float = 2.0
     health_timeout_s: float = 2.0
     drain_timeout_s: float = 30.0
-    # Latencies are recorded times this factor: the sandbox runs engines `speed` times faster
-    # than real time and every component reports simulated seconds (one clock).
-    speed: float = 1.0
     balancer: BalancerConfig = field(default_factory=BalancerConfig)
     # Local prefill (disaggregated mode): serve a request on a decode engine alone when the
     # prefill role would break the TTFT target (router/local_prefill.py). None: off (no
@@ -48,24 +68,27 @@ class RouterConfig:
     prefix_balance: float = DEFAULT_BALANCE  # the load bound's c
     prefix_max_entries: int = DEFAULT_MAX_ENTRIES  # approximate: keys remembered (LRU)
     prefix_ttl_s: float = DEFAULT_TTL_S  # approximate: how long a sent prefix counts as cached
-    # A prefill engine silent this long (seconds, the router's clock) is hung: the request
-    # moves on and the engine counts a failure. None: only idle_timeout_s bounds it.
+    # A prefill engine silent this long (simulated seconds: --prefill-deadline-ttfts x the
+    # TTFT target; the Router raises it to MIN_DEADLINE_S of real time, `floored`) is hung:
+    # the request moves on and the engine counts a failure. None: only idle_timeout_s bounds
+    # it.
     prefill_deadline_s: float | None = None
-    # A stream that has started but sends no token for this long (seconds, the router's
-    # clock: --decode-stall-itls x the ITL target) is hung: the client gets an in-band error
-    # and the engine counts a failure. Before its first token, a decode after a handoff has
-    # this long too; an engine that prefills itself, this plus prefill_deadline_s. None: off.
+    # A stream that has started but sends no token for this long (simulated seconds:
+    # --decode-stall-itls x the ITL target, `floored` like the prefill deadline) is hung: the
+    # client gets an in-band error and the engine counts a failure. Before its first token, a
+    # decode after a handoff has this long too; an engine that prefills itself, this plus the
+    # prefill deadline. None: off.
     decode_stall_s: float | None = None
     # Once one of a request's attempts missed its deadline, what all its later attempts share
-    # (the TTFT target, router's clock; router/deadline_budget.py). None: each its own.
+    # (the TTFT target, simulated seconds; router/deadline_budget.py). None: each its own.
     deadline_grace_s: float | None = None
     # Every prefill engine ejected: a decode engine prefills the request (False, with
     # --local-prefill off: a 503 with Retry-After).
     local_when_no_prefill: bool = True
-    # Seconds the prefill engines hold a prompt's KV for its decode engine (their
+    # Simulated seconds the prefill engines hold a prompt's KV for its decode engine (their
     # kv_lease_duration, which the launcher sets from poolpilot.handoff): past the pickup
     # margin, a handoff becomes a local prefill (router/kv_lease.py). None: not checked.
     kv_lease_s: float | None = field(default_factory=lambda: float(handoff.kv_lease_seconds()))
 
-    def roles(self) -> tuple[str, ...]:
-        return ("prefill", "decode") if self.mode == DISAGGREGATED else ("engine",)
+    def roles(self) -> tuple[Role, ...]:
+        return DISAGGREGATED_ROLES if self.mode == Mode.DISAGGREGATED else (Role.ENGINE,)

@@ -6,16 +6,18 @@ prompt itself, and how long a prefill engine may take before it counts as hung.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from typing import Any
 
 import aiohttp
 from poolpilot.router import local_prefill as lp
 from poolpilot.router.balancer import Balancer, Endpoint
-from poolpilot.router.config import RouterConfig
+from poolpilot.router.config import RouterConfig, floored
 from poolpilot.router.metrics import RouterMetrics
 from poolpilot.router.prefix_source import PrefixSource, PromptKeys
 from poolpilot.router.relay import Attempt
+
+from poolpilot.clock import Clock
+from poolpilot.roles import Role
 
 log = logging.getLogger("poolpilot.router")
 
@@ -23,7 +25,7 @@ log = logging.getLogger("poolpilot.router")
 class EngineChoice:
     """The Router's choices of engine, which it provides what is declared here."""
 
-    clock: Callable[[], float]
+    clock: Clock
     config: RouterConfig
     balancer: Balancer
     metrics: RouterMetrics
@@ -41,8 +43,8 @@ class EngineChoice:
         policy = self.config.local_prefill
         if self.prefill_rate.measured:  # not a seed: the engines' own speed
             policy = lp.calibrated(policy, rate)
-        prefills = [e for e in self.balancer.role_endpoints("prefill") if not e.ejected()]
-        decodes = [e for e in self.balancer.role_endpoints("decode") if not e.ejected()]
+        prefills = [e for e in self.balancer.role_endpoints(Role.PREFILL) if not e.ejected()]
+        decodes = [e for e in self.balancer.role_endpoints(Role.DECODE) if not e.ejected()]
         # Queued prompt tokens: what this router has in flight there (x its workers, which
         # share connections evenly), or the engine's own queue (which also holds other
         # routers' work) in tokens, whichever says more.
@@ -74,17 +76,19 @@ class EngineChoice:
         """How long a prefill engine may take to answer before it counts as hung: N TTFT
         targets plus this router's tokens queued there at the learned prefill rate (a
         saturated engine is not a hung one), at most `left_s` (what the request's deadline
-        budget has left once a deadline was missed)."""
+        budget has left once a deadline was missed; simulated seconds). The answer is the
+        transport's timeout, in real seconds."""
         c = self.config
-        if c.prefill_deadline_s is None and left_s is None:
+        own_s = floored(c.prefill_deadline_s, self.clock)
+        if own_s is None and left_s is None:
             return None
         read_s = c.idle_timeout_s
-        if c.prefill_deadline_s is not None:
-            rate = self.prefill_rate.tokens_per_s
-            queue_s = queued_tokens / rate / c.speed if rate > 0 else 0.0
-            read_s = min(read_s, c.prefill_deadline_s + queue_s)
+        if own_s is not None:
+            rate = self.prefill_rate.tokens_per_s  # per simulated second
+            queue_s = queued_tokens / rate if rate > 0 else 0.0
+            read_s = min(read_s, self.clock.real(own_s + queue_s))
         if left_s is not None:
-            read_s = max(1e-3, min(read_s, left_s))
+            read_s = max(1e-3, min(read_s, self.clock.real(left_s)))
         return aiohttp.ClientTimeout(total=c.request_timeout_s, sock_connect=c.connect_timeout_s,
                                      sock_read=read_s)
 
@@ -102,14 +106,14 @@ class EngineChoice:
         """Per url, the prompt tokens it is expected to hold."""
         if prompt is None or self.prefix is None or not prompt.keys:
             return [0] * len(urls)
-        blocks = self.prefix.matched_blocks(prompt, urls, self.clock())
+        blocks = self.prefix.matched_blocks(prompt, urls, self.clock.monotonic())
         return [min(prompt_tokens, prompt.tokens(b)) for b in blocks]
 
-    def _pick(self, role: str, exclude: list[str], prompt: PromptKeys | None,
+    def _pick(self, role: Role, exclude: list[str], prompt: PromptKeys | None,
               prompt_tokens: int) -> tuple[Endpoint | None, int]:
         """An endpoint of `role` (by prefix when there is a prompt to key) and the prompt
         tokens it is expected to hold."""
-        now = self.clock()
+        now = self.clock.monotonic()  # the balancer's and the prefix index's: real seconds
         if prompt is None or self.prefix is None or not prompt.keys:
             return self.balancer.pick(role, now, exclude=exclude), 0
         got = self.balancer.pick_by_prefix(

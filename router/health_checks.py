@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
 
 import aiohttp
 import orjson
@@ -24,13 +23,15 @@ from poolpilot.router.metrics import (
 )
 from poolpilot.router.prefix_source import PrefixSource
 
+from poolpilot.clock import Clock
+
 log = logging.getLogger("poolpilot.router")
 
 
 class HealthChecks:
     """Health checks and load scraping for the Router, which provides what is declared here."""
 
-    clock: Callable[[], float]
+    clock: Clock
     config: RouterConfig
     balancer: Balancer
     metrics: RouterMetrics
@@ -67,7 +68,7 @@ class HealthChecks:
                         self._learn_models(url, await resp.read())
         except (aiohttp.ClientError, TimeoutError):
             pass
-        ejected, readmitted = self.balancer.report_health(url, ok, self.clock())
+        ejected, readmitted = self.balancer.report_health(url, ok, self.clock.monotonic())
         self._log_ejections(ejected)
         for e in readmitted:
             log.info("re-admitted %s endpoint %s (health check passed)", e.role, e.url)
@@ -85,14 +86,15 @@ class HealthChecks:
         if prev is None:
             return
         # Less the leases this router gave up itself (counted when it did).
-        bad = self.given_up.discount(url, attributed_kv_failures(prev, now, mine), self.clock())
+        bad = self.given_up.discount(url, attributed_kv_failures(prev, now, mine),
+                                     self.clock.now())
         if bad > 0:
             self.metrics.kv_failures_pool.inc(bad)
             log.warning("prefill engine %s reports %.0f expired or invalid KV handoffs "
                         "(%.2f of them this router's)", url, now.bad - prev.bad, bad)
 
     def _failed(self, url: str) -> None:
-        self._log_ejections(self.balancer.report_failure(url, self.clock()))
+        self._log_ejections(self.balancer.report_failure(url, self.clock.monotonic()))
 
     def _log_ejections(self, ejected: list[Endpoint]) -> None:
         for e in ejected:
@@ -100,7 +102,7 @@ class HealthChecks:
                 self.prefix.forget(e.url)
             assert e.ejected_until is not None
             log.warning("ejected %s endpoint %s for %.1f s after %d consecutive failures",
-                        e.role, e.url, e.ejected_until - self.clock(), e.failures)
+                        e.role, e.url, e.ejected_until - self.clock.monotonic(), e.failures)
 
     def _learn_models(self, url: str, body: bytes) -> None:
         try:

@@ -19,37 +19,37 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-# Seconds for a decode request to cross to its engine and be queued there, on top of one
+# Real seconds for a decode request to cross to its engine and be queued there, on top of one
 # heartbeat interval (the decode engine's first renewal may come that much after it queued
 # the request).
 PICKUP_S = 1.0
 
 
-def pickup_margin(lease_s: float) -> float:
+def pickup_margin(lease_s: float, pickup_s: float = PICKUP_S) -> float:
     """How long before the lease runs out the router stops handing the KV over: one heartbeat
-    interval (lease / 6, as vLLM derives it) plus PICKUP_S, both scaled with the lease's
-    unit."""
-    return lease_s / 6 + PICKUP_S
+    interval (lease / 6, as vLLM derives it) plus the crossing, `pickup_s` (PICKUP_S in the
+    lease's unit)."""
+    return lease_s / 6 + pickup_s
 
 
 @dataclass(frozen=True)
 class KvLease:
     """The lease of one prefill answer: granted (about) when the router read the answer's
     status line, for `lease_s` seconds of the router's clock, by the engine at
-    `prefill_url`."""
+    `prefill_url`; `pickup_s`: PICKUP_S on that clock."""
 
     granted_at: float
     lease_s: float
     prefill_url: str = ""
+    pickup_s: float = PICKUP_S
 
     @property
     def expires_at(self) -> float:
         return self.granted_at + self.lease_s
 
-    def usable(self, now: float, margin_s: float | None = None) -> bool:
+    def usable(self, now: float) -> bool:
         """A decode request sent now would be picked up before the lease runs out."""
-        margin = pickup_margin(self.lease_s) if margin_s is None else margin_s
-        return now < self.expires_at - margin
+        return now < self.expires_at - pickup_margin(self.lease_s, self.pickup_s)
 
     def releasable(self, now: float) -> bool:
         """A release (a one-token read of the KV) sent now would read it while it is held:
@@ -82,6 +82,11 @@ def lease_covers(lease_s: float, connect_timeout_s: float, max_attempts: int) ->
         <= lease_s
 
 
+# Real seconds an unmatched report of an expired lease waits for the other side's: a scrape
+# of the engines comes every --health-interval real seconds.
+GIVEN_UP_HORIZON_S = 60.0
+
+
 @dataclass
 class GivenUp:
     """Each lease that ran out is counted once as a failed handoff, whichever side saw it
@@ -89,9 +94,9 @@ class GivenUp:
     engine's expiry counter (vllm:nixl_num_kv_expired_reqs; `discount`). The engine may
     report the expiry before the router gives up (the router was still waiting on a decode
     engine when the lease ran out) or after: per prefill engine, each side's unmatched
-    reports wait `horizon_s` for the other's."""
+    reports wait `horizon_s` (seconds of the caller's clock) for the other's."""
 
-    horizon_s: float = 60.0
+    horizon_s: float = GIVEN_UP_HORIZON_S
     _router: dict[str, deque[float]] = field(default_factory=dict)  # leases' expiry times
     _engine: dict[str, deque[float]] = field(default_factory=dict)  # when counted at a scrape
 

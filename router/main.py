@@ -28,7 +28,7 @@ from poolpilot.router import local_prefill as lp
 from poolpilot.router.app import Router
 from poolpilot.router.auth import ApiKeys, KeyFileError
 from poolpilot.router.balancer import BalancerConfig
-from poolpilot.router.config import AGGREGATED, DISAGGREGATED, PREFIX_ROUTING, RouterConfig
+from poolpilot.router.config import MIN_DEADLINE_S, MODES, PREFIX_ROUTING, RouterConfig
 from poolpilot.router.discovery import KubernetesDiscovery, parse_urls
 from poolpilot.router.http_guard import GuardedRunner, ServerLimits
 from poolpilot.router.prefix_index import DEFAULT_BALANCE, DEFAULT_MAX_ENTRIES, DEFAULT_TTL_S
@@ -36,6 +36,10 @@ from poolpilot.router.prefix_source import PrefixSource
 from poolpilot.router.workers import run_workers
 
 from poolpilot import fileerrors, handoff
+from poolpilot.api.runtime import Mode
+from poolpilot.cli import add_kubeconfig, add_speed
+from poolpilot.clock import Clock
+from poolpilot.roles import ENGINE_ROLES, Role
 
 log = logging.getLogger("poolpilot.router")
 
@@ -58,10 +62,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     src.add_argument("--engine", default="", help="aggregated engine URLs, comma-separated")
     src.add_argument("--discover", choices=("kubernetes",), help="watch EndpointSlices")
     src.add_argument("--namespace", help="namespace of the pool (with --discover)")
-    src.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster when running "
-                     "in a pod, then $KUBECONFIG, then ~/.kube/config)")
+    add_kubeconfig(src)
     src.add_argument(
-        "--mode", choices=(DISAGGREGATED, AGGREGATED),
+        "--mode", choices=tuple(MODES),
         help="with --discover: which Services to use (default: the config file's, else "
         "disaggregated)",
     )
@@ -163,25 +166,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     loc.add_argument("--prefill-deadline-ttfts", type=float, default=5.0,
                      help="a prefill engine that has not answered within this many TTFT "
                      "targets is hung: the request moves to another prefill engine, else "
-                     "to a local prefill, and the engine counts a failure (0: no deadline, "
-                     "only --idle-timeout)")
+                     "to a local prefill, and the engine counts a failure (at least "
+                     f"{MIN_DEADLINE_S:g} s of real time; 0: no deadline, only --idle-timeout)")
     loc.add_argument("--decode-stall-itls", type=float, default=200.0,
                      help="a streaming engine that sends no token for this many ITL targets "
-                     "(--itl-target, divided by --speed) is hung: a started stream ends with "
-                     "an error event, one not started moves to another engine or a local "
-                     "prefill, and the engine counts a failure (default 200; 0: only "
-                     "--idle-timeout)")
+                     "(--itl-target, simulated seconds under --speed) is hung: a started "
+                     "stream ends with an error event, one not started moves to another "
+                     "engine or a local prefill, and the engine counts a failure (at least "
+                     f"{MIN_DEADLINE_S:g} s of real time; default 200; 0: only --idle-timeout)")
     loc.add_argument("--itl-target", type=float,
                      help="decode ITL budget in seconds (default: the config file's slo.itl, "
                      "else 0.05)")
     loc.add_argument("--prefill-tokens-per-s", type=float,
                      help="a prefill engine's throughput to start from (default: the "
                      "profile's); learned from prefills of 512+ queued tokens")
-    parser.add_argument(
-        "--speed", type=float, default=1.0,
-        help="report latencies in simulated seconds: multiply by X (the sandbox runs engines "
-        "X times faster than real time)",
-    )
+    add_speed(parser)
 
 
 def _port(text: str) -> int:
@@ -216,7 +215,7 @@ def apply_config_file(args: argparse.Namespace) -> None:
         args.local_prefill_profile = lp.preset_for_model(data.get("model"))
     if args.discover and not args.mode and data.get("mode"):
         mode = str(data["mode"]).lower()
-        if mode not in (DISAGGREGATED, AGGREGATED):
+        if mode not in MODES:
             raise UsageError(f"--config {args.config}: mode {data['mode']!r} is not "
                              "Disaggregated or Aggregated")
         args.mode = mode
@@ -224,7 +223,7 @@ def apply_config_file(args: argparse.Namespace) -> None:
 
 def config_from_args(args: argparse.Namespace) -> RouterConfig:
     apply_config_file(args)
-    static = {k: parse_urls(getattr(args, k)) for k in ("prefill", "decode", "engine")}
+    static = {role: parse_urls(getattr(args, role)) for role in ENGINE_ROLES}
     if args.discover:
         if any(static.values()):
             raise UsageError("--discover and --prefill/--decode/--engine: choose one source")
@@ -232,18 +231,18 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
             raise UsageError("--discover kubernetes needs --namespace (the pool's namespace)")
         if not args.pool:
             raise UsageError("--discover kubernetes needs --pool (the InferencePool's name)")
-        mode = args.mode or DISAGGREGATED
+        mode = MODES[args.mode] if args.mode else Mode.DISAGGREGATED
     else:
         if args.mode:
             raise UsageError("--mode is only for --discover; static lists imply it")
-        if static["engine"] and (static["prefill"] or static["decode"]):
+        if static[Role.ENGINE] and (static[Role.PREFILL] or static[Role.DECODE]):
             raise UsageError("--engine (aggregated) cannot be combined with --prefill/--decode")
-        if static["engine"]:
-            mode = AGGREGATED
-        elif static["prefill"] and static["decode"]:
-            mode = DISAGGREGATED
-        elif static["prefill"] or static["decode"]:
-            missing = "--decode" if static["prefill"] else "--prefill"
+        if static[Role.ENGINE]:
+            mode = Mode.AGGREGATED
+        elif static[Role.PREFILL] and static[Role.DECODE]:
+            mode = Mode.DISAGGREGATED
+        elif static[Role.PREFILL] or static[Role.DECODE]:
+            missing = "--decode" if static[Role.PREFILL] else "--prefill"
             raise UsageError(f"disaggregated mode needs both --prefill and --decode; add {missing}")
         else:
             raise UsageError(
@@ -304,7 +303,6 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
         max_attempts=args.max_attempts,
         health_interval_s=args.health_interval,
         drain_timeout_s=args.drain_timeout,
-        speed=args.speed,
         balancer=BalancerConfig(eject_after=args.eject_after, ramp_s=args.ramp_seconds),
         prefix_routing=args.prefix_routing,
         prefix_balance=args.prefix_balance,
@@ -381,39 +379,30 @@ def local_prefill_policy(args: argparse.Namespace) -> lp.LocalPrefillPolicy | No
                                  cost=lp.PRESETS[args.local_prefill_profile])
 
 
-# No deadline is shorter than this many seconds of the router's own clock. Under time
-# compression (--speed) the targets shrink but the machine's scheduling pauses do not: at
-# --speed 8 a 1.25 s decode deadline took a busy 2-core machine for hung engines (streams cut,
-# healthy engines ejected). At --speed 1 the default deadlines (5 s, 10 s) are above it.
-MIN_DEADLINE_S = 3.0
-
-
 def prefill_deadline(args: argparse.Namespace) -> float | None:
-    """Seconds (of the router's clock: target / --speed, at least MIN_DEADLINE_S) a prefill
-    may take to answer."""
+    """Simulated seconds a prefill may take to answer (the Router raises it to MIN_DEADLINE_S
+    of real time: config.floored)."""
     if not args.prefill_deadline_ttfts:
         return None
     ttft = 1.0 if args.ttft_target is None else float(args.ttft_target)
-    return max(MIN_DEADLINE_S, float(args.prefill_deadline_ttfts) * ttft / float(args.speed))
+    return float(args.prefill_deadline_ttfts) * ttft
 
 
 def decode_stall(args: argparse.Namespace) -> float | None:
-    """Seconds (of the router's clock: target / --speed, at least MIN_DEADLINE_S) a stream may
-    go without a token."""
+    """Simulated seconds a stream may go without a token (floored like the prefill's)."""
     if not args.decode_stall_itls:
         return None
     itl = 0.05 if args.itl_target is None else float(args.itl_target)
-    return max(MIN_DEADLINE_S, float(args.decode_stall_itls) * itl / float(args.speed))
+    return float(args.decode_stall_itls) * itl
 
 
 def deadline_grace(args: argparse.Namespace) -> float | None:
-    """Seconds (of the router's clock) every attempt after a request's first missed deadline
-    shares: the TTFT target, so a request waits on a hung engine one deadline plus the TTFT
-    target at most. None while no deadline is on."""
+    """Simulated seconds every attempt after a request's first missed deadline shares: the
+    TTFT target, so a request waits on a hung engine one deadline plus the TTFT target at
+    most. None while no deadline is on."""
     if not args.prefill_deadline_ttfts and not args.decode_stall_itls:
         return None
-    ttft = 1.0 if args.ttft_target is None else float(args.ttft_target)
-    return ttft / float(args.speed)
+    return 1.0 if args.ttft_target is None else float(args.ttft_target)
 
 
 def prefill_seed(args: argparse.Namespace) -> float:
@@ -443,12 +432,12 @@ async def _healthy_once_synced(router: Router, discovery: KubernetesDiscovery) -
     router.discovering = False
 
 
-async def serve(args: argparse.Namespace, config: RouterConfig, port: int | None = None,
-                ready_fd: int | None = None) -> int:
+async def serve(args: argparse.Namespace, config: RouterConfig, clock: Clock,
+                port: int | None = None, ready_fd: int | None = None) -> int:
     """Run one router process; with `ready_fd` (a worker of --workers), listen on the shared
     `port` with SO_REUSEPORT and report readiness on the fd instead of printing."""
     source = precise_source(args, config)
-    router = Router(config, prefix_source=source)
+    router = Router(config, clock=clock, prefix_source=source)
     attach = getattr(source, "attach", None)
     if attach is not None:  # the KV events source subscribes to the router's engines
         attach(lambda: router.session, router.balancer.urls,
@@ -485,8 +474,8 @@ async def serve(args: argparse.Namespace, config: RouterConfig, port: int | None
         router.discovering = True  # /health answers 503 until the engines are known
         discovery_task = asyncio.gather(discovery.run(), _healthy_once_synced(router, discovery))
     lease = config.kv_lease_s
-    if (config.mode == DISAGGREGATED and lease is not None and ready_fd is None
-            and not kv_lease.lease_covers(lease / config.speed, config.connect_timeout_s,
+    if (config.mode == Mode.DISAGGREGATED and lease is not None and ready_fd is None
+            and not kv_lease.lease_covers(clock.real(lease), config.connect_timeout_s,
                                           config.max_attempts)):
         log.warning("the engines' %g s KV lease does not cover this router's decode attempts "
                     "(--connect-timeout %g x --max-attempts %d, plus %.1f s for the pickup): "
@@ -494,7 +483,7 @@ async def serve(args: argparse.Namespace, config: RouterConfig, port: int | None
                     "--kv-lease-seconds and this router's with it", lease,
                     config.connect_timeout_s, config.max_attempts,
                     kv_lease.pickup_margin(lease))
-    if config.mode == DISAGGREGATED and config.local_prefill is None and ready_fd is None:
+    if config.mode == Mode.DISAGGREGATED and config.local_prefill is None and ready_fd is None:
         log.info("local prefill when prefill is behind: off (%s); a failed KV handoff is still "
                  "retried locally", "--local-prefill off" if args.local_prefill == "off" else
                  "no mixed-step profile for this model: set --local-prefill-profile")
@@ -522,8 +511,14 @@ def listening(args: argparse.Namespace, config: RouterConfig, port: int) -> None
     # One machine-readable line: tests and the sandbox read the port from it.
     workers = f" workers={config.workers}" if config.workers > 1 else ""
     metrics = f" metrics_port={args.metrics_port}" if args.metrics_port is not None else ""
-    print(f"poolpilot router listening on http://{args.host}:{port} mode={config.mode}{workers}"
-          f"{metrics}", flush=True)
+    print(f"poolpilot router listening on http://{args.host}:{port} "
+          f"mode={config.mode.lower()}{workers}{metrics}", flush=True)
+
+
+def clock_from_args(args: argparse.Namespace) -> Clock:
+    """The router's clock: --speed, the sandbox's time compression (one clock: the router
+    measures in the simulated seconds its engines report)."""
+    return Clock(rate=args.speed)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -532,11 +527,12 @@ def run(args: argparse.Namespace) -> int:
     except UsageError as exc:
         print(f"poolpilot router: error: {exc}", file=sys.stderr)
         return 2
+    clock = clock_from_args(args)
     if config.workers > 1:
         return run_workers(
             config.workers, args.host, args.port,
-            lambda port, fd: uvloop.run(serve(args, config, port=port, ready_fd=fd)),
+            lambda port, fd: uvloop.run(serve(args, config, clock, port=port, ready_fd=fd)),
             lambda port: listening(args, config, port),
         )
     # uvloop (libuv) roughly halves the router's per-request CPU cost on the proxy path.
-    return uvloop.run(serve(args, config))
+    return uvloop.run(serve(args, config, clock))

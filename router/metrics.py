@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from poolpilot import metrics as names
+from poolpilot.roles import ENGINE_ROLES
 
 E2E_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0)
 
@@ -115,7 +116,7 @@ class RouterMetrics:
         self.e2e_pool = self.e2e.labels(pool)
         self.kv_failures_pool = self.kv_failures.labels(pool)  # exported as 0 from the start
         self.inflight_role = {
-            role: self.inflight.labels(pool, role) for role in ("prefill", "decode", "engine")
+            role: self.inflight.labels(pool, role) for role in ENGINE_ROLES
         }
         self.local_prefill_reason = {  # exported as 0 from the start
             reason: self.local_prefill.labels(pool, reason)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,11 +14,13 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 from poolpilot.router.balancer import Endpoint
-from poolpilot.router.config import RouterConfig
+from poolpilot.router.config import RouterConfig, floored
 from poolpilot.router.deadline_budget import DeadlineBudget
 from poolpilot.router.errors import HandoffFailed, UpstreamError, error_body, json_error
 from poolpilot.router.kv_lease import KvLease
 from poolpilot.router.metrics import RouterMetrics
+
+from poolpilot.clock import Clock
 
 log = logging.getLogger("poolpilot.router")
 
@@ -55,7 +56,7 @@ class Attempt:
 
     endpoint: Endpoint
     resp: aiohttp.ClientResponse
-    sent_at: float
+    sent_at: float  # simulated seconds (the router's clock.now())
     queued_tokens: int  # tokens in flight at that endpoint when sent, this request's included
     local_tokens: int = 0  # prompt tokens it prefills itself, until its first token
     matched_tokens: int = 0  # prompt tokens it was expected to hold in its prefix cache
@@ -73,10 +74,10 @@ class FirstTokenStalled(UpstreamError):
 class StreamRelay:
     """The relay half of the Router (router/app.py), which provides what is declared here."""
 
-    clock: Callable[[], float]
+    clock: Clock
     config: RouterConfig
     metrics: RouterMetrics
-    # Per engine URL: when a stream from it last brought bytes (the router's clock).
+    # Per engine URL: when a stream from it last brought bytes (the router's clock.now()).
     heard_from: dict[str, float]
 
     def _failed(self, url: str) -> None:
@@ -90,7 +91,7 @@ class StreamRelay:
         if heard is None or stall_s is None:
             return None
         until = heard + stall_s
-        return until if until > self.clock() else None
+        return until if until > self.clock.now() else None
 
     def _settle_local(self, att: Attempt) -> None:
         raise NotImplementedError
@@ -123,17 +124,18 @@ class StreamRelay:
         stall_s = self._token_deadlines(handoff)[1]
         alive_until: float | None = None  # re-armed while the engine speaks on other streams
         while True:
-            deadline: float | None  # what is left of `window`, the wait's whole deadline
+            # What is left of `window`, the wait's whole deadline (simulated seconds).
+            deadline: float | None
             if alive_until is not None:
-                deadline, window = max(0.0, alive_until - self.clock()), stall_s
+                deadline, window = max(0.0, alive_until - self.clock.now()), stall_s
             elif last_event is not None:
                 deadline = window = stall_s
             elif att.first_token_by is not None:
-                deadline = max(0.0, att.first_token_by - self.clock())
+                deadline = max(0.0, att.first_token_by - self.clock.now())
                 window = att.first_token_by - att.sent_at
             else:
                 deadline = window = None
-            timer = asyncio.timeout(deadline)
+            timer = asyncio.timeout(None if deadline is None else self.clock.real(deadline))
             try:
                 async with timer:
                     chunk = await chunks.__anext__()
@@ -152,7 +154,7 @@ class StreamRelay:
                     failure = TimeoutError(f"no token within the decode deadline "
                                            f"({window or 0:.3g} s)")
                     if response is None:  # hung before its first token: the grace starts
-                        progress.budget.missed(self.clock())
+                        progress.budget.missed(self.clock.now())
                 if response is None:  # nothing sent yet: a proper status line
                     self._failed(endpoint.url)
                     status = 504 if isinstance(exc, TimeoutError) else 502
@@ -164,7 +166,7 @@ class StreamRelay:
                     return json_error(status, message, "upstream_error"), status
                 return await self._stream_broke(response, endpoint, failure, handoff), 502
             alive_until = None
-            self.heard_from[endpoint.url] = self.clock()
+            self.heard_from[endpoint.url] = self.clock.now()
             if not buffer and chunk.endswith(b"\n\n"):
                 complete = chunk  # the usual case: whole events, passed on as they are
             else:
@@ -173,7 +175,7 @@ class StreamRelay:
                 if cut < 0:
                     continue
                 complete, buffer = buffer[: cut + 2], buffer[cut + 2 :]
-            now = self.clock()
+            now = self.clock.now()
             if response is None:
                 if handoff and complete.startswith(b'data: {"error"'):
                     # vLLM reports a failed KV load in the stream's first event.
@@ -194,10 +196,10 @@ class StreamRelay:
                 # Events that arrive together reach the client together: gaps of 0.
                 if last_event is None:
                     self._settle_local(att)
-                    self.metrics.ttft_pool.observe((now - start) * self.config.speed)
+                    self.metrics.ttft_pool.observe(now - start)
                     events -= 1
                 else:
-                    self.metrics.itl_pool.observe((now - last_event) * self.config.speed)
+                    self.metrics.itl_pool.observe(now - last_event)
                     events -= 1
                 for _ in range(events):
                     self.metrics.itl_pool.observe(0.0)
@@ -223,15 +225,14 @@ class StreamRelay:
         return response, 200
 
     def _token_deadlines(self, handoff: bool) -> tuple[float | None, float | None]:
-        """Seconds a stream may wait for its first token, then between tokens (None: only the
-        session's idle timeout). A decode after a handoff starts from the prefill's KV; an
-        engine that prefills the prompt itself also has the prefill deadline for it."""
-        c = self.config
-        stall = c.decode_stall_s
+        """Simulated seconds a stream may wait for its first token, then between tokens (None:
+        only the session's idle timeout). A decode after a handoff starts from the prefill's
+        KV; an engine that prefills the prompt itself also has the prefill deadline for it."""
+        stall = floored(self.config.decode_stall_s, self.clock)
         if stall is None or handoff:
             return stall, stall
-        first = None if c.prefill_deadline_s is None else c.prefill_deadline_s + stall
-        return first, stall
+        prefill = floored(self.config.prefill_deadline_s, self.clock)
+        return None if prefill is None else prefill + stall, stall
 
     async def _stream_broke(
         self, response: web.StreamResponse, endpoint: Endpoint, exc: BaseException,

@@ -201,9 +201,11 @@ SHARED = [
     SharedOption("--gpu", lambda p: cli.add_gpu(p, GPUS),
                  frozenset({"poolpilot engine-sim", "poolpilot sim trace", "poolpilot bench",
                             "poolpilot sandbox", "poolpilot perf router"}), everywhere=True),
-    SharedOption("--kubeconfig", cli.add_kubeconfig, frozenset({"poolpilot operator"}),
+    SharedOption("--kubeconfig", cli.add_kubeconfig,
+                 frozenset({"poolpilot operator", "poolpilot router"}),
                  everywhere=False, never=frozenset({"poolpilot emulator"})),
-    SharedOption("--speed", cli.add_speed, frozenset({"poolpilot engine-sim", "poolpilot sandbox"}),
+    SharedOption("--speed", cli.add_speed,
+                 frozenset({"poolpilot engine-sim", "poolpilot sandbox", "poolpilot router"}),
                  everywhere=False, never=frozenset({"poolpilot perf router"})),
 ]
 

@@ -12,7 +12,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from poolpilot.router.config import RouterConfig
 from poolpilot.router.deadline_budget import DeadlineBudget
-from poolpilot.router.main import add_arguments, config_from_args
+from poolpilot.router.main import add_arguments, clock_from_args, config_from_args
+
+from poolpilot.clock import Clock
 
 
 @dataclass(frozen=True)
@@ -83,20 +85,27 @@ def test_hung_engines_cost_one_deadline_plus_the_grace_however_many_attempts(
     assert now <= first_deadline + grace + max(gaps) + 1e-9
 
 
-def _config(*argv: str) -> RouterConfig:
+def _args(*argv: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     add_arguments(parser)
-    return config_from_args(parser.parse_args(["--prefill", "p:1", "--decode", "d:1", *argv]))
+    return parser.parse_args(["--prefill", "p:1", "--decode", "d:1", *argv])
+
+
+def _config(*argv: str) -> RouterConfig:
+    return config_from_args(_args(*argv))
 
 
 @pytest.mark.parametrize(("argv", "grace"), [
     ((), 1.0),  # the default TTFT target
-    (("--ttft-target", "2", "--speed", "8"), 0.25),  # the router's clock
+    (("--ttft-target", "2", "--speed", "8"), 0.25),  # 2 simulated seconds are 0.25 real ones
     (("--prefill-deadline-ttfts", "0", "--decode-stall-itls", "0"), None),  # no deadlines
 ], ids=["default", "sandbox-clock", "deadlines-off"])
 def test_the_grace_is_the_ttft_target_on_the_routers_clock(argv: tuple[str, ...],
                                                            grace: float | None) -> None:
-    assert _config(*argv).deadline_grace_s == grace
+    """`grace`: in real seconds."""
+    args = _args(*argv)
+    simulated = config_from_args(args).deadline_grace_s
+    assert (None if simulated is None else clock_from_args(args).real(simulated)) == grace
 
 
 def test_a_prefill_after_a_missed_deadline_waits_what_the_budget_has_left() -> None:
@@ -128,7 +137,8 @@ def test_an_engine_is_hung_once_silent_a_whole_decode_deadline(
     from poolpilot.router.app import Router
 
     now = [100.0]
-    router = Router(_config("--itl-target", "0.015"), clock=lambda: now[0])  # 3 s floor
+    router = Router(_config("--itl-target", "0.015"),
+                    clock=Clock(monotonic=lambda: now[0]))  # 3 s floor
     url = "http://d:1"
     if heard_ago is not None:
         router.heard_from[url] = now[0] - heard_ago

@@ -12,7 +12,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 from poolpilot.router.auth import ApiKeys
 from poolpilot.router.discovery import pod_selector
-from poolpilot.router.main import UsageError, add_arguments, config_from_args, url_ok
+from poolpilot.router.main import (
+    UsageError,
+    add_arguments,
+    clock_from_args,
+    config_from_args,
+    url_ok,
+)
 
 
 def parse(*argv: str) -> argparse.Namespace:
@@ -121,7 +127,8 @@ DEADLINES = [
 def test_the_prefill_deadline_from_the_ttft_target_and_the_queue(case: DeadlineCase) -> None:
     from poolpilot.router.app import Router
 
-    router = Router(config_from_args(parse("--prefill", "p:1", "--decode", "d:1", *case.argv)))
+    args = parse("--prefill", "p:1", "--decode", "d:1", *case.argv)
+    router = Router(config_from_args(args), clock=clock_from_args(args))
     router.prefill_rate.tokens_per_s = case.rate
     timeout = router._prefill_deadline(case.queued_tokens)
     if case.seconds is None:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import pytest
 from poolpilot.router.kv_lease import (
+    PICKUP_S,
     GivenUp,
     KvLease,
     lease_covers,
@@ -14,6 +15,7 @@ from poolpilot.router.kv_lease import (
 )
 
 from poolpilot import handoff
+from poolpilot.clock import Clock
 
 
 @dataclass(frozen=True)
@@ -22,6 +24,7 @@ class UseCase:
     lease_s: float
     elapsed_s: float
     usable: bool
+    rate: float = 1.0  # the router's clock (--speed): the lease and times are simulated
 
 
 USE_CASES = [
@@ -32,6 +35,10 @@ USE_CASES = [
     UseCase("past-the-lease", 25, 26.0, False),
     UseCase("short-lease-early", 6, 3.9, True),
     UseCase("short-lease-late", 6, 4.1, False),
+    # --speed 8: the heartbeat is 24/6 simulated seconds, the crossing 1 real second (8
+    # simulated): 12 simulated seconds left to send.
+    UseCase("sandbox-clock-within", 24, 11.9, True, rate=8),
+    UseCase("sandbox-clock-inside-the-pickup", 24, 12.1, False, rate=8),
 ]
 
 
@@ -39,7 +46,8 @@ USE_CASES = [
 def test_a_handoff_is_usable_only_while_a_decode_engine_can_still_pick_it_up(
     case: UseCase,
 ) -> None:
-    lease = KvLease(granted_at=100.0, lease_s=case.lease_s, prefill_url="http://p")
+    lease = KvLease(granted_at=100.0, lease_s=case.lease_s, prefill_url="http://p",
+                    pickup_s=Clock(rate=case.rate).simulated(PICKUP_S))
     assert lease.usable(100.0 + case.elapsed_s) is case.usable
     # A release is a one-token decode: it reads the KV too, under the same bound.
     assert lease.releasable(100.0 + case.elapsed_s) is case.usable

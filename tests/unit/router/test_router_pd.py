@@ -16,6 +16,8 @@ from poolpilot.router.discovery import endpoints_from_slices, label_selector, pa
 from poolpilot.router.main import UsageError, add_arguments, config_from_args
 from poolpilot.router.metrics import parse_waiting
 
+from poolpilot.api.runtime import Mode
+
 
 @dataclass(frozen=True)
 class BodyCase:
@@ -147,14 +149,14 @@ class ArgsCase:
     id: str
     argv: list[str]
     error: str = ""
-    mode: str = ""
+    mode: Mode | None = None
 
 
 ARGS_CASES = [
-    ArgsCase("pd", ["--prefill", "a:1", "--decode", "b:1"], mode="disaggregated"),
-    ArgsCase("aggregated", ["--engine", "a:1,b:1"], mode="aggregated"),
+    ArgsCase("pd", ["--prefill", "a:1", "--decode", "b:1"], mode=Mode.DISAGGREGATED),
+    ArgsCase("aggregated", ["--engine", "a:1,b:1"], mode=Mode.AGGREGATED),
     ArgsCase("discover", ["--discover", "kubernetes", "--namespace", "n", "--pool", "p"],
-             mode="disaggregated"),
+             mode=Mode.DISAGGREGATED),
     ArgsCase("nothing", [], error="no engines"),
     ArgsCase("prefill only", ["--prefill", "a:1"], error="add --decode"),
     ArgsCase("engine and pd", ["--engine", "a:1", "--prefill", "b:1", "--decode", "c:1"],
@@ -203,9 +205,9 @@ def test_selection_and_request_shaping_do_no_io(module: str) -> None:
     ("content", "flags", "expect"),
     [
         ('{"pool": "llama", "namespace": "serving", "mode": "Aggregated"}', [],
-         ("aggregated", "llama", "serving")),
+         (Mode.AGGREGATED, "llama", "serving")),
         ('{"pool": "llama", "namespace": "serving", "mode": "Disaggregated"}',
-         ["--mode", "aggregated", "--pool", "other"], ("aggregated", "other", "serving")),
+         ["--mode", "aggregated", "--pool", "other"], (Mode.AGGREGATED, "other", "serving")),
         ('{"pool": "llama", "namespace": "serving", "mode": "Mixed"}', [],
          "mode 'Mixed' is not Disaggregated or Aggregated"),
         ("{nope", [], "cannot read it as JSON"),

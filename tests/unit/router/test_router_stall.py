@@ -1,5 +1,6 @@
 """The decode deadline: how long a stream may wait for its first token and between tokens,
-from --decode-stall-itls x --itl-target on the router's clock."""
+from --decode-stall-itls x --itl-target (simulated seconds, at least MIN_DEADLINE_S real
+ones)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import argparse
 from dataclasses import dataclass
 
 import pytest
-from poolpilot.router.main import UsageError, add_arguments, config_from_args
+from poolpilot.router.main import UsageError, add_arguments, clock_from_args, config_from_args
 
 
 def parse(*argv: str) -> argparse.Namespace:
@@ -21,8 +22,8 @@ class StallCase:
     id: str
     argv: tuple[str, ...]
     handoff: bool
-    first: float | None  # seconds to the first token; None: only --idle-timeout
-    between: float | None  # seconds between tokens
+    first: float | None  # real seconds to the first token; None: only --idle-timeout
+    between: float | None  # real seconds between tokens
 
 
 CASES = [
@@ -44,8 +45,11 @@ CASES = [
 def test_token_deadlines(case: StallCase) -> None:
     from poolpilot.router.app import Router
 
-    router = Router(config_from_args(parse(*case.argv)))
-    first, between = router._token_deadlines(case.handoff)
+    args = parse(*case.argv)
+    clock = clock_from_args(args)
+    router = Router(config_from_args(args), clock=clock)
+    first, between = (None if s is None else clock.real(s)
+                      for s in router._token_deadlines(case.handoff))
     assert (first, between) == (pytest.approx(case.first), pytest.approx(case.between))
 
 
