@@ -205,7 +205,6 @@ class Subscriber:
         self.replay_timeout_s = replay_timeout_s
         self.connected = asyncio.Event()
         self.restarts = 0
-        self.unknown_events = 0
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -283,7 +282,6 @@ class Subscriber:
 
     def _apply(self, batch: Batch) -> None:
         apply_batch(self.index, self.stream, batch)
-        self.unknown_events += batch.unknown
 
     def _restarted(self, why: str, *args: object) -> None:
         self.restarts += 1

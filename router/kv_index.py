@@ -156,9 +156,6 @@ class EngineIndex:
     keys: dict[int, int] = field(default_factory=dict)  # key -> vLLM hashes mapping to it
     skipped: int = 0  # stored blocks not indexed (see the module doc)
 
-    def holds(self, key: int) -> bool:
-        return key in self.keys
-
     def clear(self) -> None:
         self.by_hash.clear()
         self.keys.clear()
