@@ -1,4 +1,8 @@
-"""Grafana dashboards (Pool, Autoscaler, Fleet) as plain JSON models.
+"""Grafana dashboards (Pool, Autoscaler, Fleet), built with Grafana's typed builders.
+
+The builders come from grafana-foundation-sdk (its Grafana 11.6 schema): a misspelt option or a
+wrong type fails here or in mypy, and the SDK follows Grafana's schema as it moves. The helpers
+below only fix this project's conventions (datasource, legend, refIds, dashed targets, ids).
 
 Panels query Prometheus through the `datasource` template variable and filter with the
 `namespace` and `pool` variables (multi-value regexes). Scale events come from the
@@ -8,9 +12,19 @@ Each panel shows one unit (its y axis has one meaning); every unit is a Grafana 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+import json
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
+from grafana_foundation_sdk.builders import bargauge, prometheus, stat, timeseries
+from grafana_foundation_sdk.builders import common as viz
+from grafana_foundation_sdk.builders import dashboard as dash
+from grafana_foundation_sdk.builders.dashboard import Row
+from grafana_foundation_sdk.cog import builder as cogbuilder
+from grafana_foundation_sdk.cog import variants as cogvariants
+from grafana_foundation_sdk.cog.encoder import JSONEncoder
+from grafana_foundation_sdk.models import common
+from grafana_foundation_sdk.models import dashboard as model
 from poolpilot.dashboards.promql import (
     BY_POOL,
     BY_ROLE,
@@ -24,8 +38,7 @@ from poolpilot.dashboards.promql import (
 from poolpilot import metrics as m
 from poolpilot.reasons import SIGNAL_DESCRIPTION, SIGNAL_UNIT, SignalName, reasons_text
 
-SCHEMA_VERSION = 39
-DS = {"type": "prometheus", "uid": "${datasource}"}
+DS = model.DataSourceRef(type_val="prometheus", uid="${datasource}")
 W = "$__rate_interval"
 NS = 'namespace=~"$namespace"'
 POOL = 'pool=~"$pool"'
@@ -33,6 +46,8 @@ PREFILL = 'role="prefill"'
 DECODE = 'role="decode"'
 SCALED = 'direction!="none"'
 Json = dict[str, Any]
+Item = timeseries.Panel | stat.Panel | bargauge.Panel | Row
+P = TypeVar("P", timeseries.Panel, stat.Panel, bargauge.Panel)
 
 
 @dataclass(frozen=True)
@@ -41,127 +56,80 @@ class Query:
     legend: str
 
 
-@dataclass
-class Panel:
-    title: str
-    queries: list[Query]
-    unit: str = "short"
-    kind: str = "timeseries"
-    description: str = ""
-    width: int = 12
-    height: int = 8
-    # Series drawn as dashed threshold lines (SLO targets), matched by legend regex.
-    dashed: str = ""
-    extra_options: Json = field(default_factory=dict)
-    axis_label: str = ""  # what the unit counts, when the unit id alone does not say
+def _target(q: Query, ref: str) -> prometheus.Dataquery:
+    return (prometheus.Dataquery().datasource(DS).expr(q.expr).legend_format(q.legend)
+            .ref_id(ref).range())
 
 
-@dataclass
-class Row:
-    title: str
+def _panel(p: P, title: str, queries: list[Query], unit: str, description: str, width: int,
+           height: int) -> P:
+    """What every panel has: the datasource variable, one unit, refIds A, B, ... in order."""
+    targets: list[cogbuilder.Builder[cogvariants.Dataquery]] = [
+        _target(q, chr(ord("A") + i)) for i, q in enumerate(queries)]
+    return (p.title(title).description(description).datasource(DS).unit(unit)
+            .span(width).height(height).targets(targets))
 
 
-def _target(q: Query, ref: str) -> Json:
-    return {"datasource": DS, "expr": q.expr, "legendFormat": q.legend, "refId": ref,
-            "range": True}
+def _timeseries(title: str, queries: list[Query], *, unit: str = "short", description: str = "",
+                width: int = 12, height: int = 8, dashed: str = "",
+                axis_label: str = "") -> timeseries.Panel:
+    """A graph over time. `dashed`: a legend regex of the series drawn as dashed red lines (SLO
+    targets); `axis_label`: what the unit counts, when the unit id alone does not say."""
+    p = (_panel(timeseries.Panel(), title, queries, unit, description, width, height)
+         .legend(viz.VizLegendOptions().display_mode(common.LegendDisplayMode.LIST)
+                 .placement(common.LegendPlacement.BOTTOM).show_legend(True))
+         .tooltip(viz.VizTooltipOptions().mode(common.TooltipDisplayMode.MULTI)
+                  .sort(common.SortOrder.DESCENDING)))
+    if axis_label:
+        p.axis_label(axis_label)
+    if dashed:
+        p.override_by_regexp(dashed, [
+            model.DynamicConfigValue(id_val="custom.lineStyle",
+                                     value=common.LineStyle(fill="dash", dash=[10, 10])),
+            model.DynamicConfigValue(id_val="color", value=model.FieldColor(
+                mode=model.FieldColorModeId.FIXED, fixed_color="red")),
+        ])
+    return p
 
 
-def _panel_json(p: Panel, pid: int, x: int, y: int) -> Json:
-    defaults: Json = {"unit": p.unit}
-    if p.axis_label:
-        defaults["custom"] = {"axisLabel": p.axis_label}
-    field_config: Json = {"defaults": defaults, "overrides": []}
-    if p.dashed:
-        field_config["overrides"].append({
-            "matcher": {"id": "byRegexp", "options": p.dashed},
-            "properties": [
-                {"id": "custom.lineStyle", "value": {"fill": "dash", "dash": [10, 10]}},
-                {"id": "color", "value": {"mode": "fixed", "fixedColor": "red"}},
-            ],
-        })
-    options: Json = {"legend": {"displayMode": "list", "placement": "bottom", "showLegend": True},
-                     "tooltip": {"mode": "multi", "sort": "desc"}}
-    if p.kind == "stat":
-        options = {"reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
-                   "colorMode": "value", "graphMode": "area", "textMode": "auto"}
-    if p.kind == "bargauge":  # one bar per series, its last value
-        options = {"reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
-                   "displayMode": "basic", "orientation": "horizontal", "showUnfilled": True}
-    options.update(p.extra_options)
-    return {
-        "id": pid,
-        "type": p.kind,
-        "title": p.title,
-        "description": p.description,
-        "datasource": DS,
-        "gridPos": {"h": p.height, "w": p.width, "x": x, "y": y},
-        "targets": [_target(q, chr(ord("A") + i)) for i, q in enumerate(p.queries)],
-        "fieldConfig": field_config,
-        "options": options,
-    }
+def _last_value() -> viz.ReduceDataOptions:
+    return viz.ReduceDataOptions().calcs(["lastNotNull"]).fields("").values(False)
 
 
-def _layout(items: list[Panel | Row]) -> list[Json]:
-    """Left-to-right, top-to-bottom on Grafana's 24-column grid; ids are unique and stable."""
-    out: list[Json] = []
-    x = y = 0
-    row_h = 0
-    for pid, item in enumerate(items, start=1):
-        if isinstance(item, Row):
-            y += row_h
-            x, row_h = 0, 0
-            out.append({"id": pid, "type": "row", "title": item.title, "collapsed": False,
-                        "gridPos": {"h": 1, "w": 24, "x": 0, "y": y}, "panels": []})
-            y += 1
-            continue
-        if x + item.width > 24:
-            y += row_h
-            x, row_h = 0, 0
-        out.append(_panel_json(item, pid, x, y))
-        x += item.width
-        row_h = max(row_h, item.height)
-    return out
+def _stat(title: str, query: Query, *, unit: str = "short") -> stat.Panel:
+    """One big number: the last value, with its sparkline (the Fleet dashboard's top row)."""
+    return (_panel(stat.Panel(), title, [query], unit, "", 6, 5)
+            .reduce_options(_last_value()).color_mode(common.BigValueColorMode.VALUE)
+            .graph_mode(common.BigValueGraphMode.AREA).text_mode(common.BigValueTextMode.AUTO))
 
 
-def _variables(with_pool: bool) -> Json:
-    ds = {"name": "datasource", "label": "Prometheus", "type": "datasource",
-          "query": "prometheus", "current": {}, "hide": 0, "refresh": 1, "options": [],
-          "regex": "", "skipUrlSync": False}
-    variables = [ds, _query_var("namespace",
-                                f"label_values({series('up', POOL_TARGETS)}, namespace)")]
+def _bargauge(title: str, queries: list[Query], *, unit: str, description: str, width: int,
+              height: int) -> bargauge.Panel:
+    """One horizontal bar per series, its last value."""
+    return (_panel(bargauge.Panel(), title, queries, unit, description, width, height)
+            .reduce_options(_last_value()).display_mode(common.BarGaugeDisplayMode.BASIC)
+            .orientation(common.VizOrientation.HORIZONTAL).show_unfilled(True))
+
+
+def _variables(with_pool: bool) -> list[cogbuilder.Builder[model.VariableModel]]:
+    ds = (dash.DatasourceVariable("datasource").label("Prometheus").type("prometheus")
+          .hide(model.VariableHide.DONT_HIDE).regex(""))
+    variables: list[cogbuilder.Builder[model.VariableModel]] = [ds, _query_var(
+        "namespace", f"label_values({series('up', POOL_TARGETS)}, namespace)")]
     if with_pool:
         variables.append(
             _query_var("pool", f"label_values({series('up', POOL_TARGETS, NS)}, pool)")
         )
-    return {"list": variables}
+    return variables
 
 
-def _query_var(name: str, query: str) -> Json:
-    return {
-        "name": name, "label": name.capitalize(), "type": "query", "datasource": DS,
-        "query": {"query": query, "refId": f"{name}-values"}, "definition": query,
-        "current": {}, "hide": 0, "includeAll": True, "multi": True, "allValue": ".+",
-        "refresh": 2, "sort": 1, "options": [], "regex": "", "skipUrlSync": False,
-    }
-
-
-def _annotations(scale_events: bool) -> Json:
-    builtin = {
-        "builtIn": 1, "datasource": {"type": "grafana", "uid": "-- Grafana --"}, "enable": True,
-        "hide": True, "iconColor": "rgba(0, 211, 255, 1)", "name": "Annotations & Alerts",
-        "type": "dashboard",
-    }
-    items = [builtin]
-    if scale_events:
-        items.append({
-            "name": "Scale events", "datasource": DS, "enable": True, "hide": False,
-            "iconColor": "orange", "expr": SCALE_EVENTS, "step": "30s",
-            "titleFormat": "{{role}} scaled {{direction}} to {{replicas}}",
-            "textFormat": "{{namespace}}/{{pool}}: {{role}} scaled {{direction}} to "
-                          "{{replicas}} replicas ({{reason}})",
-            "tagKeys": "namespace,pool,role,reason", "useValueForTime": False,
-        })
-    return {"list": items}
+def _query_var(name: str, query: str) -> dash.QueryVariable:
+    """A multi-value picker of a label's values; All matches any value (`.+`)."""
+    return (dash.QueryVariable(name).label(name.capitalize()).datasource(DS)
+            .query({"query": query, "refId": f"{name}-values"})
+            .hide(model.VariableHide.DONT_HIDE).include_all(True).multi(True).all_value(".+")
+            .refresh(model.VariableRefresh.ON_TIME_RANGE_CHANGED)
+            .sort(model.VariableSort.ALPHABETICAL_ASC).regex(""))
 
 
 # A scale decision (direction up or down) in the last minute, labelled with its reason, joined
@@ -186,6 +154,43 @@ SCALE_EVENTS = (
 )
 SCALE_EVENTS_INPUTS = (SCALE_SIZES, SCALE_DECISIONS)
 
+
+# What the builders cannot say (grafana-foundation-sdk 11.6 declares neither): the Prometheus data
+# source's annotation fields (the SDK's AnnotationQuery is the generic one: `expr` and no more),
+# and a query variable's `definition` (the editor's text of its query). They are added to the
+# built JSON by `_add_undeclared`, and nothing else is.
+SCALE_EVENTS_NAME = "Scale events"
+SCALE_EVENTS_FIELDS: Json = {
+    "step": "30s",
+    "titleFormat": "{{role}} scaled {{direction}} to {{replicas}}",
+    "textFormat": "{{namespace}}/{{pool}}: {{role}} scaled {{direction}} to {{replicas}} "
+                  "replicas ({{reason}})",
+    "tagKeys": "namespace,pool,role,reason",
+    "useValueForTime": False,
+}
+
+
+def _add_undeclared(d: Json) -> Json:
+    for variable in d["templating"]["list"]:
+        if variable["type"] == "query":
+            variable["definition"] = variable["query"]["query"]
+    for annotation in d["annotations"]["list"]:
+        if annotation["name"] == SCALE_EVENTS_NAME:
+            annotation.update(SCALE_EVENTS_FIELDS)
+    return d
+
+
+def _annotations(scale_events: bool) -> list[cogbuilder.Builder[model.AnnotationQuery]]:
+    builtin = (dash.AnnotationQuery().name("Annotations & Alerts").built_in(1).type("dashboard")
+               .datasource(model.DataSourceRef(type_val="grafana", uid="-- Grafana --"))
+               .enable(True).hide(True).icon_color("rgba(0, 211, 255, 1)"))
+    items: list[cogbuilder.Builder[model.AnnotationQuery]] = [builtin]
+    if scale_events:
+        items.append(dash.AnnotationQuery().name(SCALE_EVENTS_NAME).datasource(DS).enable(True)
+                     .hide(False).icon_color("orange").expr(SCALE_EVENTS))
+    return items
+
+
 # The autoscaler's signals (the `signal` label), one panel per unit of the autoscaler's own
 # vocabulary (poolpilot.reasons.SIGNAL_UNIT): unit -> (panel title, Grafana unit id, axis label).
 SIGNAL_PANELS = {
@@ -197,30 +202,28 @@ SIGNAL_PANELS = {
 SIGNAL_UNITS = {s: SIGNAL_PANELS[SIGNAL_UNIT[s]][1] for s in SignalName}
 
 
-def dashboard(uid: str, title: str, description: str, items: list[Panel | Row], *,
+def dashboard(uid: str, title: str, description: str, items: list[Item], *,
               with_pool: bool = True, scale_events: bool = True) -> Json:
-    return {
-        "uid": uid,
-        "title": title,
-        "description": description,
-        "tags": ["poolpilot", "llm-inference"],
-        "schemaVersion": SCHEMA_VERSION,
-        "version": 1,
-        "editable": True,
-        "graphTooltip": 1,
-        "timezone": "browser",
-        "refresh": "30s",
-        "time": {"from": "now-3h", "to": "now"},
-        "templating": _variables(with_pool),
-        "annotations": _annotations(scale_events),
-        "links": [{"title": "poolpilot dashboards", "type": "dashboards", "tags": ["poolpilot"],
-                   "asDropdown": True, "includeVars": True, "keepTime": True}],
-        "panels": _layout(items),
-    }
+    d = (dash.Dashboard(title).uid(uid).description(description)
+         .tags(["poolpilot", "llm-inference"]).version(1).editable()
+         .tooltip(model.DashboardCursorSync.CROSSHAIR).timezone("browser").refresh("30s")
+         .time("now-3h", "now")
+         .variables(_variables(with_pool)).annotations(_annotations(scale_events))
+         .link(dash.DashboardLink("poolpilot dashboards").type(model.DashboardLinkType.DASHBOARDS)
+               .tags(["poolpilot"]).as_dropdown(True).include_vars(True).keep_time(True)))
+    # The builder lays the panels out left to right, top to bottom on Grafana's 24-column grid,
+    # each row on a line of its own (a panel wider than what is left of its line is not moved
+    # down: the chart's tests check that none overlaps); ids are stable: the place in `items`.
+    for pid, item in enumerate(items, start=1):
+        if isinstance(item, Row):
+            d.with_row(item.id(pid))
+        else:
+            d.with_panel(item.id(pid))
+    return _add_undeclared(json.loads(json.dumps(d.build(), cls=JSONEncoder)))
 
 
 def _latency_panel(title: str, hist: str, by: str, legend: str, target_signal: SignalName,
-                   description: str, *matchers: str) -> Panel:
+                   description: str, *matchers: str) -> timeseries.Panel:
     queries = [
         Query(quantile(q, hist, W, by, NS, POOL, *matchers), f"{legend} p{round(q * 100)}")
         for q in (0.5, 0.9, 0.99)
@@ -230,7 +233,7 @@ def _latency_panel(title: str, hist: str, by: str, legend: str, target_signal: S
         f"max by ({BY_POOL}) ({series(m.AUTOSCALER_SIGNAL_TARGET, NS, POOL, signal)})",
         "{{pool}} target",
     ))
-    return Panel(title, queries, unit="s", description=description, dashed=".*target")
+    return _timeseries(title, queries, unit="s", description=description, dashed=".*target")
 
 
 def _by(agg: str, by: str, metric: str, *matchers: str) -> str:
@@ -250,14 +253,15 @@ def _as_instance(expr: str) -> str:
     return f'label_replace({expr}, "instance", "$1", "endpoint", "https?://(.+)")'
 
 
-def _prefix_hit_panel(f: tuple[str, ...]) -> Panel:
+def _prefix_hit_panel(f: tuple[str, ...]) -> timeseries.Panel:
     """What the router expected each engine to serve from its prefix cache, beside what the
     engine reports it served."""
     expected = _as_instance(rate(m.ROUTER_PREFIX_EXPECTED_HITS, W, *f))
     routed = _as_instance(rate(m.ROUTER_PREFIX_ROUTED, W, *f))
     hits = rate(m.VLLM_PREFIX_CACHE_HITS, W, *f, ENGINE_ROLES)
     queries = rate(m.VLLM_PREFIX_CACHE_QUERIES, W, *f, ENGINE_ROLES)
-    return Panel("Prefix-cache hit rate per engine: expected by the router vs the engine's", [
+    title = "Prefix-cache hit rate per engine: expected by the router vs the engine's"
+    return _timeseries(title, [
         Query(f"sum by ({BY_ENDPOINT}) ({expected}) / sum by ({BY_ENDPOINT}) ({routed})",
               "{{pool}} {{instance}} expected by the router"),
         Query(f"sum by ({BY_ENDPOINT}) ({hits}) / sum by ({BY_ENDPOINT}) ({queries})",
@@ -271,16 +275,16 @@ def _prefix_hit_panel(f: tuple[str, ...]) -> Panel:
         "the engine keeps (it evicted blocks), or the router's token estimate is off.")
 
 
-def _cold_start_panel(f: tuple[str, ...]) -> Panel:
+def _cold_start_panel(f: tuple[str, ...]) -> bargauge.Panel:
     """The phases of the engines' cold starts per role (the launcher's series), the mean over
     the role's current pods, in the order they happen."""
     phases = 'phase!="total"'
-    return Panel("Cold-start phases per role (mean of the current pods)", [
+    return _bargauge("Cold-start phases per role (mean of the current pods)", [
         Query(_by("avg", f"{BY_ROLE}, phase", m.ENGINE_COLD_START, *f, ENGINE_ROLES, phases),
               "{{pool}} {{role}} {{phase}}"),
         Query(_by("avg", BY_ROLE, m.ENGINE_COLD_START, *f, ENGINE_ROLES, 'phase="total"'),
               "{{pool}} {{role}} total"),
-    ], unit="s", kind="bargauge", width=24, height=10,
+    ], unit="s", width=24, height=10,
         description="Seconds each phase of an engine's start took, from the launcher's "
         f"{m.ENGINE_COLD_START}: import (python, torch, vLLM), engine (config, engine core "
         "process), weights, compile (torch.compile; none with enforceEager), graphs (CUDA "
@@ -291,7 +295,7 @@ def _cold_start_panel(f: tuple[str, ...]) -> Panel:
 
 def pool_dashboard() -> Json:
     f = (NS, POOL)
-    items: list[Panel | Row] = [
+    items: list[Item] = [
         Row("Latency against the SLO"),
         _latency_panel(
             "TTFT at the router (user-visible)", m.ROUTER_TTFT, BY_POOL, "{{pool}}",
@@ -313,30 +317,30 @@ def pool_dashboard() -> Json:
             SignalName.ITL, "vLLM's inter-token latency (decode steps) per role.", ENGINE_ROLES,
         ),
         Row("Load"),
-        Panel("Queue depth per role", [
+        _timeseries("Queue depth per role", [
             Query(_by("sum", BY_ROLE, m.VLLM_WAITING, *f), "{{pool}} {{role}} waiting"),
         ], description="Requests waiting for a slot: which role is the bottleneck."),
-        Panel("Running requests per role", [
+        _timeseries("Running requests per role", [
             Query(_by("sum", BY_ROLE, m.VLLM_RUNNING, *f), "{{pool}} {{role}} running"),
         ], description="Sequences in the running batch (continuous batching)."),
-        Panel("KV-cache usage", [
+        _timeseries("KV-cache usage", [
             Query(_by("max", BY_ROLE, m.VLLM_KV_USAGE, *f), "{{pool}} {{role}} max"),
             Query(_by("avg", BY_ROLE, m.VLLM_KV_USAGE, *f), "{{pool}} {{role}} avg"),
         ], unit="percentunit", description="Share of KV-cache blocks in use per engine."),
-        Panel("Tokens per second", [
+        _timeseries("Tokens per second", [
             Query(_rate_by(BY_ROLE, m.VLLM_PROMPT_TOKENS, *f), "{{pool}} {{role}} prompt"),
             Query(_rate_by(BY_ROLE, m.VLLM_GENERATION_TOKENS, *f),
                   "{{pool}} {{role}} generation"),
         ], unit="cps", axis_label="tokens/s",
             description="Prompt tokens prefilled and tokens generated, per role."),
-        Panel("Requests at the router", [
+        _timeseries("Requests at the router", [
             Query(_rate_by(f"{BY_POOL}, code", m.ROUTER_REQUESTS, *f), "{{pool}} {{code}}"),
         ], unit="reqps", description="Requests per second by HTTP status."),
-        Panel("KV-cache transfer failures", [
+        _timeseries("KV-cache transfer failures", [
             Query(_rate_by(BY_POOL, m.ROUTER_KV_TRANSFER_FAILURES, *f),
                   "{{pool}} failed handoffs"),
         ], unit="reqps", description="Prefill -> decode handoffs that failed (per second)."),
-        Panel("Local prefill on decode engines", [
+        _timeseries("Local prefill on decode engines", [
             Query(_rate_by(f"{BY_POOL}, reason", m.ROUTER_LOCAL_PREFILL, *f),
                   "{{pool}} {{reason}}"),
         ], unit="reqps", description="Requests a decode engine prefilled itself (no KV "
@@ -348,12 +352,12 @@ def pool_dashboard() -> Json:
         Row("Prefix cache"),
         _prefix_hit_panel(f),
         Row("Replicas"),
-        Panel("Desired vs ready replicas per role", [
+        _timeseries("Desired vs ready replicas per role", [
             Query(_by("sum", BY_ROLE, m.AUTOSCALER_DESIRED, *f), "{{pool}} {{role}} desired"),
             Query(_by("sum", BY_ROLE, "up", *f), "{{pool}} {{role}} ready (scraped)"),
         ], description="Desired: the autoscaler's decision. Ready: replicas Prometheus scrapes "
                        "successfully. Orange marks: scale events.", dashed=".*desired"),
-        Panel("Prefill:decode ratio", [
+        _timeseries("Prefill:decode ratio", [
             Query(f"{_by('sum', BY_POOL, 'up', *f, PREFILL)} / "
                   f"{_by('sum', BY_POOL, 'up', *f, DECODE)}",
                   "{{pool}} ready prefill:decode"),
@@ -368,14 +372,14 @@ def pool_dashboard() -> Json:
                      items)
 
 
-def _signals_panel(unit: str) -> Panel:
+def _signals_panel(unit: str) -> timeseries.Panel:
     """Every signal the autoscaler measures in `unit`, each next to its target (dashed)."""
     title, grafana_unit, axis_label = SIGNAL_PANELS[unit]
     signals = [s for s in SignalName if SIGNAL_UNIT[s] == unit]
     f = (NS, POOL, f'signal=~"{"|".join(signals)}"')
     description = "Each signal the decision used, with its target dashed:\n" + "\n".join(
         f"- `{s}`: {SIGNAL_DESCRIPTION[s]}" for s in signals)
-    return Panel(title, [
+    return _timeseries(title, [
         Query(f"max by ({BY_ROLE}, signal) ({series(m.AUTOSCALER_SIGNAL, *f)})",
               "{{pool}} {{role}} {{signal}}"),
         Query(f"max by ({BY_ROLE}, signal) ({series(m.AUTOSCALER_SIGNAL_TARGET, *f)})",
@@ -385,33 +389,33 @@ def _signals_panel(unit: str) -> Panel:
 
 def autoscaler_dashboard() -> Json:
     f = (NS, POOL)
-    items: list[Panel | Row] = [
+    items: list[Item] = [
         Row("Decisions"),
-        Panel("Decisions by reason", [
+        _timeseries("Decisions by reason", [
             Query(f"sum by ({BY_ROLE}, reason) (increase("
                   f"{series(m.AUTOSCALER_DECISIONS, *f)}[{W}]))",
                   "{{pool}} {{role}} {{reason}}"),
         ], description="Why each cycle kept or changed the size. The reasons, by the step of "
                        "the decision that gives them:\n" + reasons_text()),
-        Panel("Scale decisions by direction", [
+        _timeseries("Scale decisions by direction", [
             Query(f"sum by ({BY_ROLE}, direction) (increase("
                   f"{series(m.AUTOSCALER_DECISIONS, *f, SCALED)}[{W}]))",
                   "{{pool}} {{role}} {{direction}}"),
         ], description="Decisions that changed the size, up or down."),
-        Panel("Desired replicas", [
+        _timeseries("Desired replicas", [
             Query(_by("sum", BY_ROLE, m.AUTOSCALER_DESIRED, *f), "{{pool}} {{role}}"),
         ]),
-        Panel("MetricsAvailable", [
+        _timeseries("MetricsAvailable", [
             Query(_by("min", BY_ROLE, m.AUTOSCALER_METRICS_AVAILABLE, *f), "{{pool}} {{role}}"),
         ], description="1: every signal had a fresh value; 0: the size is held (no data is "
                        "not zero)."),
         Row("Signals next to their targets"),
         *(_signals_panel(unit) for unit in SIGNAL_PANELS),
-        Panel("ScalingLimited", [
+        _timeseries("ScalingLimited", [
             Query(f"max by ({BY_ROLE}, reason) ({series(m.AUTOSCALER_LIMITED, *f)})",
                   "{{pool}} {{role}} {{reason}}"),
         ], description="1 while the autoscaler cannot get the replicas it wants."),
-        Panel("Cycle time", [
+        _timeseries("Cycle time", [
             Query(quantile(0.5, m.AUTOSCALER_CYCLE, W, "job"), "p50"),
             Query(quantile(0.99, m.AUTOSCALER_CYCLE, W, "job"), "p99"),
         ], unit="s", description="One cycle: every query for all pools, decisions, writes."),
@@ -421,31 +425,31 @@ def autoscaler_dashboard() -> Json:
 
 
 
-def _operator_row() -> list[Panel | Row]:
+def _operator_row() -> list[Item]:
     """The operator's own series (poolpilot.operator.metrics). They describe the operator
     process, not a pool: no namespace or pool filter (the operator runs in its own namespace),
     summed over its replicas (only the active one reconciles)."""
     return [
         Row("Operator"),
-        Panel("Reconciles per second by result", [
+        _timeseries("Reconciles per second by result", [
             Query(f"sum by (result) ({rate(m.OPERATOR_RECONCILES, W)})", "{{result}}"),
         ], unit="ops", description="How each reconcile of a pool ended: converged (children "
                        "written), no_op (nothing to write), invalid_spec, name_conflict, "
                        "api_error, pool_gone, backing_off. An idle healthy operator shows only "
                        "no_op (the drift timer)."),
-        Panel("Reconcile duration", [
+        _timeseries("Reconcile duration", [
             Query(quantile(q, m.OPERATOR_RECONCILE_DURATION, W, "trigger"),
                   f"{{{{trigger}}}} p{round(q * 100)}") for q in (0.5, 0.99)
         ], unit="s", description="Seconds one reconcile took (reading, writing, status), "
                                  "by what started it: a change to the pool or the drift "
                                  "timer."),
-        Panel("Writes and API errors per second", [
+        _timeseries("Writes and API errors per second", [
             Query(f"sum({rate(m.OPERATOR_WRITES, W)})", "writes"),
             Query(f"sum by (kind) ({rate(m.OPERATOR_API_ERRORS, W)})", "{{kind}} API errors"),
         ], unit="ops", description="Writes: applies, deletes and size hand-overs. API errors "
                        "by kind: transient ones are retried in 2 s; permanent ones (403, 422, "
                        "quota) set the pool Degraded and back off up to 5 min."),
-        Panel("Reconciles running and queued", [
+        _timeseries("Reconciles running and queued", [
             Query(f"sum({series(m.OPERATOR_ACTIVE)})", "running"),
             Query(f"sum({series(m.OPERATOR_QUEUED)})", "queued"),
         ], description="Queued: reconciles waiting for one of the --max-concurrent-reconciles "
@@ -454,33 +458,30 @@ def _operator_row() -> list[Panel | Row]:
 
 
 def fleet_dashboard() -> Json:
-    items: list[Panel | Row] = [
-        Panel("Pools", [Query(f"count(count by ({BY_POOL}) ({series('up', NS, POOL_TARGETS)}))",
-                              "pools")], kind="stat", width=6, height=5),
-        Panel("Engine replicas up", [Query(f"sum({series('up', NS, ENGINE_ROLES)})",
-                                           "replicas")], kind="stat", width=6, height=5),
-        Panel("Requests per second", [Query(f"sum({rate(m.ROUTER_REQUESTS, W, NS)})",
-                                            "req/s")], kind="stat", unit="reqps", width=6,
-              height=5),
-        Panel("Requests waiting", [Query(f"sum({series(m.VLLM_WAITING, NS)})", "waiting")],
-              kind="stat", width=6, height=5),
-        Panel("TTFT p90 at the router per pool", [
+    items: list[Item] = [
+        _stat("Pools", Query(f"count(count by ({BY_POOL}) ({series('up', NS, POOL_TARGETS)}))",
+                             "pools")),
+        _stat("Engine replicas up", Query(f"sum({series('up', NS, ENGINE_ROLES)})", "replicas")),
+        _stat("Requests per second", Query(f"sum({rate(m.ROUTER_REQUESTS, W, NS)})", "req/s"),
+              unit="reqps"),
+        _stat("Requests waiting", Query(f"sum({series(m.VLLM_WAITING, NS)})", "waiting")),
+        _timeseries("TTFT p90 at the router per pool", [
             Query(quantile(0.9, m.ROUTER_TTFT, W, BY_POOL, NS), "{{namespace}}/{{pool}}"),
         ], unit="s"),
-        Panel("ITL p90 at the router per pool", [
+        _timeseries("ITL p90 at the router per pool", [
             Query(quantile(0.9, m.ROUTER_ITL, W, BY_POOL, NS), "{{namespace}}/{{pool}}"),
         ], unit="s"),
-        Panel("Requests per second per pool", [
+        _timeseries("Requests per second per pool", [
             Query(_rate_by(BY_POOL, m.ROUTER_REQUESTS, NS), "{{namespace}}/{{pool}}"),
         ], unit="reqps"),
-        Panel("Queue depth per pool and role", [
+        _timeseries("Queue depth per pool and role", [
             Query(_by("sum", BY_ROLE, m.VLLM_WAITING, NS), "{{namespace}}/{{pool}} {{role}}"),
         ]),
-        Panel("Replicas up per pool and role", [
+        _timeseries("Replicas up per pool and role", [
             Query(_by("sum", BY_ROLE, "up", NS, POOL_TARGETS),
                   "{{namespace}}/{{pool}} {{role}}"),
         ]),
-        Panel("KV-cache usage (max) per pool", [
+        _timeseries("KV-cache usage (max) per pool", [
             Query(_by("max", BY_POOL, m.VLLM_KV_USAGE, NS), "{{namespace}}/{{pool}}"),
         ], unit="percentunit"),
         *_operator_row(),

@@ -1,5 +1,6 @@
-"""The generated Grafana dashboards parse as Grafana dashboard models (grafana-foundation-sdk,
-Grafana 11.6 types) and follow the conventions Grafana and the chart rely on."""
+"""The chart's Grafana dashboards (built with grafana-foundation-sdk's builders, Grafana 11.6
+types) parse back as Grafana dashboard models, hold no key outside them but the few the
+generator declares, and follow the conventions Grafana and the chart rely on."""
 
 from __future__ import annotations
 
@@ -18,14 +19,11 @@ from poolpilot import metrics
 
 NAMES = sorted(grafana.DASHBOARDS)
 
-# Keys Grafana stores that the SDK's generic models do not declare: a query variable's
-# `definition` (its editor text) and the Prometheus datasource's annotation-query fields.
-NOT_IN_SDK = {
-    "templating/list/definition",
-    "annotations/list/expr", "annotations/list/step", "annotations/list/titleFormat",
-    "annotations/list/textFormat", "annotations/list/tagKeys",
-    "annotations/list/useValueForTime",
-}
+# Keys Grafana stores that the SDK's generic models do not declare, which the generator adds to
+# what the builders built: a query variable's `definition` (its editor text) and the Prometheus
+# datasource's annotation-query fields.
+NOT_IN_SDK = {"templating/list/definition"} | {
+    f"annotations/list/{key}" for key in grafana.SCALE_EVENTS_FIELDS}
 
 
 def _load(name: str) -> dict[str, Any]:
