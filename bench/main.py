@@ -59,7 +59,6 @@ from poolpilot.validate import InvalidPool, parse_spec
 
 POLICIES = ("poolpilot", "oracle", "static-min", "static-peak", "hpa", "keda-queue",
             "dynamo-sla")
-REFERENCES = ("oracle", "static-min")  # planned in hindsight: what the others are measured by
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,6 @@ not (poolpilot learns throughput online).
 from __future__ import annotations
 
 import bisect
-import math
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -33,8 +32,6 @@ class Capacity(Protocol):
     def prefill_ttft(self, isl: float) -> float: ...
 
     def prefill_tokens_per_s(self, isl: float) -> float: ...
-
-    def decode_itl(self, concurrency: float, context: float) -> float: ...
 
     def decode_tokens_per_s(self, context: float, itl: float | None = None) -> float: ...
 
@@ -89,10 +86,6 @@ class SimCapacity:
         return isl / self.prefill_ttft(isl)
 
     # ---- decode ----
-    def decode_itl(self, concurrency: float, context: float) -> float:
-        c = max(1, min(round(concurrency), self.config.max_num_seqs))
-        return self.step_model.decode_step_time(c, int(context))
-
     def max_concurrency(self, context: float) -> int:
         by_kv = int(self.kv_tokens // max(1.0, context))
         return max(1, min(self.config.max_num_seqs, by_kv))
@@ -125,7 +118,3 @@ class SimCapacity:
         dec = ", ".join(f"ctx {c}: {self.decode_tokens_per_s(c):,.0f} tok/s"
                         for c in (1024, 4096))
         return f"prefill per replica {pts}; decode per replica at ITL {self.slo_itl}s {dec}"
-
-
-def _finite(x: float) -> float:
-    return x if math.isfinite(x) else 0.0

@@ -11,7 +11,6 @@ flight. This is what makes hour-long traces cheap: work is per event, not per to
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -164,10 +163,6 @@ class EngineCore:
             self.sched.load_done(s)
             self.stats.histograms[m.VLLM_NIXL_XFER_TIME].observe(s.xfer_time or 0.0)
         return done
-
-    def fail_load(self, seq: Seq) -> None:
-        self.sched.load_failed(seq)
-        self.stats.counters[m.VLLM_NIXL_FAILED] += 1
 
     def release_held(self, rid: Any) -> Seq | None:
         return self.sched.release_held(rid)
@@ -349,10 +344,6 @@ class EngineCore:
         self._n_ends = first + n
         return first
 
-    @property
-    def step_ends(self) -> np.ndarray:
-        return self._ends[: self._n_ends]
-
     def _commit_decode_run(self, ch: Chunk, a: int, b: int, out: ChunkResult) -> None:
         ends = ch.ends[a:b]
         prev = ch.start if a == 0 else float(ch.ends[a - 1])
@@ -511,7 +502,3 @@ def itl_p90(times: np.ndarray) -> float | None:
     hi = min(lo + 1, n - 1)
     part = np.partition(d, (lo, hi)) if n > 1 else d
     return float(part[lo] + (part[hi] - part[lo]) * (pos - lo))
-
-
-def nan_to_none(x: float) -> float | None:
-    return None if math.isnan(x) else x

@@ -398,9 +398,6 @@ class StepModel:
         bytes_ = prompt_tokens * self.model.kv_bytes_per_token
         return bytes_ / (self.gpu.kv_link_bandwidth * self.tp) + self.gpu.kv_link_latency
 
-    def kv_transfer_bytes(self, prompt_tokens: int) -> int:
-        return prompt_tokens * self.model.kv_bytes_per_token
-
 
 def make_step_model(model: str, gpu: str, tensor_parallel: int = 1) -> StepModel:
     return StepModel(get_model(model), get_gpu(gpu), tensor_parallel)

@@ -94,14 +94,6 @@ class Seq:
         """Tokens known: prompt plus generated (the last one's KV is not computed yet)."""
         return self.prompt + self.generated
 
-    @property
-    def remaining_output(self) -> int:
-        return self.max_output - self.generated
-
-    @property
-    def is_decode(self) -> bool:
-        return self.computed + 1 == self.context
-
 
 @dataclass
 class StepPlan:
@@ -374,15 +366,6 @@ class Scheduler:
         self.loading.remove(seq)
         seq.computed = seq.prompt - 1
         self.cache_computed(seq)
-        seq.state = SeqState.READY
-        self.ready.append(seq)
-
-    def load_failed(self, seq: Seq) -> None:
-        """The remote KV could not be read: recompute the prompt locally (vLLM's recompute
-        policy); the sequence keeps its blocks and runs as an ordinary prefill."""
-        self.loading.remove(seq)
-        seq.remote_prefill = False
-        seq.computed = seq.prefix_hit  # what its own cache held is still there
         seq.state = SeqState.READY
         self.ready.append(seq)
 

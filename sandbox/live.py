@@ -141,8 +141,3 @@ def prefix_hit_rate_link(prometheus: str, namespace: str, pool: str, rate_window
     selector = (f'namespace=~"{regex_literal(namespace)}",pool=~"{regex_literal(pool)}"')
     expr = prefix_hit_rate_expr(selector, duration(rate_window_s))
     return Link(PREFIX_HIT_RATE_LABEL, expr, graph_url(prometheus, [expr], range_s))
-
-
-def all_panels_url(prometheus: str, links: list[Link], range_s: float) -> str:
-    """Every key panel on one page, one graph under the other."""
-    return graph_url(prometheus, [link.expr for link in links], range_s)

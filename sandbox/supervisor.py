@@ -356,10 +356,6 @@ class Sandbox:
         await self.kubectl("apply", "-f", str(path))
         return AppliedPool(ns, manifest["metadata"]["name"], spec, manifest)
 
-    async def get_pool(self, pool: AppliedPool) -> dict[str, Any] | None:
-        assert self.kube is not None
-        return await self.kube.get("InferencePool", pool.namespace, pool.name)
-
     async def wait_ready(self, pool: AppliedPool, timeout: float = 180.0) -> None:
         """Until every role has its minimum of ready pods and a router answers."""
         assert self.kube is not None and self.controller is not None

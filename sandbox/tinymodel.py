@@ -23,7 +23,6 @@ from pathlib import Path
 RECIPE_VERSION = "2"
 MARKER = ".poolpilot-tiny-model.json"
 DEFAULT_DIR = Path(".cache") / "tiny-llama"
-SERVED_NAME = "tiny-llama"
 
 CHAT_TEMPLATE = (
     "{{ bos_token }}{% for message in messages %}"

@@ -108,7 +108,6 @@ class PoolpilotPolicy:
         fresh = History.fresh(0.0)
         self.history = replace(fresh, clumps={r: Clumps(seen=True) for r in DISAGGREGATED_ROLES})
         self._initial = dict(initial)
-        self.last_signals: dict[str, str] = {}
 
     def initial(self) -> dict[str, int]:
         return dict(self._initial)
@@ -158,7 +157,6 @@ class PoolpilotPolicy:
         # the replay applies every decision, so each scale starts its role's cooldown
         self.history = d.history.scaled(
             (r for r, rd in d.roles.items() if rd.replicas != rd.current), view.now)
-        self.last_decision = d
         return ScalingDecision(
             {r: d.roles[r].replicas for r in DISAGGREGATED_ROLES},
             {r: d.roles[r].reason for r in DISAGGREGATED_ROLES},

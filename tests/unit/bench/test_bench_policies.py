@@ -30,9 +30,6 @@ class FlatCapacity:
     def prefill_tokens_per_s(self, isl: float) -> float:
         return 1000.0
 
-    def decode_itl(self, concurrency: float, context: float) -> float:
-        return 0.02
-
     def decode_tokens_per_s(self, context: float, itl: float | None = None) -> float:
         return 500.0
 
