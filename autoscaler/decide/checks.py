@@ -19,7 +19,7 @@ from poolpilot.reasons import Reason, StepName
 from poolpilot.roles import Role
 
 # Signals each role must have to decide (gauges every engine exports while it runs).
-_REQUIRED = {
+_REQUIRED: dict[str, tuple[str, ...]] = {
     Role.PREFILL: ("waiting", "running", "prompt_tokens_rate"),
     Role.DECODE: ("waiting", "running", "kv_usage", "generation_tokens_rate"),
     Role.ENGINE: ("waiting", "running", "kv_usage"),

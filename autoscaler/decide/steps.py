@@ -154,7 +154,7 @@ def ratio_floors(
             return None
         return sized.replicas
 
-    out = {}
+    out: dict[str, int] = {}
     if (d := growth(props[Role.DECODE])) is not None:
         out[Role.PREFILL] = _ceil(d * ratio / band)
     if (pr := growth(props[Role.PREFILL])) is not None:
