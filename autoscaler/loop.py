@@ -2,6 +2,11 @@
 
 I/O happens here and in the adapters; the decision itself is `decide.decide`. A cycle never
 fails as a whole for one bad pool: errors are logged per pool and the next cycle retries.
+
+Time is the injected `Clock`'s simulated seconds (the local sandbox's `--speed`; real seconds in
+a cluster): the loop, the policy and the decision core never see another unit. Only the edges
+convert: sleeping between cycles, the status's timestamps, the cold starts pods measure, and
+(in `observe`) what Prometheus measures per real second.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ import json
 import logging
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -34,6 +39,7 @@ from poolpilot.autoscaler.shard import Shard
 from pydantic import ValidationError
 
 from poolpilot import api, names
+from poolpilot.clock import Clock
 from poolpilot.reasons import Reason
 from poolpilot.roles import Role
 from poolpilot.validate import InvalidPool, parse_spec
@@ -45,7 +51,6 @@ log = logging.getLogger("poolpilot.autoscaler")
 class Options:
     interval: float = 10.0  # seconds between cycles (each pool is decided at its own interval)
     dry_run: bool = False  # decide and report in logs and metrics only: no write at all
-    speed: float = 1.0  # sandbox time compression: every duration is divided by it
     status_refresh: float = 60.0  # rewrite an unchanged status (fresh message) this often
     concurrency: int = 16  # pools acted on at the same time (API writes in flight)
     shard: Shard = field(default_factory=Shard)  # the pools this process decides (all: 0 of 1)
@@ -86,7 +91,7 @@ class Parsed:
 
     version: tuple[Any, Any]  # (uid, generation)
     spec: api.InferencePoolSpec
-    policy: core.Policy  # on the loop's clock (Options.speed)
+    policy: core.Policy
 
 
 @dataclass
@@ -100,33 +105,15 @@ class CycleResult:
     decisions: dict[tuple[str, str], core.Decision] = field(default_factory=dict)
 
 
-def scaled_policy(p: core.Policy, speed: float) -> core.Policy:
-    """The policy on a clock `speed` times faster: durations shrink, token rates grow."""
-    if speed == 1:
-        return p
-
-    def b(x: core.Behavior) -> core.Behavior:
-        return replace(x, window=x.window / speed, cooldown=x.cooldown / speed)
-
-    return replace(
-        p,
-        scale_up=b(p.scale_up),
-        scale_down=b(p.scale_down),
-        max_metric_age=p.max_metric_age / speed,
-        interval=p.interval / speed,
-        cold_start=p.cold_start / speed,
-        backlog_drain=p.backlog_drain / speed,
-        forecast_window=p.forecast_window / speed,
-        history_window=p.history_window / speed,
-        prefill_tokens_per_replica=(p.prefill_tokens_per_replica or 0) * speed or None,
-        decode_tokens_per_replica=(p.decode_tokens_per_replica or 0) * speed or None,
-    )
+# The loop's clock on the Unix epoch: its seconds go into status (lastScaleTime, conditions) and
+# come back from it after a restart.
+UNIX_TIME = Clock(monotonic=time.time)
 
 
 class Autoscaler:
     def __init__(self, kube: Kube, source: MetricsSource, options: Options | None = None,
                  metrics: AutoscalerMetrics | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Clock = UNIX_TIME) -> None:
         self.kube = kube
         self.source = source
         self.opt = options or Options()
@@ -145,7 +132,7 @@ class Autoscaler:
                 log.exception("autoscaler cycle failed")
             if once:
                 return
-            wait = max(0.0, self.opt.interval / self.opt.speed - (time.monotonic() - started))
+            wait = max(0.0, self.clock.real(self.opt.interval) - (time.monotonic() - started))
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=wait)
 
@@ -188,7 +175,7 @@ class Autoscaler:
         snap = await asyncio.to_thread(self.source.fetch, ttft_qs, itl_qs, mine)
         res.queries = snap.queries
         self._cold_start_budget = COLD_START_QUERIES_PER_CYCLE
-        now = self.clock()
+        now = self.clock.now()
         # Pools are independent: their writes overlap, a few at a time.
         limit = asyncio.Semaphore(self.opt.concurrency)
 
@@ -216,23 +203,23 @@ class Autoscaler:
         if known is not None and known.version == version and version[1]:
             return known
         spec = parse_spec(obj.get("spec") or {})
-        policy = scaled_policy(core.Policy.from_spec(spec), self.opt.speed)
-        # the window the signals' rates are taken over (already on the sandbox's clock): how
+        policy = core.Policy.from_spec(spec)
+        # the window the signals' rates are taken over (a PromQL range, real seconds): how
         # late a rise shows, which the forecast's margin covers
         window = getattr(getattr(self.source, "query_set", None), "window_seconds", None)
         if isinstance(window, int | float) and window > 0:
-            policy = replace(policy, rate_window=float(window))
+            policy = replace(policy, rate_window=self.clock.simulated(float(window)))
         parsed = self._specs[key] = Parsed(version, spec, policy)
         return parsed
 
-    def _state(self, obj: Obj, roles: list[str], now: float) -> PoolState:
+    def _state(self, obj: Obj, roles: Sequence[str], now: float) -> PoolState:
         key = (obj["metadata"]["namespace"], obj["metadata"]["name"])
         st = self.pools.get(key)
         if st is None:
             # Restart safety: the cooldown clock comes back from status.<role>.lastScaleTime;
             # the stabilization window cannot, so no scale-down until it has filled again.
             status = obj.get("status") or {}
-            last = {r: t for r in roles
+            last = {r: self.clock.simulated(t) for r in roles
                     if (t := parse_time((status.get(r) or {}).get("lastScaleTime"))) is not None}
             st = self.pools[key] = PoolState(core.History.fresh(now, last))
         return st
@@ -241,9 +228,9 @@ class Autoscaler:
                     now: float, res: CycleResult) -> None:
         ns, name = obj["metadata"]["namespace"], obj["metadata"]["name"]
         spec = parsed.spec
-        roles = spec.engine_roles()
+        roles: Sequence[str] = spec.engine_roles()
         st = self._state(obj, roles, now)
-        if now - st.last_decided < spec.autoscaling.interval_seconds / self.opt.speed - 1e-6:
+        if now - st.last_decided < spec.autoscaling.interval_seconds - 1e-6:
             return
         uid = str(obj["metadata"].get("uid") or "")
         states = {r: s for r in roles if (s := wl.role_state(ns, name, r, uid)) is not None}
@@ -254,7 +241,7 @@ class Autoscaler:
             policy = replace(policy, bounds={r: b for r, b in policy.bounds.items()
                                              if r in states})
         obs = observation(ns, name, states, snap, spec.slo.ttft.quantile, spec.slo.itl.quantile,
-                          router=wl.role_state(ns, name, Role.ROUTER, uid))
+                          router=wl.role_state(ns, name, Role.ROUTER, uid), clock=self.clock)
         for role, state in states.items():
             await self._measured_cold_starts(ns, name, role, state.ready, uid, st, now)
         d = core.decide(obs, policy, st.history, now)
@@ -314,13 +301,13 @@ class Autoscaler:
         so a pool whose engines export no phases costs nothing in steady state."""
         cs = st.cold_starts.setdefault(role, ColdStarts())
         if ready > cs.ready:
-            cs.look_until = now + COLD_START_LOOK_SECONDS / self.opt.speed
+            cs.look_until = now + COLD_START_LOOK_SECONDS
         cs.ready = ready
         fetch = getattr(self.source, "cold_starts", None)
         # (a role never asked keeps its turn past the window: its pods were scraped long ago)
         if (fetch is None or len(cs.learned) >= ready or self._cold_start_budget <= 0
                 or (now > cs.look_until and cs.asked > -math.inf)
-                or now - cs.asked < COLD_START_ASK_EVERY / self.opt.speed):
+                or now - cs.asked < COLD_START_ASK_EVERY):
             return
         self._cold_start_budget -= 1
         cs.asked = now
@@ -344,7 +331,9 @@ class Autoscaler:
             mem = st.history.memory.get(role, Memory())
             st.history = replace(st.history, memory={
                 **st.history.memory,
-                role: learn_measured(mem, [note["total"] for _, note in notes])})
+                # (the pods' timestamps and the launcher's phases are real seconds)
+                role: learn_measured(mem, [self.clock.simulated(note["total"])
+                                           for _, note in notes])})
             cs.learned = frozenset(p for p in cs.learned | {n for n, _ in notes}
                                    if p in measured)
             for pod_name, note in notes:
@@ -410,7 +399,7 @@ class Autoscaler:
                             scaled: list[core.RoleDecision], failed: Mapping[str, str],
                             now: float, st: PoolState, spec: api.InferencePoolSpec) -> bool:
         status = obj.get("status") or {}
-        refresh = now - st.last_status_write >= self.opt.status_refresh / self.opt.speed
+        refresh = now - st.last_status_write >= self.opt.status_refresh
         role_fields: dict[str, Obj] = {}
         for role, rd in d.roles.items():
             live = status.get(role) or {}
@@ -420,14 +409,14 @@ class Autoscaler:
                 note = f"; not applied: {failed[role]}" if role in failed else ""
                 fields["message"] = (rd.message + note)[:1024]
                 if rd in scaled:
-                    fields["lastScaleTime"] = rfc3339(now)
+                    fields["lastScaleTime"] = rfc3339(self.clock.real(now))
                 role_fields[role] = fields
         metrics = None
         if refresh or role_fields:
             metrics = {"ttftSeconds": _round(obs.router_ttft if _ok(obs.router_ttft) else
                                              _first_ttft(obs)),
                        "itlSeconds": _round(_itl(obs))}
-        when = _rfc3339(now)
+        when = _rfc3339(self.clock.real(now))
         gen = (obj.get("metadata") or {}).get("generation")
         conds = [
             _cond(api.ConditionType.METRICS_AVAILABLE, d.metrics_available, when, gen),

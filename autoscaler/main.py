@@ -9,12 +9,14 @@ import os
 import signal
 import socket
 import sys
+import time
 
 from poolpilot.autoscaler import queries
 from poolpilot.autoscaler.promaccess import AccessError, PrometheusAccess, parse_header
 from poolpilot.autoscaler.shard import Shard
 
-from poolpilot import gcpolicy
+from poolpilot import cli, gcpolicy
+from poolpilot.clock import Clock
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -52,20 +54,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dry-run", action="store_true",
                    help="decide and log only: no scale, no status, no Events (every pool "
                    "behaves as Advisory, without even writing status)")
-    p.add_argument("--kubeconfig", metavar="FILE",
-                   help="kubeconfig (default: in-cluster when running in a pod, then "
-                   "$KUBECONFIG, then ~/.kube/config)")
+    cli.add_kubeconfig(p)
     p.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
                    help="serve the autoscaler's own metrics on this port (0: a free port)")
     p.add_argument("--metrics-host", default="0.0.0.0", metavar="HOST",
                    help="address for --metrics-port (default 0.0.0.0)")
     p.add_argument("--rate-window", type=float, default=60.0, metavar="SECONDS",
                    help="window of rate() and latency quantiles in the queries (default 60)")
-    p.add_argument("--speed", type=float, default=1.0,
-                   help="time compression of the local sandbox: intervals, windows, "
-                   "cooldowns and the rate window are divided by it, token rates and the "
-                   "router's wall-clock TTFT multiplied (engines report simulated seconds) "
-                   "(default 1)")
+    cli.add_speed(p)  # every duration here and in the pool's spec is in simulated seconds
     sh = p.add_argument_group("sharding (several autoscalers, each deciding its share of the "
                               "pools)")
     sh.add_argument("--total-shards", type=int, default=1, metavar="N",
@@ -114,7 +110,7 @@ def identity() -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.speed <= 0 or args.interval <= 0 or args.rate_window <= 0:
+    if not (args.speed > 0 and args.interval > 0 and args.rate_window > 0):
         print("poolpilot autoscaler: --speed, --interval and --rate-window must be > 0",
               file=sys.stderr)
         return 2
@@ -169,18 +165,20 @@ async def _main(args: argparse.Namespace) -> int:
     except KubeError as exc:
         print(f"poolpilot autoscaler: {exc}", file=sys.stderr)
         return 2
+    # On the Unix epoch, as the loop's status timestamps are (see loop.UNIX_TIME).
+    clock = Clock(rate=args.speed, monotonic=time.time)
     source = PrometheusSource(
         args.prometheus,
-        queries.QuerySet(window_seconds=args.rate_window / args.speed, namespaces=namespaces),
+        # (a PromQL range is real seconds)
+        queries.QuerySet(window_seconds=clock.real(args.rate_window), namespaces=namespaces),
         access=access(args),
     )
     shard = Shard(args.shard, args.total_shards)
     if shard.split:
         print(f"autoscaler {shard}: deciding the pools whose namespace/name hash to it",
               flush=True)
-    options = Options(interval=args.interval, dry_run=args.dry_run, speed=args.speed,
-                      shard=shard)
-    scaler = Autoscaler(kube, source, options, metrics)
+    options = Options(interval=args.interval, dry_run=args.dry_run, shard=shard)
+    scaler = Autoscaler(kube, source, options, metrics, clock)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -200,7 +198,7 @@ async def _main(args: argparse.Namespace) -> int:
         async def work() -> None:
             # A fresh loop per term: the history starts over as after a restart (cooldowns
             # come back from status.lastScaleTime, scale-downs wait for a full window).
-            await Autoscaler(kube, source, options, metrics).run(stop)
+            await Autoscaler(kube, source, options, metrics, clock).run(stop)
 
         def on_change(leading: bool) -> None:
             metrics.leader.set(1 if leading else 0)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Protocol
@@ -22,6 +22,7 @@ from poolpilot.autoscaler import recording
 from poolpilot.autoscaler.decide import Observation, RoleObservation
 from poolpilot.autoscaler.promaccess import PrometheusAccess
 
+from poolpilot.clock import REAL_TIME, Clock
 from poolpilot.metrics import COLD_START_PHASES, COLD_START_TOTAL
 
 if TYPE_CHECKING:  # (kube loads the Kubernetes client: this adapter needs only the type)
@@ -385,8 +386,14 @@ _PER_REPLICA = {"waiting": MAX_REQUESTS_PER_REPLICA, "running": MAX_REQUESTS_PER
                 "prompt_tokens_rate": MAX_TOKENS_PER_REPLICA,
                 "generation_tokens_rate": MAX_TOKENS_PER_REPLICA,
                 "request_rate": MAX_REQUEST_RATE_PER_REPLICA}
+_RATES = ("prompt_tokens_rate", "generation_tokens_rate", "request_rate")  # per second
 _ABSOLUTE = {"kv_usage": _FRACTION, "prefix_hit_rate": _FRACTION, "ttft": MAX_LATENCY,
              "itl": MAX_LATENCY}
+
+
+def _per(convert: Callable[[float], float] | None, value: float | None) -> float | None:
+    """`value` converted (None: no conversion, or no value)."""
+    return value if value is None or convert is None else convert(value)
 
 
 def plausible(value: float | None, ceiling: float, what: str, where: str) -> float | None:
@@ -406,9 +413,14 @@ def observation(
     ttft_quantile: float,
     itl_quantile: float,
     router: RoleState | None = None,
+    clock: Clock = REAL_TIME,
 ) -> Observation:
     """One pool's Observation: Kubernetes counts plus this pool's groups of the snapshot;
-    `router`: the router Deployment's counts, when there is one."""
+    `router`: the router Deployment's counts, when there is one. `clock`: the one the core
+    decides on; the Observation is in its simulated seconds."""
+    # Converted here, where Prometheus's numbers become the core's: its rates are per real
+    # second and its sample ages real seconds (latencies are the engines' simulated ones).
+    per_second = clock.per_simulated_second if clock.rate != 1 else None
     per_role = {}
     at = snap.evaluated.get(q.SAMPLE_TIME, snap.time)  # Prometheus's clock
     for role, st in roles.items():
@@ -438,6 +450,9 @@ def observation(
                for name, ceiling in _PER_REPLICA.items()}
         fix |= {name: plausible(getattr(obs, name), ceiling, name, where)
                 for name, ceiling in _ABSOLUTE.items()}
+        if per_second is not None:
+            fix |= {name: _per(per_second, fix[name]) for name in _RATES}
+            fix["sample_age"] = _per(clock.simulated, obs.sample_age)
         per_role[role] = replace(obs, **fix)
     p = (namespace, pool, "")
     where = f"pool {namespace}/{pool}"
@@ -445,14 +460,17 @@ def observation(
     def router_value(key: str) -> float | None:
         return plausible(snap.get(key, p), MAX_ROUTER_VALUE, key, where)
 
+    def router_rate(key: str) -> float | None:
+        return _per(per_second, router_value(key))
+
     return Observation(
         roles=per_role,
         router_ttft=plausible(snap.get(q.router_ttft_key(ttft_quantile), p), MAX_LATENCY,
                               "router_ttft", where),
         router_inflight=router_value(q.ROUTER_INFLIGHT),
-        router_request_rate=router_value(q.ROUTER_REQUEST_RATE),
+        router_request_rate=router_rate(q.ROUTER_REQUEST_RATE),
         prometheus_error=snap.error or snap.pool_errors.get((namespace, pool)),
         router_ready=router.ready if router is not None and router.replicas > 0 else None,
-        local_prefill_rate=router_value(q.LOCAL_PREFILL_RATE),
-        kv_transfer_failure_rate=router_value(q.KV_FAILURE_RATE),
+        local_prefill_rate=router_rate(q.LOCAL_PREFILL_RATE),
+        kv_transfer_failure_rate=router_rate(q.KV_FAILURE_RATE),
     )

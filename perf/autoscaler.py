@@ -60,6 +60,7 @@ from poolpilot.testkit.prometheus import MetricsPage, PrometheusProcess, Target,
 
 from poolpilot import api, gcpolicy, names
 from poolpilot import metrics as m
+from poolpilot.clock import Clock
 from poolpilot.roles import DISAGGREGATED_ROLES, Role
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -323,7 +324,7 @@ async def first_cycle(mode: str, kubeconfig: Path, prom: PrometheusProcess, setu
     source = PrometheusSource(prom.url, q.QuerySet(window_seconds=setup.window_s),
                               use_rules=mode == "watch+rules")
     options = Options(interval=INTERVAL, shard=shard)
-    scaler = Autoscaler(kube, source, options, clock=lambda: now[0])
+    scaler = Autoscaler(kube, source, options, clock=Clock(monotonic=lambda: now[0]))
     t0, sent, wrote = time.perf_counter(), kube.requests, kube.kube.writes
     res = await scaler.cycle()
     return (kube, scaler, res, time.perf_counter() - t0, kube.requests - sent,

@@ -35,6 +35,7 @@ from poolpilot.testkit.prometheus import PrometheusProcess, Target
 
 from poolpilot import api, names
 from poolpilot import metrics as m
+from poolpilot.clock import Clock
 
 pytestmark = [pytest.mark.adapter, pytest.mark.cluster]
 
@@ -281,7 +282,7 @@ async def two_cycles(env: Env, namespace: str, metrics: AutoscalerMetrics | None
     now = [time.time()]
     try:
         scaler = Autoscaler(kube, PrometheusSource(env.prom.url, q.QuerySet(WINDOW)),
-                            Options(), metrics, clock=lambda: now[0])
+                            Options(), metrics, clock=Clock(monotonic=lambda: now[0]))
         first = await scaler.cycle()
         now[0] += 5  # the next interval: same load, same decision
         return [first, await scaler.cycle()]
@@ -369,7 +370,7 @@ async def watched_cycles(env: Env) -> tuple[list[CycleResult], list[Any]]:
     reads: list[Any] = []
     try:
         scaler = Autoscaler(kube, PrometheusSource(env.prom.url, q.QuerySet(WINDOW)),
-                            Options(), clock=lambda: now[0])
+                            Options(), clock=Clock(monotonic=lambda: now[0]))
         results = [await scaler.cycle()]
         now[0] += 5
         seen = len(env.emu.requests) if env.emu is not None else 0

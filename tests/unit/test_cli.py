@@ -202,10 +202,11 @@ SHARED = [
                  frozenset({"poolpilot engine-sim", "poolpilot sim trace", "poolpilot bench",
                             "poolpilot sandbox", "poolpilot perf router"}), everywhere=True),
     SharedOption("--kubeconfig", cli.add_kubeconfig,
-                 frozenset({"poolpilot operator", "poolpilot router"}),
+                 frozenset({"poolpilot operator", "poolpilot router", "poolpilot autoscaler"}),
                  everywhere=False, never=frozenset({"poolpilot emulator"})),
     SharedOption("--speed", cli.add_speed,
-                 frozenset({"poolpilot engine-sim", "poolpilot sandbox", "poolpilot router"}),
+                 frozenset({"poolpilot engine-sim", "poolpilot sandbox", "poolpilot router",
+                            "poolpilot autoscaler"}),
                  everywhere=False, never=frozenset({"poolpilot perf router"})),
 ]
 

@@ -1,4 +1,5 @@
-"""Pure parts of the adapters: status patches, role counts, time compression, own metrics."""
+"""Pure parts of the adapters: status patches, role counts, the clock's conversions, own
+metrics."""
 
 from __future__ import annotations
 
@@ -6,13 +7,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from poolpilot.autoscaler.decide import Behavior, Policy, RoleDecision, Signal
+from poolpilot.autoscaler import queries as q
+from poolpilot.autoscaler.decide import RoleDecision, Signal
 from poolpilot.autoscaler.kube import RoleState, Workloads, parse_time, rfc3339, status_patch
-from poolpilot.autoscaler.loop import scaled_policy
 from poolpilot.autoscaler.metrics import AutoscalerMetrics
+from poolpilot.autoscaler.observe import Snapshot, observation
 from poolpilot.autoscaler.queries import QuerySet, name_variants
 
 from poolpilot import metrics as m
+from poolpilot.clock import Clock
 from poolpilot.reasons import SignalName as S
 
 T0 = "2026-01-01T00:00:00Z"
@@ -108,18 +111,43 @@ def test_role_state(c: RoleCase) -> None:
     assert wl.role_state("ns", "p", "decode") == c.want
 
 
-def test_speed_divides_durations_and_multiplies_token_rates() -> None:
-    p = Policy(bounds={"prefill": (1, 8)}, scale_up=Behavior(60, 4, 30),
-               scale_down=Behavior(300, 1, 60), max_metric_age=60,
-               prefill_tokens_per_replica=1000)
-    s = scaled_policy(p, 10)
-    assert s.scale_up == Behavior(6, 4, 3) and s.scale_down == Behavior(30, 1, 6)
-    assert (s.max_metric_age, s.prefill_tokens_per_replica, s.decode_tokens_per_replica) == (
-        6, 10000, None)
-    assert (s.cold_start, s.backlog_drain, s.forecast_window, s.history_window) == (
-        p.cold_start / 10, p.backlog_drain / 10, p.forecast_window / 10, p.history_window / 10)
-    assert s.ttft_target == p.ttft_target  # engines report latencies in simulated seconds
-    assert scaled_policy(p, 1) is p
+def world(rate: float) -> Snapshot:
+    """One disaggregated pool as Prometheus sees it when the world runs `rate` times faster:
+    every per-second rate is `rate` times higher and the newest samples are as many times
+    younger; latencies (the engines' and the router's simulated seconds) and counts are not
+    touched."""
+    pre, dec, pool = ("ns", "p", "prefill"), ("ns", "p", "decode"), ("ns", "p", "")
+    values = {
+        q.WAITING: {pre: 3.0, dec: 1.0}, q.RUNNING: {pre: 2.0, dec: 40.0},
+        q.KV_USAGE: {pre: 0.25, dec: 0.5}, q.ttft_key(0.9): {pre: 0.5}, q.itl_key(0.9): {dec: 0.03},
+        q.PROMPT_RATE: {pre: 4096.0 * rate}, q.GENERATION_RATE: {dec: 1024.0 * rate},
+        q.REQUEST_RATE: {pre: 4.0 * rate}, q.SAMPLE_TIME: {pre: 1000.0 - 8 / rate,
+                                                           dec: 1000.0 - 4 / rate},
+        q.router_ttft_key(0.9): {pool: 0.75}, q.ROUTER_INFLIGHT: {pool: 6.0},
+        q.ROUTER_REQUEST_RATE: {pool: 4.0 * rate}, q.LOCAL_PREFILL_RATE: {pool: 0.5 * rate},
+        q.KV_FAILURE_RATE: {pool: 0.125 * rate},
+    }
+    return Snapshot(time=1000.0, values=values, evaluated={q.SAMPLE_TIME: 1000.0})
+
+
+ROLES = {"prefill": RoleState(2, 2), "decode": RoleState(2, 2)}
+
+
+@pytest.mark.parametrize("rate", [2.0, 8.0, 64.0], ids=lambda r: f"rate-{r:g}")
+def test_the_observation_is_in_simulated_seconds(rate: float) -> None:
+    """Prometheus's rates (per real second) and sample ages (real seconds) become simulated
+    ones, so the same world compressed by the sandbox's --speed is the same Observation, and
+    the core decides the same (the rates are powers of two: the conversions are exact)."""
+    fast = observation("ns", "p", ROLES, world(rate), 0.9, 0.9, clock=Clock(rate))
+    assert fast == observation("ns", "p", ROLES, world(1.0), 0.9, 0.9)
+    assert fast.roles["prefill"].prompt_tokens_rate == 4096.0
+    assert fast.roles["decode"].sample_age == 4.0
+
+
+def test_a_real_time_clock_leaves_prometheus_numbers_as_they_are() -> None:
+    obs = observation("ns", "p", ROLES, world(1.0), 0.9, 0.9, clock=Clock(1.0))
+    assert obs == observation("ns", "p", ROLES, world(1.0), 0.9, 0.9)
+    assert (obs.roles["prefill"].request_rate, obs.kv_transfer_failure_rate) == (4.0, 0.125)
 
 
 def test_time_round_trip() -> None:
@@ -202,8 +230,6 @@ def test_queries_are_grouped_and_tolerate_renames() -> None:
 ], ids=["no-router-deployment", "router-down", "router-up", "router-scaled-to-zero"])
 def test_observation_carries_the_routers_ready_pods(router: RoleState | None,
                                                      ready: int | None) -> None:
-    from poolpilot.autoscaler.observe import Snapshot, observation
-
     obs = observation("ns", "p", {"decode": RoleState(replicas=1, ready=1)}, Snapshot(time=0.0),
                       0.9, 0.9, router=router)
     assert obs.router_ready == ready

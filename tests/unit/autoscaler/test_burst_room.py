@@ -8,6 +8,7 @@ sees is the model's size, not the clock's)."""
 from __future__ import annotations
 
 from dataclasses import replace
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -24,8 +25,10 @@ from poolpilot.autoscaler.decide import (
     decide,
 )
 from poolpilot.autoscaler.decide import burst as b
-from poolpilot.autoscaler.loop import scaled_policy
+from poolpilot.autoscaler.loop import Autoscaler
+from poolpilot.autoscaler.queries import QuerySet
 
+from poolpilot.clock import Clock
 from poolpilot.validate import parse_spec
 
 FREE = Behavior(window=0, max_step=16, cooldown=0)
@@ -190,11 +193,19 @@ def test_a_short_cold_start_still_rides_out_a_rise_the_rate_window_spreads() -> 
 
 
 def test_the_reaction_time_follows_the_pool_and_the_sandbox_clock() -> None:
-    spec = parse_spec({"model": {"name": "m"}, "runtime": {"image": "i"},
-                       "mode": "Disaggregated", "prefill": {"replicas": 1},
-                       "decode": {"replicas": 1},
-                       "autoscaling": {"enabled": True, "intervalSeconds": 30}})
-    p = Policy.from_spec(spec)
+    """The rate window (a PromQL range, real seconds) is the policy's in simulated seconds;
+    the pool's interval is simulated seconds already, whatever the sandbox's --speed."""
+    obj: dict[str, Any] = {
+        "metadata": {"namespace": "ns", "name": "p", "uid": "u", "generation": 1},
+        "spec": {"model": {"name": "m"}, "runtime": {"image": "i"},
+                 "mode": "Disaggregated", "prefill": {"replicas": 1}, "decode": {"replicas": 1},
+                 "autoscaling": {"enabled": True, "intervalSeconds": 30}},
+    }
+    p = Policy.from_spec(parse_spec(obj["spec"]))
     assert (p.interval, p.rate_window) == (30.0, 60.0)
-    fast = scaled_policy(p, 8.0)
-    assert fast.interval == pytest.approx(30.0 / 8)
+    for rate in (1.0, 8.0):
+        kube: Any = None  # (not asked)
+        source: Any = SimpleNamespace(query_set=QuerySet(window_seconds=60.0 / rate))
+        scaler = Autoscaler(kube, source, clock=Clock(rate))
+        policy = scaler._spec(obj).policy
+        assert (policy.interval, policy.rate_window) == (30.0, 60.0)
