@@ -64,6 +64,8 @@ from poolpilot.operator.router_objects import (
     router_config,
 )
 
+from poolpilot.roles import Role
+
 # The builders' names, wherever they are defined, stay reachable as builders.X.
 __all__ = [
     "COMPILE_CACHE_DIR",
@@ -134,7 +136,7 @@ def build_children(pool: Pool, caps: Capabilities | None = None) -> list[Obj]:
              if multinode.multi_node(spec, r) else build_engine_deployment(pool, r, caps)
              for r in roles]
     objs += [build_router_service(pool), build_router_deployment(pool, caps)]
-    objs += [build_pdb(pool, r) for r in (*roles, "router")]
+    objs += [build_pdb(pool, r) for r in (*roles, Role.ROUTER)]
     if caps.monitoring:
         if spec.monitoring.pod_monitor:
             objs.append(build_pod_monitor(pool, caps))

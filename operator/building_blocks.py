@@ -13,6 +13,7 @@ from typing import Any
 
 from poolpilot import api, names
 from poolpilot.apitypes import quantity_value
+from poolpilot.roles import Role
 
 ENGINE_CONTAINER = "engine"
 ROUTER_CONTAINER = "router"
@@ -223,7 +224,7 @@ def _scrape_annotations() -> dict[str, str]:
 def _replicas_enforced(spec: api.InferencePoolSpec, role: str) -> bool:
     """The operator owns an engine role's size unless an autoscaler applies decisions: ours
     (mode Apply) or another one (mode External)."""
-    if role == "router":
+    if role == Role.ROUTER:
         return True
     auto = spec.autoscaling
     return not (auto.enabled and auto.mode in (api.AutoscalingMode.APPLY,

@@ -84,11 +84,10 @@ def _engine_ports(spec: api.InferencePoolSpec) -> list[Obj]:
 def launch_command(spec: api.InferencePoolSpec, role: str) -> list[str]:
     """The engine container's command (the launcher contract of the runtime image)."""
     role_spec = spec.role(role)
-    launcher_role = "aggregated" if role == "engine" else role
     connector = "none" if spec.mode == api.Mode.AGGREGATED else str(spec.kv_transfer.connector)
     cmd = [
         "poolpilot", "launch",
-        "--role", launcher_role,
+        "--role", str(role),
         "--model", model_location(spec),
         "--port", str(names.ENGINE_PORT),
         "--metrics-port", str(names.METRICS_PORT),  # Prometheus' port (NetworkPolicies)
@@ -120,7 +119,7 @@ def _engine_env(pool: Pool, role: str) -> list[Obj]:
     spec = pool.spec
     env: list[Obj] = [
         {"name": "POOLPILOT_POOL", "value": pool.name},
-        {"name": "POOLPILOT_ROLE", "value": role},
+        {"name": "POOLPILOT_ROLE", "value": str(role)},
         {"name": "HOME", "value": "/tmp"},
         {"name": "TMPDIR", "value": "/tmp"},
         # A read-only cache (or none) keeps the Hub's own files in /tmp.

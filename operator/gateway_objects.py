@@ -27,6 +27,7 @@ from poolpilot.operator.building_blocks import (
 from poolpilot import names
 from poolpilot.api.gateway import GATEWAY_GROUP, GatewaySpec
 from poolpilot.api.status import CONDITION_REASON
+from poolpilot.roles import Role
 
 HTTPROUTE_API_VERSION = "gateway.networking.k8s.io/v1"
 GIE_GROUP = "inference.networking.k8s.io"
@@ -72,7 +73,7 @@ def _backend_ref(pool: Pool, gateway: GatewaySpec) -> Obj:
     if gateway.inference_pool:
         # No port: a GIE InferencePool backend's port is its targetPorts.
         return {"group": GIE_GROUP, "kind": "InferencePool", "name": gie_pool_name(pool.name)}
-    return {"group": "", "kind": "Service", "name": names.child_name(pool.name, "router"),
+    return {"group": "", "kind": "Service", "name": names.child_name(pool.name, Role.ROUTER),
             "port": names.ROUTER_PORT}
 
 

@@ -29,6 +29,7 @@ from poolpilot.operator.kubeapi import ApiError, Discovered, KubeApi
 from poolpilot.operator.metrics import OperatorMetrics
 
 from poolpilot import api, names
+from poolpilot.roles import Role
 from poolpilot.validate import InvalidPool, parse_spec
 
 
@@ -243,7 +244,7 @@ async def _handle_locked(body: kopf.Body, process: Process, memory: PoolMemory,
             caps = reconcile.capabilities(process.discovered, config.monitor_labels,
                                           config.network_policies, config.router_auth)
         outcome = await reconcile.reconcile(kube, pool, caps)
-        roles = [*spec.engine_roles(), "router"]
+        roles = [*spec.engine_roles(), Role.ROUTER]
         observations = [status.RoleObservation.from_deployment(r, outcome.deployments.get(r))
                         for r in roles]
         # Pods only explain why a role is not settled; a settled pool skips the LIST.

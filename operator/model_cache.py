@@ -41,6 +41,7 @@ from poolpilot.operator.building_blocks import (
 
 from poolpilot import api, names
 from poolpilot.apitypes import quantity_value
+from poolpilot.roles import Role
 
 CACHE_ROLE = "model-cache"  # the role label of the cache's objects and pods
 PREFETCH_DIR = "/etc/poolpilot/prefetch"
@@ -193,7 +194,7 @@ def engine_args(spec: api.InferencePoolSpec, role: str) -> dict[str, str]:
         out["loadFormat"] = "runai_streamer"
     seqs = next((args[k] for k in ("maxNumSeqs", "max_num_seqs", "max-num-seqs") if k in args),
                 None)
-    if (role == "decode" and isinstance(seqs, int) and not isinstance(seqs, bool)
+    if (role == Role.DECODE and isinstance(seqs, int) and not isinstance(seqs, bool)
             and seqs >= 1 and not any(_has(args, k) for k in _USER_GRAPH_KEYS)):
         out["maxCudagraphCaptureSize"] = str(min(seqs, VLLM_DEFAULT_MAX_CAPTURE))
     return out

@@ -14,6 +14,7 @@ from poolpilot.operator.building_blocks import (
 )
 
 from poolpilot import names
+from poolpilot.roles import Role
 
 # ---------------------------------------------------------------------------------------------
 # Disruption budgets and monitoring
@@ -57,9 +58,10 @@ def build_service_monitor(pool: Pool, caps: Capabilities | None = None) -> Obj:
     return {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "ServiceMonitor",
-        "metadata": _monitor_meta(pool, names.child_name(pool.name, "router"), "router", caps),
+        "metadata": _monitor_meta(pool, names.child_name(pool.name, Role.ROUTER), Role.ROUTER,
+                                  caps),
         "spec": {
-            "selector": {"matchLabels": names.selector(pool.name, "router")},
+            "selector": {"matchLabels": names.selector(pool.name, Role.ROUTER)},
             "endpoints": [
                 {
                     "port": "metrics",
@@ -85,7 +87,7 @@ def build_pod_monitor(pool: Pool, caps: Capabilities | None = None) -> Obj:
             "selector": {
                 "matchLabels": _in_pool(pool)["matchLabels"],
                 "matchExpressions": [
-                    {"key": names.ROLE_LABEL, "operator": "In", "values": list(roles)}
+                    {"key": names.ROLE_LABEL, "operator": "In", "values": [str(r) for r in roles]}
                 ],
             },
             "podMetricsEndpoints": [
@@ -142,7 +144,7 @@ def build_engine_network_policy(pool: Pool) -> Obj:
         "metadata": _meta(pool, names.child_name(pool.name, "engines"), "engines"),
         "spec": {
             "podSelector": {**_in_pool(pool), "matchExpressions": [
-                {"key": names.ROLE_LABEL, "operator": "In", "values": list(roles)}]},
+                {"key": names.ROLE_LABEL, "operator": "In", "values": [str(r) for r in roles]}]},
             "policyTypes": ["Ingress"],
             "ingress": ingress,
         },
@@ -159,9 +161,9 @@ def build_router_network_policy(pool: Pool) -> Obj:
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
-        "metadata": _meta(pool, names.child_name(pool.name, "router"), "router"),
+        "metadata": _meta(pool, names.child_name(pool.name, Role.ROUTER), Role.ROUTER),
         "spec": {
-            "podSelector": {"matchLabels": pod_selector(pool, "router")},
+            "podSelector": {"matchLabels": pod_selector(pool, Role.ROUTER)},
             "policyTypes": ["Ingress"],
             "ingress": [rule, *_scrapers(pool)],
         },

@@ -13,7 +13,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
@@ -29,6 +29,7 @@ from poolpilot.operator.kubeapi import ApiError, Discovered
 from poolpilot import api, names, workloads
 from poolpilot import leaderworkerset as lws
 from poolpilot.apitypes import quantity_value
+from poolpilot.roles import Role
 
 Obj = dict[str, Any]
 T = TypeVar("T")
@@ -245,7 +246,7 @@ def _role_of(obj: Obj) -> str:
     return str(obj.get("metadata", {}).get("labels", {}).get(names.ROLE_LABEL, ""))
 
 
-def _ready_for_cutover(deployments: dict[str, Obj], roles: list[str]) -> str | None:
+def _ready_for_cutover(deployments: dict[str, Obj], roles: Sequence[str]) -> str | None:
     """None when every new engine role serves; else what we are waiting for."""
     for role in roles:
         dep = deployments.get(role)
@@ -301,7 +302,7 @@ async def reconcile(cluster: Cluster, pool: builders.Pool, caps: builders.Capabi
             if is_dep:
                 out.deployments[_role_of(obj)] = cur
             continue
-        if (obj["kind"] == "Deployment" and _role_of(obj) == "router"
+        if (obj["kind"] == "Deployment" and _role_of(obj) == Role.ROUTER
                 and router_auth.wants_default_secret(pool, caps)):
             # The key Secret the router mounts, before the router that needs it: created
             # once, never read or changed (a rotated key stays rotated).

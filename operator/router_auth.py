@@ -20,6 +20,7 @@ import secrets
 from poolpilot.operator.building_blocks import ROUTER_KEYS_FILE, Capabilities, Obj, Pool, _meta
 
 from poolpilot import names
+from poolpilot.roles import Role
 
 KEY_BYTES = 32  # 256 bits of randomness, URL-safe base64 (43 characters)
 
@@ -48,7 +49,7 @@ def build_default_secret(pool: Pool, key: str) -> Obj:
     return {
         "apiVersion": "v1",
         "kind": "Secret",
-        "metadata": _meta(pool, default_secret_name(pool), "router"),
+        "metadata": _meta(pool, default_secret_name(pool), Role.ROUTER),
         "type": "Opaque",
         "data": {ROUTER_KEYS_FILE: base64.b64encode(f"{key}\n".encode()).decode()},
     }

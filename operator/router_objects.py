@@ -42,6 +42,7 @@ from poolpilot.operator.pod_overlays import (
 )
 
 from poolpilot import api, names
+from poolpilot.roles import Role
 
 # ---------------------------------------------------------------------------------------------
 # Router
@@ -66,7 +67,7 @@ def build_router_configmap(pool: Pool) -> Obj:
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
-        "metadata": _meta(pool, names.child_name(pool.name, "router"), "router"),
+        "metadata": _meta(pool, names.child_name(pool.name, Role.ROUTER), Role.ROUTER),
         "data": {ROUTER_CONFIG_KEY: data},
     }
 
@@ -75,7 +76,7 @@ def build_router_service_account(pool: Pool) -> Obj:
     return {
         "apiVersion": "v1",
         "kind": "ServiceAccount",
-        "metadata": _meta(pool, names.child_name(pool.name, "router"), "router"),
+        "metadata": _meta(pool, names.child_name(pool.name, Role.ROUTER), Role.ROUTER),
         "automountServiceAccountToken": True,
     }
 
@@ -94,17 +95,17 @@ def build_router_role(pool: Pool) -> Obj:
     return {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "Role",
-        "metadata": _meta(pool, names.child_name(pool.name, "router"), "router"),
+        "metadata": _meta(pool, names.child_name(pool.name, Role.ROUTER), Role.ROUTER),
         "rules": [dict(r) for r in ROUTER_RULES],
     }
 
 
 def build_router_role_binding(pool: Pool) -> Obj:
-    name = names.child_name(pool.name, "router")
+    name = names.child_name(pool.name, Role.ROUTER)
     return {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "RoleBinding",
-        "metadata": _meta(pool, name, "router"),
+        "metadata": _meta(pool, name, Role.ROUTER),
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
         "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": pool.namespace}],
     }
@@ -118,7 +119,7 @@ _ROUTER_PREFIX_ROUTING = {api.PrefixRouting.APPROXIMATE: "approximate",
 def build_router_deployment(pool: Pool, caps: Capabilities | None = None) -> Obj:
     caps = caps or Capabilities()
     spec = pool.spec
-    name = names.child_name(pool.name, "router")
+    name = names.child_name(pool.name, Role.ROUTER)
     keys = router_auth.key_ref(pool, caps)  # (Secret, key), or None: no authentication
     config_hash = _digest(build_router_configmap(pool)["data"])
     container: Obj = {
@@ -165,7 +166,7 @@ def build_router_deployment(pool: Pool, caps: Capabilities | None = None) -> Obj
         "securityContext": _pod_security(),
         "containers": [container],
         "volumes": volumes,
-        "topologySpreadConstraints": _spread(pool, "router"),
+        "topologySpreadConstraints": _spread(pool, Role.ROUTER),
     }
     if spec.runtime.image_pull_secrets:
         pod_spec["imagePullSecrets"] = [s.to_wire() for s in spec.runtime.image_pull_secrets]
@@ -173,7 +174,7 @@ def build_router_deployment(pool: Pool, caps: Capabilities | None = None) -> Obj
     if not caps.monitoring:
         annotations.update(_scrape_annotations())
     template: Obj = {
-        "metadata": {"labels": pod_labels(pool, "router"),
+        "metadata": {"labels": pod_labels(pool, Role.ROUTER),
                      "annotations": dict(sorted(annotations.items()))},
         "spec": pod_spec,
     }
@@ -181,10 +182,10 @@ def build_router_deployment(pool: Pool, caps: Capabilities | None = None) -> Obj
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": _meta(pool, name, "router"),
+        "metadata": _meta(pool, name, Role.ROUTER),
         "spec": {
             "replicas": spec.router.replicas,
-            "selector": {"matchLabels": names.selector(pool.name, "router")},
+            "selector": {"matchLabels": names.selector(pool.name, Role.ROUTER)},
             "strategy": {
                 "type": "RollingUpdate",
                 "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
@@ -199,10 +200,10 @@ def build_router_service(pool: Pool) -> Obj:
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": _meta(pool, names.child_name(pool.name, "router"), "router"),
+        "metadata": _meta(pool, names.child_name(pool.name, Role.ROUTER), Role.ROUTER),
         "spec": {
             "type": "ClusterIP",
-            "selector": pod_selector(pool, "router"),
+            "selector": pod_selector(pool, Role.ROUTER),
             "ports": [
                 {"name": "http", "port": names.ROUTER_PORT, "targetPort": "http",
                  "protocol": "TCP"},

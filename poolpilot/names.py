@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from poolpilot.roles import ENGINE_ROLES as ENGINE_ROLES  # re-exported (defined in roles.py)
+from poolpilot.roles import Role
+
 MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGER = "poolpilot"
 POOL_LABEL = "poolpilot.dev/pool"
@@ -25,8 +28,7 @@ ENGINE_PORT = 8000
 # let the monitoring namespace reach metrics and nothing else (the serving ports take prompts).
 METRICS_PORT = 8090
 
-ENGINE_ROLES = ("prefill", "decode", "engine")
-ROLES = (*ENGINE_ROLES, "router")
+ROLES = tuple(Role)
 
 
 def child_name(pool: str, role: str) -> str:
@@ -37,6 +39,7 @@ def child_name(pool: str, role: str) -> str:
 def labels(pool: str, role: str) -> dict[str, str]:
     """Labels on every object and pod the operator makes; Prometheus relabels them to
     namespace, pool and role."""
+    role = str(role)  # a Role's plain value: objects hold plain data (YAML's safe dumper)
     return {
         MANAGED_BY: MANAGER,
         POOL_LABEL: pool,
@@ -49,8 +52,8 @@ def labels(pool: str, role: str) -> dict[str, str]:
 
 def selector(pool: str, role: str) -> dict[str, str]:
     """The stable subset of labels used in selectors (selectors are immutable)."""
-    return {POOL_LABEL: pool, ROLE_LABEL: role}
+    return {POOL_LABEL: pool, ROLE_LABEL: str(role)}
 
 
 def router_endpoint(pool: str, namespace: str) -> str:
-    return f"http://{child_name(pool, 'router')}.{namespace}.svc:{ROUTER_PORT}/v1"
+    return f"http://{child_name(pool, Role.ROUTER)}.{namespace}.svc:{ROUTER_PORT}/v1"

@@ -1,7 +1,7 @@
 """`poolpilot launch`: the runtime image's entrypoint; starts vLLM's OpenAI server for one role.
 
 The operator's engine pods call
-    poolpilot launch --role prefill|decode|aggregated --model M --port 8000 --served-name S
+    poolpilot launch --role prefill|decode|engine --model M --port 8000 --served-name S
         --kv-connector NixlConnector [--kv-config JSON] [--tensor-parallel N] [--engine-arg k=v]
         [--kv-events-port 5557 [--kv-replay-port 5558]]
         [--grace-seconds 120 --prestop-seconds 10]
@@ -37,11 +37,14 @@ from poolpilot.runtime import coldstart, coldstart_collector, engine_metrics_por
 
 from poolpilot import handoff
 from poolpilot import metrics as m
+from poolpilot.roles import ENGINE_ROLES, Role
 
-ROLES = ("prefill", "decode", "aggregated")
+# `aggregated`: the aggregated engine's older name. Pods an older operator rendered pass it and
+# must still start (an operator upgrade re-renders them as `engine`).
+ROLE_ALIASES = {"aggregated": Role.ENGINE}
 CONNECTORS = ("NixlConnector", "ExampleConnector", "LMCacheConnectorV1", "none")
 # vLLM's kv_role per poolpilot role: prefill produces KV, decode consumes it.
-KV_ROLES = {"prefill": "kv_producer", "decode": "kv_consumer"}
+KV_ROLES = {Role.PREFILL: "kv_producer", Role.DECODE: "kv_consumer"}
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 # --metrics-port: imported by vLLM from this folder (launch_env puts it on PYTHONPATH).
 METRICS_MIDDLEWARE = "engine_metrics_port.MetricsPort"
@@ -176,7 +179,15 @@ def engine_arg_flags(pairs: Sequence[str],
     return flags
 
 
-def kv_transfer_config(role: str, connector: str, extra: Mapping[str, Any]) -> dict[str, Any]:
+def engine_role(name: str) -> Role:
+    """The role a --role value names (an alias's role)."""
+    role = ROLE_ALIASES.get(name, name)
+    if role not in ENGINE_ROLES:
+        raise LaunchError(f"--role {name}: must be one of {', '.join(ENGINE_ROLES)}")
+    return Role(role)
+
+
+def kv_transfer_config(role: Role, connector: str, extra: Mapping[str, Any]) -> dict[str, Any]:
     """The --kv-transfer-config object for a role; keys may be camelCase or snake_case."""
     config: dict[str, Any] = {"kv_connector": connector, "kv_role": KV_ROLES[role]}
     extra_config: dict[str, Any] = {}
@@ -199,8 +210,8 @@ def kv_transfer_config(role: str, connector: str, extra: Mapping[str, Any]) -> d
     return config
 
 
-def resolve_connector(role: str, connector: str | None) -> str | None:
-    if role == "aggregated":
+def resolve_connector(role: Role, connector: str | None) -> str | None:
+    if role == Role.ENGINE:
         if connector not in (None, "none"):
             raise LaunchError(
                 f"--kv-connector {connector}: an aggregated engine hands no KV over; "
@@ -267,15 +278,14 @@ def shutdown_timeout(spec: LaunchSpec) -> int | None:
 
 def build_command(spec: LaunchSpec) -> list[str]:
     """The vLLM server command line for a launch spec (raises LaunchError on bad input)."""
-    if spec.role not in ROLES:
-        raise LaunchError(f"--role {spec.role}: must be one of {', '.join(ROLES)}")
+    role = engine_role(spec.role)
     if not spec.model:
         raise LaunchError("--model: required (a Hugging Face name or a local folder)")
     if not 0 < spec.port < 65536:
         raise LaunchError(f"--port {spec.port}: must be 1..65535")
     if spec.tensor_parallel < 1:
         raise LaunchError(f"--tensor-parallel {spec.tensor_parallel}: must be >= 1")
-    connector = resolve_connector(spec.role, spec.kv_connector)
+    connector = resolve_connector(role, spec.kv_connector)
     if spec.kv_config and connector is None:
         raise LaunchError("--kv-config: only for prefill/decode roles with a KV connector")
     cmd = [spec.python, "-m", SERVER_MODULE, "--model", spec.model]
@@ -294,7 +304,7 @@ def build_command(spec: LaunchSpec) -> list[str]:
     if spec.cold_start_metrics:
         cmd += ["--middleware", COLD_START_MIDDLEWARE]
     if connector is not None:
-        config = kv_transfer_config(spec.role, connector, spec.kv_config)
+        config = kv_transfer_config(role, connector, spec.kv_config)
         if connector == "NixlConnector":
             extra = config.setdefault("kv_connector_extra_config", {})
             extra.setdefault("kv_lease_duration", spec.kv_lease_seconds)  # --kv-config wins
@@ -327,8 +337,8 @@ def launch_env(spec: LaunchSpec, base: Mapping[str, str]) -> dict[str, str]:
     # operator/) would shadow it. PYTHONSAFEPATH (Python 3.11+) turns that off, inherited.
     env.setdefault("PYTHONSAFEPATH", "1")
     if (
-        spec.role == "prefill"
-        and resolve_connector(spec.role, spec.kv_connector) == "NixlConnector"
+        spec.role == Role.PREFILL
+        and resolve_connector(Role.PREFILL, spec.kv_connector) == "NixlConnector"
         and "POD_IP" in env
     ):
         env.setdefault("VLLM_NIXL_SIDE_CHANNEL_HOST", env["POD_IP"])
@@ -362,7 +372,11 @@ def vllm_cpu_env(
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--role", required=True, choices=ROLES, help="engine role")
+    parser.add_argument(
+        "--role", required=True, choices=[*ENGINE_ROLES, *ROLE_ALIASES],
+        metavar="{" + ",".join(ENGINE_ROLES) + "}",
+        help="engine role: prefill, decode or engine (the aggregated engine; aggregated, its "
+        "older name, is still accepted)")
     parser.add_argument("--model", required=True, help="Hugging Face model name or local folder")
     parser.add_argument("--port", type=int, default=8000, help="server port (default 8000)")
     parser.add_argument("--host", default="0.0.0.0", help="bind address (default 0.0.0.0)")

@@ -30,6 +30,7 @@ import httpx
 
 from poolpilot import names
 from poolpilot.apitypes import Obj
+from poolpilot.roles import Role
 from poolpilot.validate import InvalidPool, parse_spec
 
 from . import pods as P
@@ -244,7 +245,7 @@ class Kubelet:
             "PYTHONUNBUFFERED": "1",
         }
         if self.cfg.mapping.engine == "vllm-cpu" and rt.is_engine:
-            role = P._option(argv, "--role") or "aggregated"
+            role = P._option(argv, "--role") or str(Role.ENGINE)
             # vLLM's ZeroMQ IPC sockets need a short path (sun_path holds 107 bytes).
             if rt.scratch is None:
                 rt.scratch = Path(tempfile.mkdtemp(prefix="pp-"))

@@ -19,6 +19,7 @@ from typing import Any
 
 from poolpilot import names
 from poolpilot.apitypes import Obj
+from poolpilot.roles import Role
 
 FINALIZER = "sandbox.poolpilot.dev/process"
 TEMPLATE_HASH = "pod-template-hash"
@@ -280,7 +281,7 @@ def sim_model(pod_model: str | None, override: str | None) -> str:
 
 def _engine_command(rest: list[str], ip: str, mapping: EngineMapping,
                     itl_budget: float | None = None) -> list[str]:
-    role = _option(rest, "--role") or "aggregated"
+    role = _option(rest, "--role") or str(Role.ENGINE)
     port = _option(rest, "--port") or str(names.ENGINE_PORT)
     served = _option(rest, "--served-name") or _option(rest, "--model") or "model"
     if mapping.engine == "sim":
@@ -301,7 +302,7 @@ def _engine_command(rest: list[str], ip: str, mapping: EngineMapping,
         # vLLM's flag as the pool sets it (on by default there and in the simulator).
         if engine_args.get("enable-prefix-caching", "").lower() == "false":
             cmd += ["--no-enable-prefix-caching"]
-        if itl_budget is not None and role == "decode":
+        if itl_budget is not None and role == Role.DECODE:
             cmd += ["--itl-budget", f"{itl_budget:g}"]
         metrics_port = _option(rest, "--metrics-port")
         if metrics_port:  # where the pod's scrape annotation points

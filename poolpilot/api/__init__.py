@@ -103,6 +103,7 @@ from poolpilot.apitypes import (
     collecting_rule_failures,
     spellings,
 )
+from poolpilot.roles import DISAGGREGATED_ROLES, Role
 
 __all__ = [
     "CONDITION_REASON",
@@ -447,9 +448,9 @@ class InferencePoolSpec(ApiModel):
         "spec.<role>.podTemplate goes over it.",
     )
 
-    def engine_roles(self) -> list[str]:
+    def engine_roles(self) -> list[Role]:
         """The engine roles this pool runs, in the order they are created."""
-        return ["prefill", "decode"] if self.mode == Mode.DISAGGREGATED else ["engine"]
+        return list(DISAGGREGATED_ROLES) if self.mode == Mode.DISAGGREGATED else [Role.ENGINE]
 
     def role(self, name: str) -> EngineRoleSpec:
         spec: EngineRoleSpec = getattr(self, name)

@@ -15,6 +15,7 @@ from poolpilot.operator import builders
 from poolpilot.runtime import launcher
 
 from poolpilot import api, crd, re2
+from poolpilot.roles import Role
 from poolpilot.validate import InvalidPool, parse_pool, parse_spec
 
 EXAMPLES = sorted([*Path(__file__).parents[2].joinpath("examples").glob("*.yaml"),
@@ -410,7 +411,7 @@ def test_reserved_engine_args_are_the_launchers_own_flags() -> None:
     for camel in api.RESERVED_CONNECTOR_KEYS:
         for key in api.spellings(camel):
             with pytest.raises(launcher.LaunchError):
-                launcher.kv_transfer_config("prefill", "NixlConnector", {key: "x"})
+                launcher.kv_transfer_config(Role.PREFILL, "NixlConnector", {key: "x"})
 
 
 def test_longest_pool_name_gives_valid_child_names() -> None:

@@ -29,7 +29,9 @@ def spec(role: str, **kw: object) -> LaunchSpec:
 
 
 CMD_CASES = [
-    CmdCase("aggregated", spec("aggregated"), None),
+    CmdCase("aggregated", spec("engine"), None),
+    # The aggregated engine's older name: pods an older operator rendered still start.
+    CmdCase("aggregated by its older name", spec("aggregated"), None),
     # NIXL: the KV lease from the router's handoff limits (5 s connect x 3 attempts + 10 s).
     CmdCase("prefill default nixl", spec("prefill"),
             {"kv_connector": "NixlConnector", "kv_role": "kv_producer",
@@ -53,14 +55,14 @@ CMD_CASES = [
                  kv_config={"kv_connector_extra_config": {"a": 1}, "b": "x"}),
             {"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_consumer",
              "kv_connector_extra_config": {"a": 1, "b": "x"}}),
-    CmdCase("engine args", spec("aggregated", engine_args=[
+    CmdCase("engine args", spec("engine", engine_args=[
         "maxModelLen=8192", "enforceEager=true", "enablePrefixCaching=false",
         "gpu_memory_utilization=0.9", "limit-mm-per-prompt={\"image\": 2}", "dtype=bfloat16"]),
         None, ["--max-model-len", "8192", "--enforce-eager", "--no-enable-prefix-caching",
                "--gpu-memory-utilization", "0.9", "--limit-mm-per-prompt", '{"image":2}',
                "--dtype", "bfloat16"]),
     CmdCase("served name and tensor parallel",
-            spec("aggregated", served_name="llama", tensor_parallel=4, port=9000), None),
+            spec("engine", served_name="llama", tensor_parallel=4, port=9000), None),
 ]
 
 
@@ -95,8 +97,8 @@ def _events(endpoint: str, replay: str) -> dict[str, object]:
 
 
 EVENTS_CASES = [
-    EventsCase("off by default", spec("aggregated"), None),
-    EventsCase("every address of the pod", spec("aggregated", kv_events_port=5557),
+    EventsCase("off by default", spec("engine"), None),
+    EventsCase("every address of the pod", spec("engine", kv_events_port=5557),
                _events("tcp://*:5557", "tcp://*:5558")),
     # vLLM binds only wildcard endpoints (it connects to an address): every address, always.
     EventsCase("a bound server address, a chosen replay port",
@@ -115,7 +117,7 @@ def test_kv_events_config(case: EventsCase) -> None:
 
 
 def test_kv_events_config_stays_an_engine_arg_when_the_launcher_does_not_set_it() -> None:
-    cmd = build_command(spec("aggregated", engine_args=['kvEventsConfig={"a":1}']))
+    cmd = build_command(spec("engine", engine_args=['kvEventsConfig={"a":1}']))
     assert cmd[-2:] == ["--kv-events-config", '{"a":1}']
 
 
@@ -131,7 +133,7 @@ DRAIN_CASES = [
     # The operator's defaults: 120 s grace, 10 s preStop, 5 s for vLLM's teardown.
     DrainCase("the operator's defaults", spec("decode", grace_seconds=120, prestop_seconds=10),
               105),
-    DrainCase("no preStop", spec("aggregated", grace_seconds=60), 55),
+    DrainCase("no preStop", spec("engine", grace_seconds=60), 55),
     DrainCase("a prefill engine with a long grace",
               spec("prefill", grace_seconds=600, prestop_seconds=15), 580),
     DrainCase("the least grace that drains", spec("decode", grace_seconds=16, prestop_seconds=10),
@@ -165,41 +167,45 @@ class ErrCase:
 
 
 ERR_CASES = [
+    ErrCase("unknown role", spec("router"), "--role router: must be one of prefill, decode, "
+            "engine"),
+    ErrCase("older name with connector", spec("aggregated", kv_connector="NixlConnector"),
+            "an aggregated engine hands no KV over"),
     ErrCase("zero lease", spec("prefill", kv_lease_seconds=0), "--kv-lease-seconds 0"),
-    ErrCase("aggregated with connector", spec("aggregated", kv_connector="NixlConnector"),
+    ErrCase("aggregated with connector", spec("engine", kv_connector="NixlConnector"),
             "--kv-connector NixlConnector: an aggregated engine hands no KV over"),
     ErrCase("decode without connector", spec("decode", kv_connector="none"),
             "a decode engine needs a KV connector"),
-    ErrCase("kv config without connector", spec("aggregated", kv_config={"a": 1}),
+    ErrCase("kv config without connector", spec("engine", kv_config={"a": 1}),
             "--kv-config: only for prefill/decode"),
     ErrCase("kv_role in kv config", spec("prefill", kv_config={"kvRole": "kv_both"}),
             "--kv-config kvRole: set by the launcher"),
-    ErrCase("engine arg owned by launcher", spec("aggregated", engine_args=["port=1"]),
+    ErrCase("engine arg owned by launcher", spec("engine", engine_args=["port=1"]),
             "--engine-arg port: set by the launcher; use --port"),
-    ErrCase("engine arg tensor parallel", spec("aggregated",
+    ErrCase("engine arg tensor parallel", spec("engine",
                                                engine_args=["tensorParallelSize=2"]),
             "use --tensor-parallel"),
-    ErrCase("engine arg twice", spec("aggregated",
+    ErrCase("engine arg twice", spec("engine",
                                      engine_args=["maxModelLen=1", "max-model-len=2"]),
             "given twice"),
-    ErrCase("engine arg without value", spec("aggregated", engine_args=["maxModelLen"]),
+    ErrCase("engine arg without value", spec("engine", engine_args=["maxModelLen"]),
             "expected KEY=VALUE"),
-    ErrCase("bad port", spec("aggregated", port=70000), "--port 70000: must be 1..65535"),
-    ErrCase("bad tp", spec("aggregated", tensor_parallel=0), "--tensor-parallel 0"),
-    ErrCase("kv events config twice", spec("aggregated", kv_events_port=5557,
+    ErrCase("bad port", spec("engine", port=70000), "--port 70000: must be 1..65535"),
+    ErrCase("bad tp", spec("engine", tensor_parallel=0), "--tensor-parallel 0"),
+    ErrCase("kv events config twice", spec("engine", kv_events_port=5557,
                                            engine_args=['kvEventsConfig={"a":1}']),
             "--engine-arg kvEventsConfig: set by the launcher; use --kv-events-port"),
     ErrCase("kv events without prefix caching",
-            spec("aggregated", kv_events_port=5557, engine_args=["enablePrefixCaching=false"]),
+            spec("engine", kv_events_port=5557, engine_args=["enablePrefixCaching=false"]),
             "it needs prefix caching on"),
-    ErrCase("replay port alone", spec("aggregated", kv_replay_port=5558),
+    ErrCase("replay port alone", spec("engine", kv_replay_port=5558),
             "--kv-replay-port: only with --kv-events-port"),
-    ErrCase("events on the server port", spec("aggregated", kv_events_port=8000),
+    ErrCase("events on the server port", spec("engine", kv_events_port=8000),
             "--kv-events-port 8000: the server's --port"),
     ErrCase("events and replay on one port",
-            spec("aggregated", kv_events_port=5557, kv_replay_port=5557),
+            spec("engine", kv_events_port=5557, kv_replay_port=5557),
             "--kv-replay-port 5557: the same as --kv-events-port"),
-    ErrCase("bad events port", spec("aggregated", kv_events_port=0), "--kv-events-port 0"),
+    ErrCase("bad events port", spec("engine", kv_events_port=0), "--kv-events-port 0"),
     ErrCase("grace shorter than preStop and teardown",
             spec("decode", grace_seconds=15, prestop_seconds=10),
             "--grace-seconds 15: leaves 0 s to drain"),
@@ -251,7 +257,7 @@ def test_cli_dry_run_prints_the_command() -> None:
     assert cmd[:3] == ["/usr/bin/python3", "-m", "vllm.entrypoints.openai.api_server"]
     assert json.loads(cmd[cmd.index("--kv-transfer-config") + 1])["kv_role"] == "kv_consumer"
     assert cmd[-2:] == ["--max-model-len", "512"]
-    out = run_cli("--role", "aggregated", "--model", "m", "--kv-events-port", "5557",
+    out = run_cli("--role", "engine", "--model", "m", "--kv-events-port", "5557",
                   "--dry-run")
     assert out.returncode == 0, out.stderr
     cmd = shlex.split(out.stdout)
@@ -267,6 +273,8 @@ def test_cli_dry_run_prints_the_command() -> None:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
+        (["--role", "engine", "--model", "m", "--kv-connector", "NixlConnector"],
+         "an aggregated engine hands no KV over"),
         (["--role", "aggregated", "--model", "m", "--kv-connector", "NixlConnector"],
          "an aggregated engine hands no KV over"),
         (["--role", "prefill", "--model", "m", "--kv-config", "{nope"],
@@ -276,7 +284,8 @@ def test_cli_dry_run_prints_the_command() -> None:
         (["--role", "prefill", "--model", "m", "--bogus"], "unrecognized arguments: --bogus"),
         (["--role", "router", "--model", "m"], "invalid choice: 'router'"),
     ],
-    ids=["conflict", "bad json", "not an object", "unknown option", "unknown role"],
+    ids=["conflict", "conflict, older role name", "bad json", "not an object", "unknown option",
+         "unknown role"],
 )
 def test_cli_errors_exit_2(args: list[str], message: str) -> None:
     out = run_cli(*args, "--dry-run")

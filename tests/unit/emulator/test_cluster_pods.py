@@ -131,6 +131,15 @@ COMMANDS = [
          "--tensor-parallel", "1", "--host", "127.0.0.7", "--port", "8000", "--speed", "4",
          "--served-name", "llama", "--max-model-len", "8192"],
     ),
+    *(CommandCase(
+        f"aggregated-engine-as-{role}", [(role if a == "prefill" else a) for a in LAUNCH],
+        P.EngineMapping(speed=4, sim_gpu="a100"),
+        # engine-sim takes both names of the aggregated engine, as the launcher does (pods an
+        # older operator rendered say aggregated).
+        [*PY, "engine-sim", "--role", role, "--model", "llama-3.1-8b", "--gpu", "a100",
+         "--tensor-parallel", "1", "--host", "127.0.0.7", "--port", "8000", "--speed", "4",
+         "--served-name", "llama", "--max-model-len", "8192"],
+    ) for role in ("engine", "aggregated")),
     CommandCase(
         "sim-without-the-prefix-cache-when-the-pool-turns-it-off",
         [*LAUNCH, "--engine-arg", "enablePrefixCaching=false"],

@@ -178,7 +178,7 @@ COMMAND_CASES = [
         "aggregated-has-no-connector",
         {"model": {"name": "org/m"}, "mode": "Aggregated", "kvTransfer": {"extraConfig": {"a": 1}}},
         "engine",
-        ["poolpilot", "launch", "--role", "aggregated", "--model", "org/m", "--port", "8000",
+        ["poolpilot", "launch", "--role", "engine", "--model", "org/m", "--port", "8000",
          "--metrics-port", "8090", "--served-name", "org/m", "--kv-connector", "none",
          "--tensor-parallel", "1", "--grace-seconds", "120", "--prestop-seconds", "10"],
     ),
