@@ -32,7 +32,6 @@ from poolpilot.operator.building_blocks import (
     RUN_AS_USER,
     STARTUP_PROBE_PERIOD,
     Capabilities,
-    Obj,
     Pool,
     digest,
     pod_labels,
@@ -64,6 +63,7 @@ from poolpilot.operator.router_objects import (
     router_config,
 )
 
+from poolpilot.apitypes import Obj
 from poolpilot.roles import Role
 
 # The builders' names, wherever they are defined, stay reachable as builders.X.

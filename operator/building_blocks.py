@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from poolpilot import api, names
-from poolpilot.apitypes import quantity_value
+from poolpilot.apitypes import Obj, quantity_value
 from poolpilot.roles import Role
 
 ENGINE_CONTAINER = "engine"
@@ -48,7 +48,6 @@ MULTUS_NETWORKS = "k8s.v1.cni.cncf.io/networks"
 ROUTER_DEFAULT_RESOURCES = api.ResourceRequirements(
     requests={"cpu": "500m", "memory": "512Mi"}, limits={"memory": "2Gi"})
 
-Obj = dict[str, Any]
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,6 @@ from poolpilot.operator.building_blocks import (
     PRESTOP_SLEEP_SECONDS,
     STARTUP_PROBE_PERIOD,
     Capabilities,
-    Obj,
     Pool,
     _container_security,
     _engine_args_value,
@@ -40,7 +39,7 @@ from poolpilot.operator.pod_overlays import (
 )
 
 from poolpilot import api, handoff, names
-from poolpilot.apitypes import quantity_value
+from poolpilot.apitypes import Obj, quantity_value
 
 # ---------------------------------------------------------------------------------------------
 # Engines

@@ -19,7 +19,6 @@ from typing import Any
 from poolpilot.operator.building_blocks import (
     GATEWAY_POOL_LABEL,
     Capabilities,
-    Obj,
     Pool,
     _meta,
 )
@@ -27,6 +26,7 @@ from poolpilot.operator.building_blocks import (
 from poolpilot import names
 from poolpilot.api.gateway import GATEWAY_GROUP, GatewaySpec
 from poolpilot.api.status import CONDITION_REASON
+from poolpilot.apitypes import Obj
 from poolpilot.roles import Role
 
 HTTPROUTE_API_VERSION = "gateway.networking.k8s.io/v1"

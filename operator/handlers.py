@@ -146,7 +146,7 @@ def _post(body: kopf.Body, events: list[status.EventSpec]) -> None:
         kopf.event(body, type=ev.type, reason=ev.reason, message=ev.message)
 
 
-def _outcome_events(outcome: reconcile.Outcome) -> list[status.EventSpec]:
+def _outcome_events(outcome: reconcile.ReconcileResult) -> list[status.EventSpec]:
     out = []
     if outcome.created:
         out.append(status.EventSpec("Normal", "Created", "created " + ", ".join(outcome.created)))
@@ -245,7 +245,7 @@ async def _handle_locked(body: kopf.Body, process: Process, memory: PoolMemory,
                                           config.network_policies, config.router_auth)
         outcome = await reconcile.reconcile(kube, pool, caps)
         roles = [*spec.engine_roles(), Role.ROUTER]
-        observations = [status.RoleObservation.from_deployment(r, outcome.deployments.get(r))
+        observations = [status.RoleRollout.from_deployment(r, outcome.deployments.get(r))
                         for r in roles]
         # Pods only explain why a role is not settled; a settled pool skips the LIST.
         pods = ([] if all(o.settled for o in observations) else

@@ -31,7 +31,6 @@ from poolpilot.operator.building_blocks import (
     MODEL_CACHE_DIR,
     RUN_AS_USER,
     STARTUP_PROBE_PERIOD,
-    Obj,
     Pool,
     _container_security,
     _meta,
@@ -40,7 +39,7 @@ from poolpilot.operator.building_blocks import (
 )
 
 from poolpilot import api, names
-from poolpilot.apitypes import quantity_value
+from poolpilot.apitypes import Obj, quantity_value
 from poolpilot.roles import Role
 
 CACHE_ROLE = "model-cache"  # the role label of the cache's objects and pods

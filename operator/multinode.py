@@ -28,7 +28,6 @@ import copy
 from poolpilot.operator.building_blocks import (
     GATEWAY_POOL_LABEL,
     Capabilities,
-    Obj,
     Pool,
     _meta,
     _replicas_enforced,
@@ -36,6 +35,7 @@ from poolpilot.operator.building_blocks import (
 
 from poolpilot import api, names
 from poolpilot import leaderworkerset as lws
+from poolpilot.apitypes import Obj
 
 # The engine's ports a headless worker does not serve (vLLM's API server, its metrics and its
 # KV events run on the leader).

@@ -6,11 +6,8 @@ Part of the pure builders (poolpilot.operator.builders): no I/O and no clock.
 
 from __future__ import annotations
 
-from poolpilot.operator.building_blocks import (
-    Obj,
-)
-
 from poolpilot import api
+from poolpilot.apitypes import Obj
 
 # ---------------------------------------------------------------------------------------------
 # Pod templates (spec.podTemplate, spec.<role>.podTemplate): laid over what the operator

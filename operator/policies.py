@@ -7,13 +7,13 @@ from __future__ import annotations
 
 from poolpilot.operator.building_blocks import (
     Capabilities,
-    Obj,
     Pool,
     _meta,
     pod_selector,
 )
 
 from poolpilot import names
+from poolpilot.apitypes import Obj
 from poolpilot.roles import Role
 
 # ---------------------------------------------------------------------------------------------

@@ -28,10 +28,9 @@ from poolpilot.operator.kubeapi import ApiError, Discovered
 
 from poolpilot import api, names, workloads
 from poolpilot import leaderworkerset as lws
-from poolpilot.apitypes import quantity_value
+from poolpilot.apitypes import Obj, quantity_value
 from poolpilot.roles import Role
 
-Obj = dict[str, Any]
 T = TypeVar("T")
 # What runs a role's engines: a Deployment, or a LeaderWorkerSet for multi-node replicas.
 WORKLOAD_KINDS = ("Deployment", lws.KIND)
@@ -56,7 +55,9 @@ class Cluster(Protocol):
 
 
 @dataclass
-class Outcome:
+class ReconcileResult:
+    """What one reconcile of a pool wrote and saw (its Events, status and metrics come from it)."""
+
     created: list[str] = field(default_factory=list)
     updated: list[str] = field(default_factory=list)  # the spec asked for something new
     repaired: list[str] = field(default_factory=list)  # someone changed it (drift)
@@ -260,9 +261,10 @@ def _pool_of(dep: Obj | None) -> str:
     return str(((dep or {}).get("metadata") or {}).get("labels", {}).get(names.POOL_LABEL, "?"))
 
 
-async def reconcile(cluster: Cluster, pool: builders.Pool, caps: builders.Capabilities) -> Outcome:
+async def reconcile(cluster: Cluster, pool: builders.Pool,
+                    caps: builders.Capabilities) -> ReconcileResult:
     """Converge the pool's children; see the module docstring for the rules."""
-    out = Outcome()
+    out = ReconcileResult()
     desired = [stamped(o) for o in builders.build_children(pool, caps)]
     live = await live_children(cluster, pool, caps)
     missing = [o for o in desired if builders.object_key(o) not in live]
@@ -380,7 +382,7 @@ async def remove_orphans(cluster: Cluster, pool: builders.Pool,
 _CACHE_KINDS = ("Job", "DaemonSet")  # the prefetch (operator/model_cache.py)
 
 
-def _prefetch_pending(pool: builders.Pool, out: Outcome) -> bool:
+def _prefetch_pending(pool: builders.Pool, out: ReconcileResult) -> bool:
     """The engines wait for the prefetch Job (SharedVolume), which has not succeeded yet."""
     return (model_cache.gates_engines(pool.spec)
             and not model_cache.job_succeeded(out.model_cache, pool.spec))

@@ -17,9 +17,10 @@ from __future__ import annotations
 import base64
 import secrets
 
-from poolpilot.operator.building_blocks import ROUTER_KEYS_FILE, Capabilities, Obj, Pool, _meta
+from poolpilot.operator.building_blocks import ROUTER_KEYS_FILE, Capabilities, Pool, _meta
 
 from poolpilot import names
+from poolpilot.apitypes import Obj
 from poolpilot.roles import Role
 
 KEY_BYTES = 32  # 256 bits of randomness, URL-safe base64 (43 characters)

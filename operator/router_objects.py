@@ -20,7 +20,6 @@ from poolpilot.operator.building_blocks import (
     ROUTER_KEYS_FILE,
     ROUTER_PRESTOP_SECONDS,
     Capabilities,
-    Obj,
     Pool,
     _container_security,
     _digest,
@@ -42,6 +41,7 @@ from poolpilot.operator.pod_overlays import (
 )
 
 from poolpilot import api, names
+from poolpilot.apitypes import Obj
 from poolpilot.roles import Role
 
 # ---------------------------------------------------------------------------------------------

@@ -50,8 +50,9 @@ _IMAGE_WAITING = {"ImagePullBackOff", "ErrImagePull", "InvalidImageName", "ErrIm
 
 
 @dataclass(frozen=True)
-class RoleObservation:
-    """One role's Deployment as observed (desired = its spec.replicas)."""
+class RoleRollout:
+    """One role's Deployment and how far its rollout is, as observed (desired = its
+    spec.replicas)."""
 
     role: str
     exists: bool = True
@@ -62,7 +63,7 @@ class RoleObservation:
     rolled_out: bool = True  # status.observedGeneration caught up with metadata.generation
 
     @classmethod
-    def from_deployment(cls, role: str, dep: dict[str, Any] | None) -> RoleObservation:
+    def from_deployment(cls, role: str, dep: dict[str, Any] | None) -> RoleRollout:
         if dep is None:
             return cls(role=role, exists=False)
         c = workloads.counts(dep)
@@ -193,7 +194,7 @@ def _describe(problem: PodProblem, count: int) -> str:
 def compute_status(
     *,
     generation: int,
-    roles: list[RoleObservation],
+    roles: list[RoleRollout],
     pods: list[dict[str, Any]],
     previous: dict[str, Any] | None,
     endpoint: str,

@@ -29,7 +29,7 @@ from poolpilot.autoscaler import recording
 from poolpilot.autoscaler.queries import QuerySet
 from poolpilot.emulator.cluster import pods as P
 from poolpilot.emulator.cluster.controller import Controller, ControllerConfig
-from poolpilot.emulator.cluster.kubeapi import KubeClient
+from poolpilot.emulator.cluster.kubeapi import ControllerApi
 from poolpilot.emulator.cluster.processes import Child, ProcessTable
 from poolpilot.operator.multinode import multi_node, set_name
 from poolpilot.testkit.prometheus import (
@@ -133,7 +133,7 @@ class Sandbox:
         self.emulator: Child | None = None
         self.operator: Child | None = None
         self.autoscaler: Child | None = None
-        self.kube: KubeClient | None = None
+        self.kube: ControllerApi | None = None
         self.controller: Controller | None = None
         self._controller_task: asyncio.Task[None] | None = None
         self.api_url = ""
@@ -187,7 +187,7 @@ class Sandbox:
             await asyncio.sleep(0.1)
         if not self.kubeconfig.exists():
             raise SandboxError(f"the emulator wrote no kubeconfig; see {self.emulator.log_path}")
-        self.kube = KubeClient(self.kubeconfig)
+        self.kube = ControllerApi(self.kubeconfig)
 
     async def _wait_http(self, url: str, child: Child | None, what: str,
                          timeout: float) -> None:

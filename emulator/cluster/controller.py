@@ -25,7 +25,7 @@ import httpx
 from . import pods as P
 from .deployments import DeploymentController
 from .endpoints import EndpointSlices
-from .kubeapi import ApiError, KubeClient
+from .kubeapi import ApiError, ControllerApi
 from .kubelet import Kubelet, KubeletConfig
 from .leaderworkersets import LeaderWorkerSetController
 from .processes import ProcessTable
@@ -47,7 +47,7 @@ class ControllerConfig:
 
 
 class Controller:
-    def __init__(self, kube: KubeClient, procs: ProcessTable, cfg: ControllerConfig,
+    def __init__(self, kube: ControllerApi, procs: ProcessTable, cfg: ControllerConfig,
                  on_targets: Callable[[list[P.ScrapeTarget]], None] | None = None) -> None:
         self.kube = kube
         self.cfg = cfg

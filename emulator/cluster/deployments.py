@@ -9,12 +9,12 @@ from collections.abc import Mapping
 from poolpilot.apitypes import Obj
 
 from . import pods as P
-from .kubeapi import KubeClient
+from .kubeapi import ControllerApi
 from .status_cache import StatusCache
 
 
 class DeploymentController:
-    def __init__(self, kube: KubeClient) -> None:
+    def __init__(self, kube: ControllerApi) -> None:
         self.kube = kube
         self._status = StatusCache(kube)
 

@@ -8,11 +8,11 @@ import json
 from collections.abc import Sequence
 
 from . import pods as P
-from .kubeapi import KubeClient
+from .kubeapi import ControllerApi
 
 
 class EndpointSlices:
-    def __init__(self, kube: KubeClient) -> None:
+    def __init__(self, kube: ControllerApi) -> None:
         self.kube = kube
         self._written: dict[tuple[str, str], str] = {}
 

@@ -10,24 +10,25 @@ from __future__ import annotations
 from collections.abc import Awaitable
 from pathlib import Path
 
-from poolpilot.kubeclient import ApiError, Obj
-from poolpilot.kubeclient import KubeClient as SharedClient
+from poolpilot.kubeclient import ApiError, KubeClient, Obj
 
-__all__ = ["ApiError", "KubeClient", "Obj"]
+__all__ = ["ApiError", "ControllerApi", "Obj"]
 
 
-class KubeClient:
-    """Connects on first use, with the emulator's kubeconfig."""
+class ControllerApi:
+    """What the emulated cluster's controllers (kubelet, Deployments, endpoints,
+    LeaderWorkerSets) call, on the shared client; connects on first use, with the emulator's
+    kubeconfig."""
 
     def __init__(self, kubeconfig: str | Path, timeout: float = 10.0) -> None:
         self.kubeconfig = str(kubeconfig)
         self.timeout = timeout
-        self._kube: SharedClient | None = None
+        self._kube: KubeClient | None = None
 
-    async def _client(self) -> SharedClient:
+    async def _client(self) -> KubeClient:
         if self._kube is None:
-            self._kube = await SharedClient.connect(self.kubeconfig, timeout=self.timeout,
-                                                    user_agent="poolpilot-sandbox")
+            self._kube = await KubeClient.connect(self.kubeconfig, timeout=self.timeout,
+                                                  user_agent="poolpilot-sandbox")
         return self._kube
 
     async def close(self) -> None:

@@ -34,7 +34,7 @@ from poolpilot.roles import Role
 from poolpilot.validate import InvalidPool, parse_spec
 
 from . import pods as P
-from .kubeapi import ApiError, KubeClient
+from .kubeapi import ApiError, ControllerApi
 from .processes import Child, ProcessTable
 from .status_cache import StatusCache
 
@@ -122,7 +122,7 @@ class KubeletConfig:
 
 
 class Kubelet:
-    def __init__(self, kube: KubeClient, procs: ProcessTable, cfg: KubeletConfig) -> None:
+    def __init__(self, kube: ControllerApi, procs: ProcessTable, cfg: KubeletConfig) -> None:
         self.kube = kube
         self.procs = procs
         self.cfg = cfg

@@ -34,12 +34,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from poolpilot import leaderworkerset as lws
+from poolpilot.apitypes import Obj
 
 from . import pods as P
-from .kubeapi import ApiError, KubeClient
+from .kubeapi import ApiError, ControllerApi
 from .status_cache import StatusCache
 
-Obj = dict[str, Any]
 REVISION_LABEL = "leaderworkerset.sigs.k8s.io/template-revision-hash"
 
 
@@ -247,7 +247,7 @@ def set_status(obj: Mapping[str, Any], pods: Sequence[Mapping[str, Any]],
 
 
 class LeaderWorkerSetController:
-    def __init__(self, kube: KubeClient) -> None:
+    def __init__(self, kube: ControllerApi) -> None:
         self.kube = kube
         self._status = StatusCache(kube)
         self._installed = False

@@ -6,11 +6,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .kubeapi import KubeClient
+from .kubeapi import ControllerApi
 
 
 class StatusCache:
-    def __init__(self, kube: KubeClient) -> None:
+    def __init__(self, kube: ControllerApi) -> None:
         self.kube = kube
         self._written: dict[tuple[str, str, str], str] = {}
 

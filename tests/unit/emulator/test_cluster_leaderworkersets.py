@@ -4,14 +4,11 @@ groups counted by their leader and every worker."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 from poolpilot.emulator.cluster import leaderworkersets as L
 
 from poolpilot import leaderworkerset as lws
-
-Obj = dict[str, Any]
+from poolpilot.apitypes import Obj
 
 
 def lws_obj(replicas: int = 2, size: int = 2) -> Obj:

@@ -18,7 +18,6 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
@@ -26,13 +25,13 @@ from poolpilot.operator import builders, router_auth
 from poolpilot.operator import main as operator_main
 
 from poolpilot import names
+from poolpilot.apitypes import Obj
 from poolpilot.validate import parse_pool
 
 ROOT = Path(__file__).resolve().parents[3]
 CHART = ROOT / "charts" / "poolpilot"
 EXAMPLE = ROOT / "examples" / "llama-8b-disaggregated.yaml"
 UID = "0b7c5e2a-0000-4000-8000-00000000a11e"
-Obj = dict[str, Any]
 
 NAMESPACES = {"serving": {}, "monitoring": {}, "team-b": {"team": "b"},
               "ingress": {"role": "edge"}}

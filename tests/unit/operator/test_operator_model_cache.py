@@ -349,7 +349,7 @@ def _shared(model: str = LLAMA, cache: str = "SharedVolume") -> builders.Pool:
     return builders.Pool("p", "ns", spec, uid=UID)
 
 
-def _reconcile(cluster: MemoryCluster, pool: builders.Pool) -> reconcile.Outcome:
+def _reconcile(cluster: MemoryCluster, pool: builders.Pool) -> reconcile.ReconcileResult:
     return asyncio.run(reconcile.reconcile(cluster, pool, builders.Capabilities()))
 
 

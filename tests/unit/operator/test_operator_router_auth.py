@@ -60,7 +60,7 @@ def _pool(**router: Any) -> builders.Pool:
 
 
 def _reconcile(cluster: SecretsCluster, pool: builders.Pool,
-               caps: builders.Capabilities = AUTH) -> reconcile.Outcome:
+               caps: builders.Capabilities = AUTH) -> reconcile.ReconcileResult:
     return asyncio.run(reconcile.reconcile(cluster, pool, caps))
 
 

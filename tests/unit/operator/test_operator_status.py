@@ -26,8 +26,8 @@ def _pod(role: str, name: str, *, phase: str = "Running", waiting: str | None = 
     return {"metadata": {"name": name, "labels": {"poolpilot.dev/role": role}}, "status": st_}
 
 
-def _role(role: str, desired: int, ready: int, *, exists: bool = True) -> s.RoleObservation:
-    return s.RoleObservation(role=role, exists=exists, desired=desired, replicas=desired,
+def _role(role: str, desired: int, ready: int, *, exists: bool = True) -> s.RoleRollout:
+    return s.RoleRollout(role=role, exists=exists, desired=desired, replicas=desired,
                              ready=ready, updated=desired)  # fmt: skip
 
 
@@ -37,7 +37,7 @@ ALL_READY = [_role("prefill", 1, 1), _role("decode", 2, 2), _role("router", 2, 2
 @dataclass(frozen=True)
 class Case:
     id: str
-    roles: list[s.RoleObservation]
+    roles: list[s.RoleRollout]
     pods: list[dict[str, Any]] = field(default_factory=list)
     invalid: list[str] | None = None
     ready: tuple[str, str] | None = None  # (status, reason)
