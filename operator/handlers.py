@@ -85,13 +85,27 @@ class PoolMemory:
     result: str = opmetrics.NO_OP  # how the last reconcile ended (the metrics' label)
 
 
+# Kopf's memo is an untyped dict: these are its only keys, read and written only through the
+# typed helpers below.
+_PROCESS, _POOL = "process", "pool"
+
+
+def _start_process(memo: kopf.Memo, process: Process) -> None:
+    memo[_PROCESS] = process
+
+
 def _process(memo: kopf.Memo) -> Process:
-    process: Process = memo["process"]
+    process: Process = memo[_PROCESS]
+    return process
+
+
+def _process_if_started(memo: kopf.Memo) -> Process | None:
+    process: Process | None = memo.get(_PROCESS)
     return process
 
 
 def _pool_memory(memo: kopf.Memo) -> PoolMemory:
-    pool: PoolMemory = memo.setdefault("pool", PoolMemory())
+    pool: PoolMemory = memo.setdefault(_POOL, PoolMemory())
     return pool
 
 
@@ -387,14 +401,15 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig,
         kube = await KubeApi.connect(
             config.kubeconfig, timeout=config.request_timeout,
             user_agent=f"{names.FIELD_MANAGER}/{config.identity or 'main'}")
-        memo["process"] = Process(kube, await kube.discover(),
-                                  asyncio.Semaphore(config.max_concurrent_reconciles), metrics)
-        if memo["process"].discovered.inference_pools:
+        process = Process(kube, await kube.discover(),
+                          asyncio.Semaphore(config.max_concurrent_reconciles), metrics)
+        _start_process(memo, process)
+        if process.discovered.inference_pools:
             logging.getLogger("poolpilot.operator").warning(gateway_objects.KIND_CLASH_WARNING)
 
     @kopf.on.cleanup(registry=registry)
     async def cleanup(memo: kopf.Memo, **_: Any) -> None:
-        process: Process | None = memo.get("process")
+        process = _process_if_started(memo)
         if process is not None:
             process.closing = True
             await process.kube.close()
