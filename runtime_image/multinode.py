@@ -92,7 +92,7 @@ def _pipeline_arg(engine_args: Sequence[str]) -> int | None:
     for pair in engine_args:
         key, _, raw = pair.partition("=")
         if key.strip().lstrip("-").replace("_", "-").lower() in (
-                "pipeline-parallel-size", "pipelineparallelsize"):
+                PIPELINE_FLAG, PIPELINE_FLAG.replace("-", "")):
             try:
                 return int(raw)
             except ValueError:
@@ -123,7 +123,7 @@ def group_command(cmd: list[str], member: GroupMember, tensor_per_pod: int,
     out = _without(cmd, "--tensor-parallel-size")
     node = ["--tensor-parallel-size", str(tp)]
     if _pipeline_arg(engine_args) is None:  # else the --engine-arg flag already says it
-        node += ["--pipeline-parallel-size", str(pp)]
+        node += [f"--{PIPELINE_FLAG}", str(pp)]
     node += ["--nnodes", str(member.nodes), "--node-rank", str(member.rank),
              "--master-addr", member.leader]
     if not member.is_leader:
