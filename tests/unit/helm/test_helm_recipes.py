@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import yaml
-from chartlib import CHART, K8S_VERSION, ROOT, by_kind, helm, one
+from chartlib import CHART, K8S_VERSION, ROOT, by_kind, helm, load_all, one
 
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 FENCE = re.compile(r"^```[^\n]*\n(.*?)^```", re.M | re.S)
@@ -60,7 +60,7 @@ def value_flags(cmd: str) -> list[str]:
 def render_cmd(cmd: str) -> list[dict[str, Any]]:
     out = helm("template", "poolpilot", str(CHART), "--namespace", "poolpilot-system",
                "--kube-version", K8S_VERSION, *value_flags(cmd)).stdout
-    return [d for d in yaml.safe_load_all(out) if d]
+    return load_all(out)
 
 
 COMMANDS = chart_commands()

@@ -18,6 +18,7 @@ from chartlib import (
     CHART,
     by_kind,
     helm,
+    load_all,
     manifest_errors,
     one,
     pod_spec,
@@ -668,7 +669,7 @@ def test_set_flags_reach_the_new_keys(tmp_path: Path) -> None:
         "--set",
         "namespaceOverride=platform",
     )
-    objs = [d for d in yaml.safe_load_all(proc.stdout) if d]
+    objs = load_all(proc.stdout)
     assert one(objs, "Deployment", "-operator")["spec"]["replicas"] == 3
     assert one(objs, "PodDisruptionBudget", "-autoscaler")["spec"]["maxUnavailable"] == "50%"
     assert all(o["metadata"]["labels"]["team"] == "ml" for o in by_kind(objs, "Deployment"))
