@@ -190,10 +190,10 @@ def decide(observation: Observation, policy: Policy, history: History, now: floa
     """Decide the size of every engine role of one pool. Pure: same inputs, same output."""
     roles = [r for r in policy.bounds if r in observation.roles]
     capacity = dict(history.capacity)
-    for role, seed in ((Role.PREFILL, policy.prefill_tokens_per_replica),
-                       (Role.DECODE, policy.decode_tokens_per_replica)):
-        if seed and role not in capacity:
-            capacity[role] = seed  # a profile's number: where the learning starts
+    for seeded, seed in ((Role.PREFILL, policy.prefill_tokens_per_replica),
+                         (Role.DECODE, policy.decode_tokens_per_replica)):
+        if seed and seeded not in capacity:
+            capacity[seeded] = seed  # a profile's number: where the learning starts
     seen = {r: history.ready_change(r, observation.roles[r].ready_replicas, now) for r in roles}
     memory = dict(history.memory)
     clumps = dict(history.clumps)
