@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import math
 import os
 import signal
 import socket
@@ -113,6 +114,9 @@ def run(args: argparse.Namespace) -> int:
     if not (args.speed > 0 and args.interval > 0 and args.rate_window > 0):
         print("poolpilot autoscaler: --speed, --interval and --rate-window must be > 0",
               file=sys.stderr)
+        return 2
+    if not math.isfinite(args.speed):  # (the engines' "no time at all" has no clock to decide on)
+        print("poolpilot autoscaler: --speed must be finite", file=sys.stderr)
         return 2
     try:
         access(args).check()
