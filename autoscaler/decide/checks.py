@@ -28,8 +28,8 @@ _REQUIRED: dict[str, tuple[str, ...]] = {
 
 def settle_seconds(p: Policy) -> float:
     """How long after the ready count changes the rates and queues reflect the new pool: the
-    rate() window (60 s by default, the same as the metrics age limit, which the loop scales
-    with the sandbox's --speed) plus half of it for the new pods' first scrapes."""
+    rate() window (60 s by default, the same as the metrics age limit) plus half of it for the
+    new pods' first scrapes."""
     return 1.5 * p.max_metric_age
 
 
