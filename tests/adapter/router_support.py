@@ -241,3 +241,65 @@ def wait_vllm_ready(proc: Proc, timeout: float = 300.0) -> None:
             pass
         time.sleep(0.5)
     raise TimeoutError(f"vLLM {proc.name} not ready within {timeout}s")
+
+
+@dataclass
+class SharedEngine(Proc):
+    """An aggregated engine of `SharedEngines`, with the ports of its optional flags."""
+
+    metrics_port: int = 0
+    events_port: int = 0
+    replay_port: int = 0
+
+    def metric(self, name: str) -> float:
+        return metric_value(httpx.get(self.url + "/metrics", timeout=10).text, name)
+
+
+class SharedEngines:
+    """Aggregated vLLM-CPU engines that several test modules share (one start each instead of
+    one per module: a start takes 35-150 s on two cores). At most one per core, started on
+    first use (`get`), stopped by `close`. Each runs with every launcher flag a sharing module
+    tests (--metrics-port, --kv-events-port/--kv-replay-port, --grace-seconds 40): they add
+    ports and a drain on SIGTERM, and change no output. A test that ends an engine (SIGTERM)
+    `take`s it: the engine is then the test's to stop, and a later `get` starts a fresh one."""
+
+    GRACE_FLAGS = ("--grace-seconds", "40")  # 35 s to drain (no preStop)
+
+    def __init__(self, scratch: Path, served_name: str) -> None:
+        self.scratch = scratch
+        self.served_name = served_name
+        self.engines: dict[int, SharedEngine] = {}
+        self.starts = 0  # engines started, for the log
+
+    def get(self, *cpus: int) -> tuple[SharedEngine, ...]:
+        """The engines pinned to these cores, ready; those not running start together."""
+        from poolpilot.sandbox.tinymodel import ensure_tiny_model
+        from poolpilot.testkit.prometheus import free_port
+
+        for cpu in cpus:
+            old = self.engines.get(cpu)
+            if old is not None and old.popen.poll() is None:
+                continue
+            model = ensure_tiny_model(REPO / ".cache" / "tiny-llama")
+            metrics, events, replay = free_port(), free_port(), free_port()
+            self.starts += 1
+            proc = start_vllm(
+                "aggregated", model, self.scratch / f"cpu{cpu}-{self.starts}", cpu,
+                self.served_name, extra=["--metrics-port", str(metrics), "--kv-events-port",
+                                         str(events), "--kv-replay-port", str(replay),
+                                         *self.GRACE_FLAGS])
+            self.engines[cpu] = SharedEngine(proc.popen, proc.port, proc.name, proc.output,
+                                             metrics, events, replay)
+        for cpu in cpus:
+            wait_vllm_ready(self.engines[cpu])
+        return tuple(self.engines[cpu] for cpu in cpus)
+
+    def take(self, cpu: int) -> SharedEngine:
+        """The engine on this core, no longer shared: the caller stops it."""
+        (engine,) = self.get(cpu)
+        del self.engines[cpu]
+        return engine
+
+    def close(self) -> None:
+        while self.engines:
+            self.engines.popitem()[1].stop()

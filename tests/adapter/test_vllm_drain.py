@@ -26,6 +26,7 @@ from router_support import (
     REPO,
     VLLM_PYTHON,
     Proc,
+    SharedEngines,
     spawn,
     vllm_available,
     wait_until,
@@ -95,11 +96,17 @@ def _terminate_mid_stream(proc: Proc, read_timeout: float) -> Stream:
 
 @pytest.mark.parametrize(("drain", "finishes"), [
     # The operator's engine pods (here: 40 s of grace, no preStop: 35 s to drain).
-    (("--grace-seconds", "40"), True),
+    (SharedEngines.GRACE_FLAGS, True),
     ((), False),  # vLLM's own default: abort on SIGTERM
 ], ids=["launcher-drains", "vllm-default-aborts"])
-def test_sigterm_mid_generation(tmp_path: Path, drain: tuple[str, ...], finishes: bool) -> None:
-    proc = _launch(tmp_path, *drain)
+def test_sigterm_mid_generation(tmp_path: Path, shared_vllm: SharedEngines,
+                                drain: tuple[str, ...], finishes: bool) -> None:
+    # With the launcher's drain: the adapter tier's shared engine on core 0 (started with the
+    # same flags), taken, since it does not survive the test; without: one of its own.
+    if drain == SharedEngines.GRACE_FLAGS:
+        proc: Proc = shared_vllm.take(0)
+    else:
+        proc = _launch(tmp_path, *drain)
     # An aborted stream is never closed: vLLM's HTTP server waits for the connection while the
     # client waits for tokens. A client that gives up after 15 s without one sees the abort
     # (a draining engine keeps sending, so it never waits that long).

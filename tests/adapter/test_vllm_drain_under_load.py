@@ -1,12 +1,13 @@
 """Real vLLM on CPU behind the router, scaled 2 -> 1 under steady streaming load: 0 failed
 requests.
 
-Two engines are started as the operator's pods start them (`poolpilot launch --grace-seconds`,
-so vLLM drains on SIGTERM), the router follows them through EndpointSlices in the Kubernetes
-API emulator, and clients keep streaming. The victim is then taken down as a cluster takes a
-pod down: its slice entry turns `ready: false, serving: true, terminating: true`, then SIGTERM
-goes to its PID 1 (the launcher execs vLLM). The router must start nothing new on it from the
-moment the slice says so, and what it had in flight finishes there.
+Two engines started as the operator's pods start them (`poolpilot launch --grace-seconds 40`,
+so vLLM drains on SIGTERM; the adapter tier's shared engines, tests/adapter/conftest.py), the
+router follows them through EndpointSlices in the Kubernetes API emulator, and clients keep
+streaming. The victim is then taken down as a cluster takes a pod down: its slice entry turns
+`ready: false, serving: true, terminating: true`, then SIGTERM goes to its PID 1 (the launcher
+execs vLLM). The router must start nothing new on it from the moment the slice says so, and
+what it had in flight finishes there.
 
 Aggregated engines (the role of a pool without disaggregation) keep it to two engines; the
 router's drain does not depend on the role, and the simulator test
@@ -25,22 +26,14 @@ from pathlib import Path
 import httpx
 import pytest
 from poolpilot.emulator.server import KubeEmulator
-from poolpilot.runtime.launcher import vllm_cpu_env
-from poolpilot.sandbox.tinymodel import ensure_tiny_model
-from poolpilot.testkit.prometheus import free_port
 from router_support import (
-    ENGINE_ARGS,
-    POOLPILOT,
-    REPO,
-    VLLM_PYTHON,
     Proc,
+    SharedEngines,
     metric_value,
     running,
-    spawn,
     start_router,
     vllm_available,
     wait_until,
-    wait_vllm_ready,
 )
 
 pytestmark = [pytest.mark.vllm, pytest.mark.cluster,
@@ -51,23 +44,6 @@ NS, POOL = "serving", "tiny"
 SLICES = f"/apis/discovery.k8s.io/v1/namespaces/{NS}/endpointslices"
 TOKENS = 160  # a few seconds a stream: some are still running at SIGTERM
 CLIENTS = 4
-
-
-def launch(tmp: Path, name: str, cpu: int) -> Proc:
-    scratch = tmp / name
-    scratch.mkdir(parents=True)
-    model = ensure_tiny_model(REPO / ".cache" / "tiny-llama")
-    port = free_port()
-    # 40 s of grace, no preStop here: vLLM gets 35 s to finish what it holds.
-    cmd = [POOLPILOT, "launch", "--python", str(VLLM_PYTHON), "--role", "aggregated",
-           "--model", str(model), "--served-name", SERVED, "--host", "127.0.0.1",
-           "--port", str(port), "--grace-seconds", "40"]
-    for arg in ENGINE_ARGS:
-        cmd += ["--engine-arg", arg]
-    env = vllm_cpu_env(str(scratch), cpu, free_port(),
-                       cache_root=str(REPO / ".cache" / "vllm-test-cache"))
-    return Proc(spawn(cmd, env=env, cwd=scratch, log=scratch / "vllm.log"), port,
-                f"aggregated:{scratch / 'vllm.log'}")
 
 
 def engine_slice(pod: str, engine: Proc, terminating: bool = False) -> dict:
@@ -162,11 +138,12 @@ def started(engine: Proc) -> float:
         "vllm:num_requests_waiting"))
 
 
-def test_scale_down_under_streaming_load_fails_nothing(tmp_path: Path) -> None:
-    keep, victim = launch(tmp_path, "keep", 0), launch(tmp_path, "victim", 1)
-    with running(keep, victim), KubeEmulator().running() as emu:
-        wait_vllm_ready(keep)
-        wait_vllm_ready(victim)
+def test_scale_down_under_streaming_load_fails_nothing(tmp_path: Path,
+                                                     shared_vllm: SharedEngines) -> None:
+    # The victim is the shared engine on core 1, taken (it does not survive the test); the
+    # one kept stays shared.
+    (keep,), victim = shared_vllm.get(0), shared_vllm.take(1)
+    with running(victim), KubeEmulator().running() as emu:
         api = httpx.Client(base_url=emu.url, timeout=10)
         for pod, engine in (("keep", keep), ("victim", victim)):
             assert api.post(SLICES, json=engine_slice(pod, engine)).status_code == 201

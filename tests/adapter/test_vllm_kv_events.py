@@ -8,32 +8,28 @@ engine's events can tell the router where the prefix is: the first before the ro
 (the router learns it from the replay on connect), the second while it runs (live events).
 Pods publish on the same ports at their own IPs; these two engines share a host, so each has
 ports of its own and the router is told them (`--kv-events-ports URL=PORT:REPLAY_PORT`).
-Budget (2 cores): the two engines start once for the module, each pinned to a core.
+Budget (2 cores): the adapter tier's two shared engines (tests/adapter/conftest.py: started
+with --kv-events-port and --kv-replay-port, each pinned to a core), used by other modules too;
+none of them sends these prompts (their words are this module's own).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import httpx
 import pytest
-from poolpilot.sandbox.tinymodel import ensure_tiny_model
-from poolpilot.testkit.prometheus import free_port
 from router_support import (
     FAST,
-    POOLPILOT,
-    REPO,
-    VLLM_PYTHON,
     Proc,
+    SharedEngine,
+    SharedEngines,
     metric_value,
     running,
-    spawn,
     start_router,
     vllm_available,
     wait_until,
-    wait_vllm_ready,
 )
 
 pytestmark = [
@@ -53,31 +49,8 @@ EXPECTED_HITS = "poolpilot_router_prefix_expected_hit_tokens_total"
 CHOICES = "poolpilot_router_prefix_choices_total"
 
 
-@dataclass
-class Engine(Proc):
-    events_port: int = 0
-    replay_port: int = 0
-
-    def metric(self, name: str) -> float:
-        return metric_value(httpx.get(self.url + "/metrics", timeout=10).text, name)
-
-
-def start_engine(model: Path, scratch: Path, cpu: int) -> Engine:
-    """An aggregated vLLM-CPU engine through the launcher, publishing its KV events."""
-    from poolpilot.runtime.launcher import vllm_cpu_env
-
-    scratch.mkdir(parents=True, exist_ok=True)
-    port, events, replay = free_port(), free_port(), free_port()
-    cmd = [POOLPILOT, "launch", "--python", str(VLLM_PYTHON), "--role", "aggregated",
-           "--model", str(model), "--served-name", SERVED, "--host", "127.0.0.1",
-           "--port", str(port), "--kv-events-port", str(events), "--kv-replay-port", str(replay)]
-    for arg in ("dtype=float32", "enforceEager=true", "maxModelLen=512"):
-        cmd += ["--engine-arg", arg]
-    env = vllm_cpu_env(str(scratch), cpu, free_port(),
-                       cache_root=str(REPO / ".cache" / "vllm-test-cache"))
-    popen = spawn(cmd, env=env, cwd=scratch, log=scratch / "vllm.log")
-    return Engine(popen, port, f"aggregated:{scratch / 'vllm.log'}", events_port=events,
-                  replay_port=replay)
+# The adapter tier's shared engines (tests/adapter/conftest.py) publish their KV events.
+Engine = SharedEngine
 
 
 def words(seed: str, n: int) -> str:
@@ -134,22 +107,16 @@ class Pool:
 
 
 @pytest.fixture(scope="module")
-def pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pool]:
-    model = ensure_tiny_model(REPO / ".cache" / "tiny-llama")
-    scratch = tmp_path_factory.mktemp("kv-events")
-    a = start_engine(model, scratch / "a", 0)
-    b = start_engine(model, scratch / "b", 1)
-    with running(a, b):
-        wait_vllm_ready(a)
-        wait_vllm_ready(b)
-        # Held by b before the router exists: it must learn this from b's replay.
-        FIRST_B.send(b.url)
-        args = ["--engine", f"{a.url},{b.url}", "--pool", "tiny", "--prefix-routing",
-                "precise", *FAST]
-        for e in (a, b):
-            args += ["--kv-events-ports", f"{e.url}={e.events_port}:{e.replay_port}"]
-        with running(start_router(*args)) as (router,):
-            yield Pool(a, b, router)
+def pool(shared_vllm: SharedEngines) -> Iterator[Pool]:
+    a, b = shared_vllm.get(0, 1)
+    # Held by b before the router exists: it must learn this from b's replay.
+    FIRST_B.send(b.url)
+    args = ["--engine", f"{a.url},{b.url}", "--pool", "tiny", "--prefix-routing",
+            "precise", *FAST]
+    for e in (a, b):
+        args += ["--kv-events-ports", f"{e.url}={e.events_port}:{e.replay_port}"]
+    with running(start_router(*args)) as (router,):
+        yield Pool(a, b, router)
 
 
 PREFIX_B, PREFIX_A = words("bravo", 205), words("alpha-chat", 205)

@@ -1,25 +1,13 @@
 """Real vLLM on CPU started by `poolpilot launch --metrics-port`: its metrics on a port of their
 own (vLLM's middleware hook loads runtime_image/engine_metrics_port.py), the same registry as
-vLLM's own /metrics on the serving port, and nothing else served there. One aggregated engine,
-about a minute."""
+vLLM's own /metrics on the serving port, and nothing else served there. One aggregated engine:
+the adapter tier's shared one (started by an earlier module, or here in about a minute)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import httpx
 import pytest
-from poolpilot.sandbox.tinymodel import ensure_tiny_model
-from poolpilot.testkit.prometheus import free_port
-from router_support import (
-    REPO,
-    Proc,
-    metric_value,
-    running,
-    start_vllm,
-    vllm_available,
-    wait_vllm_ready,
-)
+from router_support import Proc, SharedEngines, metric_value, vllm_available
 
 pytestmark = [
     pytest.mark.adapter,
@@ -31,14 +19,11 @@ SERVED = "tiny-llama"
 
 
 @pytest.fixture(scope="module")
-def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Proc, int]]:
-    model = ensure_tiny_model(REPO / ".cache" / "tiny-llama")
-    port = free_port()
-    proc = start_vllm("aggregated", model, tmp_path_factory.mktemp("metrics-port"), 0, SERVED,
-                      extra=["--metrics-port", str(port)])
-    with running(proc):
-        wait_vllm_ready(proc)
-        yield proc, port
+def engine(shared_vllm: SharedEngines) -> tuple[Proc, int]:
+    """The adapter tier's shared engine on core 0 (tests/adapter/conftest.py), started with
+    --metrics-port."""
+    (proc,) = shared_vllm.get(0)
+    return proc, proc.metrics_port
 
 
 def test_the_engine_serves_its_metrics_on_a_port_of_its_own(engine: tuple[Proc, int]) -> None:
