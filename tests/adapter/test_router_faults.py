@@ -205,7 +205,10 @@ def test_scraped_queue_depth_steers_new_requests_away() -> None:
     """An engine whose vllm:num_requests_waiting is high (other routers' work) gets none."""
     with (
         running(start_fake_engine("A"), start_fake_engine("B")) as (a, b),
-        running(start_router("--engine", f"{a.url},{b.url}", *FAST)) as (r,),
+        # Prefix routing off: every request here is the same prompt, which B holds once it
+        # took them all, so prefix-aware selection would rightly keep it on B.
+        running(start_router("--engine", f"{a.url},{b.url}", "--prefix-routing", "off",
+                             *FAST)) as (r,),
     ):
         httpx.post(a.url + "/debug/waiting", json={"waiting": 50})
 
