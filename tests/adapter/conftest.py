@@ -1,5 +1,10 @@
 """The adapter tier's shared real-vLLM-CPU engines, and the order that lets modules share them.
 
+`pod_engines` (session scope): the engines of the modules in POD_ENGINE_MODULES, each vLLM in
+an operator pod's filesystem (a private mount namespace), start together, one per core, when
+the first of them is asked for: two starts in the time of one (about 90 s each on two cores).
+Each module's `start_engine(tmp_path, cpu)` builds its pod; its test stops its engine.
+
 `shared_vllm` (session scope) is two aggregated engines, one per core, started on first use
 (router_support.SharedEngines). The modules below use them back to back, in this order, so
 each engine starts once: the P/D module computes its reference outputs on one of them (then
@@ -10,8 +15,10 @@ engines are stopped after the last test that uses them, whatever the selection.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import importlib
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from router_support import SharedEngines
@@ -64,3 +71,30 @@ def pytest_runtest_teardown(item: pytest.Item) -> None:
         engines = item.config.stash.get(SHARED, None)
         if engines is not None:
             engines.close()
+
+
+# Their tests are collected back to back (test_engine_r..., test_engine_s...).
+POD_ENGINE_MODULES = ["test_engine_readonly_root", "test_engine_shared_model_cache"]
+
+
+@pytest.fixture(scope="session")
+def pod_engines(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+                ) -> Iterator[Callable[[str], Any]]:
+    started: dict[str, Any] = {}
+
+    def engine(module: str) -> Any:
+        if not started:
+            # Every one of those modules this session runs (not the others: a lone module
+            # starts its engine alone).
+            selected = {Path(str(i.fspath)).stem for i in request.session.items}
+            for cpu, name in enumerate(m for m in POD_ENGINE_MODULES
+                                       if m in selected or m == module):
+                start = importlib.import_module(name).start_engine
+                started[name] = start(tmp_path_factory.mktemp(name), cpu % 2)
+        return started.pop(module)
+
+    try:
+        yield engine
+    finally:
+        for left in started.values():  # a module whose test was skipped or deselected
+            left.stop()

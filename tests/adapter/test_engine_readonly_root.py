@@ -17,6 +17,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -104,9 +106,51 @@ def namespace_script(root: Path, model: Path, container: dict[str, Any], env: di
     return "\n".join(lines)
 
 
-def test_vllm_serves_with_a_read_only_root_and_only_the_pods_volumes(tmp_path: Path) -> None:
-    if not can_unshare():
-        pytest.skip("needs a private mount namespace (unshare -m, as root)")
+@dataclass
+class PodEngine:
+    """vLLM started in a pod's filesystem (a private mount namespace); `wait_healthy()`
+    before use, `stop()` after."""
+
+    proc: subprocess.Popen[bytes]
+    port: int
+    log: Path
+    container: dict[str, Any]
+    facts: dict[str, Any] = field(default_factory=dict)  # what its test checks afterwards
+
+    @classmethod
+    def start(cls, script: str, log: Path, port: int, container: dict[str, Any],
+              **facts: Any) -> PodEngine:
+        with log.open("w") as out:
+            proc = subprocess.Popen(
+                ["unshare", "-m", "--propagation", "private", "sh", "-c", script],
+                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        return cls(proc, port, log, container, facts)
+
+    def wait_healthy(self, timeout: float = 300) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, f"the engine exited:\n{self.log.read_text()[-4000:]}"
+            try:
+                if httpx.get(f"http://127.0.0.1:{self.port}/health",
+                             timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        pytest.fail(f"the engine did not become healthy:\n{self.log.read_text()[-4000:]}")
+
+    def stop(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+
+def start_engine(tmp_path: Path, cpu: int) -> PodEngine:
+    """This module's engine: the operator's aggregated engine pod, model from a read-only PVC."""
     model = ensure_tiny_model(REPO / ".cache" / "tiny-llama")
     port = free_port()
     container = engine_container(port)
@@ -115,40 +159,30 @@ def test_vllm_serves_with_a_read_only_root_and_only_the_pods_volumes(tmp_path: P
         "PATH": f"{REPO / '.venv' / 'bin'}:/usr/local/bin:/usr/bin:/bin",
         "POOLPILOT_VLLM_PYTHON": str(VLLM_PYTHON),  # the image's vLLM interpreter here
         "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1",
-        "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "0",
+        "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": str(cpu),
     }
     root = tmp_path / "root"
     root.mkdir()
-    log = tmp_path / "engine.log"
     script = namespace_script(root, model, container, env)
-    with log.open("w") as out:
-        proc = subprocess.Popen(["unshare", "-m", "--propagation", "private", "sh", "-c", script],
-                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    return PodEngine.start(script, tmp_path / "engine.log", port, container)
+
+
+def test_vllm_serves_with_a_read_only_root_and_only_the_pods_volumes(
+        pod_engines: Callable[[str], PodEngine]) -> None:
+    if not can_unshare():
+        pytest.skip("needs a private mount namespace (unshare -m, as root)")
+    # Started beside the model-cache module's engine (tests/adapter/conftest.py).
+    engine = pod_engines(__name__)
     try:
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            assert proc.poll() is None, f"the engine exited:\n{log.read_text()[-4000:]}"
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        else:
-            pytest.fail(f"the engine did not become healthy:\n{log.read_text()[-4000:]}")
+        engine.wait_healthy()
+        container = engine.container
         served = container["command"][container["command"].index("--served-name") + 1]
-        r = httpx.post(f"http://127.0.0.1:{port}/v1/completions", timeout=60,
+        r = httpx.post(f"http://127.0.0.1:{engine.port}/v1/completions", timeout=60,
                        json={"model": served, "prompt": "hello there", "max_tokens": 4,
                              "ignore_eos": True})
         assert r.status_code == 200, r.text
         assert r.json()["usage"]["completion_tokens"] == 4
-        text = log.read_text()
+        text = engine.log.read_text()
         assert "Read-only file system" not in text, text[-4000:]
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        engine.stop()

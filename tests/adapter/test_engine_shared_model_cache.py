@@ -10,13 +10,9 @@ without it), with the pod's two PVCs as bind mounts.
 
 from __future__ import annotations
 
-import contextlib
-import os
 import shlex
 import shutil
-import signal
-import subprocess
-import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +22,7 @@ from poolpilot.operator import builders, model_cache
 from poolpilot.sandbox.tinymodel import ensure_tiny_model
 from poolpilot.testkit.prometheus import free_port
 from router_support import REPO, VLLM_PYTHON, vllm_available
-from test_engine_readonly_root import can_unshare, read_only_folders
+from test_engine_readonly_root import PodEngine, can_unshare, read_only_folders
 
 from poolpilot.validate import parse_spec
 
@@ -80,9 +76,8 @@ def namespace_script(root: Path, claims: dict[str, Path], container: dict[str, A
     return "\n".join(lines)
 
 
-def test_vllm_serves_from_the_read_only_shared_model_cache(tmp_path: Path) -> None:
-    if not can_unshare():
-        pytest.skip("needs a private mount namespace (unshare -m, as root)")
+def start_engine(tmp_path: Path, cpu: int) -> PodEngine:
+    """This module's engine: the operator's SharedVolume engine pod on its two PVCs."""
     # The shared PVC as the prefetch Job leaves it: the model's folder, marked complete.
     claims = {"shared-model-cache": tmp_path / "model-pvc",
               "shared-compile-cache": tmp_path / "compile-pvc"}
@@ -93,46 +88,39 @@ def test_vllm_serves_from_the_read_only_shared_model_cache(tmp_path: Path) -> No
     port = free_port()
     container, volumes = engine_pod(port)
     env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
-    assert env["HF_HUB_OFFLINE"] == "1" and env["HF_HOME"].startswith("/tmp/")
+    pod_env = dict(env)
     env |= {"PATH": f"{REPO / '.venv' / 'bin'}:/usr/local/bin:/usr/bin:/bin",
             "POOLPILOT_VLLM_PYTHON": str(VLLM_PYTHON),
             "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1",
-            "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "0"}
+            "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": str(cpu)}
     root = tmp_path / "root"
     root.mkdir()
-    log = tmp_path / "engine.log"
     script = namespace_script(root, claims, container, volumes, env)
-    with log.open("w") as out:
-        proc = subprocess.Popen(["unshare", "-m", "--propagation", "private", "sh", "-c", script],
-                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    return PodEngine.start(script, tmp_path / "engine.log", port, container, claims=claims,
+                           before=before, pod_env=pod_env)
+
+
+def test_vllm_serves_from_the_read_only_shared_model_cache(
+        pod_engines: Callable[[str], PodEngine]) -> None:
+    if not can_unshare():
+        pytest.skip("needs a private mount namespace (unshare -m, as root)")
+    # Started beside the read-only-root module's engine (tests/adapter/conftest.py).
+    engine = pod_engines(__name__)
     try:
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            assert proc.poll() is None, f"the engine exited:\n{log.read_text()[-4000:]}"
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        else:
-            pytest.fail(f"the engine did not become healthy:\n{log.read_text()[-4000:]}")
+        env, claims = engine.facts["pod_env"], engine.facts["claims"]
+        assert env["HF_HUB_OFFLINE"] == "1" and env["HF_HOME"].startswith("/tmp/")
+        engine.wait_healthy()
+        container = engine.container
         served = container["command"][container["command"].index("--served-name") + 1]
         assert served == "tiny-llama"  # clients keep the model's name, not the folder
-        r = httpx.post(f"http://127.0.0.1:{port}/v1/completions", timeout=60,
+        r = httpx.post(f"http://127.0.0.1:{engine.port}/v1/completions", timeout=60,
                        json={"model": served, "prompt": "hello there", "max_tokens": 4,
                              "ignore_eos": True})
         assert r.status_code == 200, r.text
         assert r.json()["usage"]["completion_tokens"] == 4
-        assert "Read-only file system" not in log.read_text()
+        assert "Read-only file system" not in engine.log.read_text()
         # Nothing was written into the shared model cache.
         assert sorted(p.name for p in (claims["shared-model-cache"] / "tiny-llama").iterdir()) \
-            == before
+            == engine.facts["before"]
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        engine.stop()
