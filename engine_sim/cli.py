@@ -20,8 +20,7 @@ from typing import Any
 import numpy as np
 
 from poolpilot import cli
-from poolpilot.api import Mode
-from poolpilot.roles import Role
+from poolpilot.roles import Mode, Role
 
 from .batching import measure
 from .hardware import GPUS

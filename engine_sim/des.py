@@ -62,8 +62,7 @@ from poolpilot.router import local_prefill as lp
 from poolpilot.router import prefix_index as pi
 from poolpilot.router.prefix_source import PromptKeys
 
-from poolpilot.api import Mode
-from poolpilot.roles import DISAGGREGATED_ROLES, Role
+from poolpilot.roles import DISAGGREGATED_ROLES, Mode, Role
 
 from .engine import EngineConfig, EngineCore, canonical_role, itl_p90
 from .hardware import StepModel, make_step_model

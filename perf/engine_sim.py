@@ -24,8 +24,7 @@ from poolpilot.engine_sim.des import PoolSim, SimRequest
 from poolpilot.engine_sim.engine import EngineConfig
 from poolpilot.testkit.engine_sim import EngineSimProcess
 
-from poolpilot.api import Mode
-from poolpilot.roles import Role
+from poolpilot.roles import Mode, Role
 
 NAME = "bench"
 

@@ -1,9 +1,17 @@
-"""The roles of a pool's pods: one word per role, everywhere (API, operator, router, launcher,
-engine simulator, autoscaler, bench, sandbox). The pool's mode is `poolpilot.api.Mode`."""
+"""A pool's mode and its pods' roles: one word each, everywhere (API, operator, router,
+launcher, engine simulator, autoscaler, bench, sandbox). Free of pydantic, so the router and
+the launcher can name them without loading the API models (`poolpilot.api` re-exports Mode)."""
 
 from __future__ import annotations
 
 from enum import StrEnum
+
+
+# `spec.mode`: separate prefill and decode engines with a KV handoff, or one engine role. (No
+# docstring: pydantic would put it into the CRD's schema, whose field has its own description.)
+class Mode(StrEnum):
+    DISAGGREGATED = "Disaggregated"
+    AGGREGATED = "Aggregated"
 
 
 class Role(StrEnum):

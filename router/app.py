@@ -45,9 +45,8 @@ from poolpilot.router.prefix_source import PrefixSource, PromptKeys
 from poolpilot.router.relay import Attempt, FirstTokenStalled, Progress, StreamRelay
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest, multiprocess
 
-from poolpilot.api.runtime import Mode
 from poolpilot.clock import REAL_TIME, Clock
-from poolpilot.roles import DISAGGREGATED_ROLES, Role
+from poolpilot.roles import DISAGGREGATED_ROLES, Mode, Role
 
 log = logging.getLogger("poolpilot.router")
 

@@ -16,9 +16,8 @@ from poolpilot.router.balancer import BalancerConfig
 from poolpilot.router.prefix_index import DEFAULT_BALANCE, DEFAULT_MAX_ENTRIES, DEFAULT_TTL_S
 
 from poolpilot import handoff
-from poolpilot.api.runtime import Mode
 from poolpilot.clock import Clock
-from poolpilot.roles import DISAGGREGATED_ROLES, Role
+from poolpilot.roles import DISAGGREGATED_ROLES, Mode, Role
 
 PREFIX_ROUTING = ("off", "approximate", "precise")
 # The router's own spelling of the modes (--mode, its config file, its listening line): lower

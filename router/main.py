@@ -36,10 +36,9 @@ from poolpilot.router.prefix_source import PrefixSource
 from poolpilot.router.workers import run_workers
 
 from poolpilot import fileerrors, handoff
-from poolpilot.api.runtime import Mode
 from poolpilot.cli import add_kubeconfig, add_speed
 from poolpilot.clock import Clock
-from poolpilot.roles import ENGINE_ROLES, Role
+from poolpilot.roles import ENGINE_ROLES, Mode, Role
 
 log = logging.getLogger("poolpilot.router")
 

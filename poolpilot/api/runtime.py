@@ -41,6 +41,7 @@ from poolpilot.apitypes import (
     TrimmedString,
     spellings,
 )
+from poolpilot.roles import Mode  # noqa: F401  (defined in the core, free of pydantic)
 
 DEFAULT_RUNTIME_IMAGE = "ghcr.io/poolpilot/runtime:0.1.0"
 
@@ -253,11 +254,6 @@ class RuntimeSpec(ApiModel):
     storage: StorageSpec = Field(
         default_factory=StorageSpec, description="Sizes of the engine pods' scratch volumes."
     )
-
-
-class Mode(StrEnum):
-    DISAGGREGATED = "Disaggregated"
-    AGGREGATED = "Aggregated"
 
 
 class Connector(StrEnum):
