@@ -11,7 +11,7 @@ pools and their Deployments live in the Kubernetes API emulator (its own process
 variant ("mode") then runs a fresh autoscaler, in Apply mode, against the same cluster and
 Prometheus:
 
-  list+raw     the older design: LIST pools, Deployments and pods every cycle; raw queries
+  list+raw     no watch: LIST pools, Deployments and pods every cycle; raw queries
   watch+raw    the watch-fed view; a Prometheus without poolpilot's rules (the fallback)
   watch+rules  the watch-fed view; the recording rules (what the autoscaler does now)
 
