@@ -7,10 +7,12 @@ Each module's `start_engine(tmp_path, cpu)` builds its pod; its test stops its e
 
 `shared_vllm` (session scope) is two aggregated engines, one per core, started on first use
 (router_support.SharedEngines). The modules below use them back to back, in this order, so
-each engine starts once: the P/D module computes its reference outputs on one of them (then
-its P/D pairs run beside that idle engine: three engines at most), the KV-events module
-starts the second, and the last two modules end them (SIGTERM is what they test). The
-engines are stopped after the last test that uses them, whatever the selection.
+each engine starts once: the metrics-port module starts the first, the KV-events module the
+second, and the last two modules end them (SIGTERM is what they test). The engines are
+stopped after the last test that uses them, whatever the selection. test_vllm_router.py keeps
+its own aggregated engine, stopped before its P/D pairs start: an idle shared engine beside a
+P/D pair (three engines on two cores) once coincided with first NIXL handoffs that outlasted
+the prefill's 25 s KV lease.
 """
 
 from __future__ import annotations
@@ -24,7 +26,6 @@ import pytest
 from router_support import SharedEngines
 
 SHARED_ORDER = [
-    "test_vllm_router.py",
     "test_vllm_metrics_port.py",
     "test_vllm_kv_events.py",
     "test_vllm_drain_under_load.py",  # takes the engine on core 1 (its victim)

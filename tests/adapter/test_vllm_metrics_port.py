@@ -1,7 +1,7 @@
 """Real vLLM on CPU started by `poolpilot launch --metrics-port`: its metrics on a port of their
 own (vLLM's middleware hook loads runtime_image/engine_metrics_port.py), the same registry as
 vLLM's own /metrics on the serving port, and nothing else served there. One aggregated engine:
-the adapter tier's shared one (started by an earlier module, or here in about a minute)."""
+the adapter tier's shared one (started here, about a minute; later modules use it too)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,10 @@
 """Real vLLM on CPU behind the router: P/D disaggregation gives the aggregated engine's greedy
 output token for token, and the decode engine's own metrics prove the KV came from outside.
 
-Budget (2 cores): each engine started once through `poolpilot launch` (aggregated, then
-NixlConnector prefill+decode, then ExampleConnector prefill+decode):
+Budget (2 cores): at most two engines at a time, each started once through `poolpilot launch`
+(aggregated, then NixlConnector prefill+decode, then ExampleConnector prefill+decode):
 1. `reference` (module scope): one aggregated engine, behind the router in aggregated mode,
-   answers every case: the adapter tier's shared engine (tests/adapter/conftest.py), which
-   later modules use too; it stays up, idle, beside each P/D pair (three engines at most).
+   answers every case; then it is stopped.
 2. TestNixl (class scope): the heavy path. Every case, streaming and not, completions and
    chat, plus the official openai client (sync, async, streaming).
 3. TestExample (class scope): one shared-folder test (a streaming and a plain completion).
@@ -28,7 +27,6 @@ from poolpilot.testkit.prometheus import free_port
 from router_support import (
     REPO,
     Proc,
-    SharedEngines,
     metric_value,
     running,
     sse_events,
@@ -113,13 +111,15 @@ def model() -> Path:
 
 
 @pytest.fixture(scope="module")
-def reference(shared_vllm: SharedEngines) -> dict[str, str]:
+def reference(model: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     """Every case's output from one aggregated engine (through the router in aggregated
-    mode): the adapter tier's shared engine on core 0, idle while the P/D engines run."""
-    (engine,) = shared_vllm.get(0)
-    with running(start_router("--engine", engine.url)) as (router,):
-        return {case.id: ask(router.url, case)
-                for case in [*CASES, *LOCAL_CASES, HANDOFF_CASE]}
+    mode); the engine is stopped before the P/D engines start."""
+    engine = start_vllm("aggregated", model, tmp_path_factory.mktemp("agg"), 0, SERVED)
+    with running(engine):
+        wait_vllm_ready(engine)
+        with running(start_router("--engine", engine.url)) as (router,):
+            return {case.id: ask(router.url, case)
+                    for case in [*CASES, *LOCAL_CASES, HANDOFF_CASE]}
 
 
 @dataclass
