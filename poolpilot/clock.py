@@ -10,7 +10,6 @@ windows (real seconds) and rates Prometheus computes per real second.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -42,9 +41,6 @@ class Clock:
     def per_simulated_second(self, per_real_second: float) -> float:
         """A rate measured per real second (e.g. Prometheus's rate()) per simulated second."""
         return per_real_second / self.rate
-
-    async def sleep(self, simulated_seconds: float) -> None:
-        await asyncio.sleep(max(0.0, self.real(simulated_seconds)))
 
 
 REAL_TIME = Clock()
