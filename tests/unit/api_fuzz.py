@@ -14,6 +14,7 @@ the CLI (`poolpilot validate` and `poolpilot render`) agree on accept or refuse.
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import os
 from collections import Counter
@@ -71,6 +72,59 @@ JSON_VALUES = st.recursive(
 )
 PLAUSIBLE_JSON = st.one_of(st.integers(1, 8192), st.booleans(), st.sampled_from(["auto", "cpu"]))
 
+# Each strategy below is built once and drawn from many times: Hypothesis validates and
+# analyses a strategy object on its first draw, and building them afresh per value took three
+# quarters of the fuzz's time (a regex strategy costs milliseconds). The draws are the same.
+_HOSTILE = st.sampled_from(HOSTILE)
+_PCT = st.integers(0, 99)
+_PLAUSIBLE_INTEGER = st.sampled_from([1, 1, 1, 2, 4])
+_PLAUSIBLE_NUMBER = st.sampled_from([0.5, 0.9, 0.05, 1, 2])
+_PLAUSIBLE_QUANTITY = st.one_of(st.sampled_from(QUANTITIES[:7]), st.integers(0, 64))
+_QUANTITY = st.one_of(st.sampled_from(QUANTITIES), st.integers(-2, 10**6))
+_PLAUSIBLE_NAME = st.sampled_from(POOL_NAMES[:4])
+_NAME = st.sampled_from(POOL_NAMES)
+_PLAUSIBLE_STRING = st.sampled_from(["m", "x", "vllm:1"])
+_STRING_CHOICES = (st.sampled_from(STRINGS), st.text(max_size=8))
+_ANY_STRING = st.one_of(*_STRING_CHOICES)
+_ITEMS = st.integers(0, 2)
+_STRAY_KEY = st.sampled_from(["replica", "modee", "x"])
+_STRAY_VALUE = st.sampled_from([1, None])
+
+
+def _typed(values: list[Any]) -> tuple[tuple[type, Any], ...]:
+    """A cache key for values that tells 1, 1.0 and True apart (they hash alike)."""
+    return tuple((type(v), v) for v in values)
+
+
+@functools.cache
+def _sampled(key: tuple[tuple[type, Any], ...]) -> st.SearchStrategy[Any]:
+    return st.sampled_from([v for _, v in key])
+
+
+@functools.cache
+def _integers_or(edges: tuple[tuple[type, Any], ...]) -> st.SearchStrategy[Any]:
+    return st.one_of(st.integers(0, 20), _sampled(edges))
+
+
+@functools.cache
+def _numbers_or(edges: tuple[tuple[type, Any], ...]) -> st.SearchStrategy[Any]:
+    return st.one_of(st.floats(-1, 100, allow_nan=False), st.integers(0, 9), _sampled(edges))
+
+
+@functools.cache
+def _regex(pattern: str, max_length: int) -> st.SearchStrategy[str]:
+    return st.from_regex(pattern, fullmatch=True).filter(lambda s: len(s) <= max_length + 1)
+
+
+@functools.cache
+def _string_or_regex(pattern: str, max_length: int) -> st.SearchStrategy[Any]:
+    return st.one_of(*_STRING_CHOICES, _regex(pattern, max_length))
+
+
+@functools.cache
+def _map_entries(keys: tuple[str, ...]) -> st.SearchStrategy[list[str]]:
+    return st.lists(st.sampled_from(keys), max_size=3, unique=True)
+
 
 @dataclass(frozen=True)
 class Mood:
@@ -82,47 +136,42 @@ class Mood:
 
 
 def _pct(draw: Any, pct: int) -> bool:
-    return pct > 0 and draw(st.integers(0, 99)) < pct
+    return pct > 0 and draw(_PCT) < pct
 
 
 def _integer(draw: Any, schema: dict[str, Any], mood: Mood) -> int:
     if mood.plausible:
-        return int(draw(st.sampled_from([1, 1, 1, 2, 4])))
+        return int(draw(_PLAUSIBLE_INTEGER))
     edges = [0, 1, 2, -1]
     for key in ("minimum", "maximum"):
         if key in schema:
             edges += [schema[key] - 1, schema[key], schema[key] + 1]
-    return int(draw(st.one_of(st.integers(0, 20), st.sampled_from(edges))))
+    return int(draw(_integers_or(_typed(edges))))
 
 
 def _number(draw: Any, schema: dict[str, Any], mood: Mood) -> float | int:
     if mood.plausible:
-        value: float | int = draw(st.sampled_from([0.5, 0.9, 0.05, 1, 2]))
+        value: float | int = draw(_PLAUSIBLE_NUMBER)
         return value
     edges: list[float | int] = [0, 1, 0.5, 0.05, 0.9, 2, 64]
     for key in ("minimum", "maximum"):
         if key in schema:
             edges += [schema[key], schema[key] + 0.25, schema[key] - 0.25]
-    value = draw(st.one_of(st.floats(-1, 100, allow_nan=False), st.integers(0, 9),
-                           st.sampled_from(edges)))
+    value = draw(_numbers_or(_typed(edges)))
     return value
 
 
 def _string(draw: Any, schema: dict[str, Any], path: tuple[str, ...], mood: Mood) -> Any:
     if "enum" in schema:
-        return draw(st.sampled_from([*schema["enum"], *([] if mood.plausible else ["Other"])]))
+        return draw(_sampled(_typed([*schema["enum"], *([] if mood.plausible else ["Other"])])))
     if path[-2:] == ("metadata", "name"):
-        return draw(st.sampled_from(POOL_NAMES[:4] if mood.plausible else POOL_NAMES))
-    regex = None
+        return draw(_PLAUSIBLE_NAME if mood.plausible else _NAME)
     if "pattern" in schema and schema.get("maxLength", 64) <= 320:
-        regex = st.from_regex(schema["pattern"], fullmatch=True).filter(
-            lambda s: len(s) <= schema.get("maxLength", 64) + 1)
-    if mood.plausible:
-        return draw(regex if regex is not None else st.sampled_from(["m", "x", "vllm:1"]))
-    choices = [st.sampled_from(STRINGS), st.text(max_size=8)]
-    if regex is not None:
-        choices.append(regex)
-    return draw(st.one_of(*choices))
+        pattern, max_length = schema["pattern"], schema.get("maxLength", 64)
+        if mood.plausible:
+            return draw(_regex(pattern, max_length))
+        return draw(_string_or_regex(pattern, max_length))
+    return draw(_PLAUSIBLE_STRING if mood.plausible else _ANY_STRING)
 
 
 def _map_keys(path: tuple[str, ...], mood: Mood) -> list[str]:
@@ -137,31 +186,29 @@ def value_for(draw: Any, schema: dict[str, Any] | None, mood: Mood,
               path: tuple[str, ...] = ()) -> Any:
     """A value for `schema`: hostile with `mood.hostility` percent chance, else well-typed."""
     if schema is None or _pct(draw, mood.hostility):
-        return draw(st.sampled_from(HOSTILE))
+        return draw(_HOSTILE)
     if schema.get("x-kubernetes-int-or-string"):
-        if mood.plausible:
-            return draw(st.one_of(st.sampled_from(QUANTITIES[:7]), st.integers(0, 64)))
-        return draw(st.one_of(st.sampled_from(QUANTITIES), st.integers(-2, 10**6)))
+        return draw(_PLAUSIBLE_QUANTITY if mood.plausible else _QUANTITY)
     kind = schema.get("type")
     props = schema.get("properties")
     if kind == "object" and props and not schema.get("x-kubernetes-preserve-unknown-fields"):
         out: dict[str, Any] = {}
         required = set(schema.get("required", []))
         for name, sub in props.items():
-            if name in required or draw(st.integers(0, 99)) < (20 if mood.plausible else 35):
+            if name in required or draw(_PCT) < (20 if mood.plausible else 35):
                 out[name] = value_for(draw, sub, mood, (*path, name))
         if _pct(draw, mood.hostility // 3):
-            out[draw(st.sampled_from(["replica", "modee", "x"]))] = draw(st.sampled_from([1, None]))
+            out[draw(_STRAY_KEY)] = draw(_STRAY_VALUE)
         return out
     if kind == "object":  # a map: typed values, or any JSON (engine args, connector config)
         sub = schema.get("additionalProperties")
-        entries = draw(st.lists(st.sampled_from(_map_keys(path, mood)), max_size=3, unique=True))
+        entries = draw(_map_entries(tuple(_map_keys(path, mood))))
         json_values = PLAUSIBLE_JSON if mood.plausible else JSON_VALUES
         return {k: (value_for(draw, sub, mood, (*path, k)) if isinstance(sub, dict)
                     else draw(json_values)) for k in entries}
     if kind == "array":
         return [value_for(draw, schema.get("items"), mood, (*path, "[]"))
-                for _ in range(draw(st.integers(0, 2)))]
+                for _ in range(draw(_ITEMS))]
     if kind == "integer":
         return _integer(draw, schema, mood)
     if kind == "number":
@@ -173,13 +220,16 @@ def value_for(draw: Any, schema: dict[str, Any] | None, mood: Mood,
     return draw(JSON_VALUES)
 
 
+_MOODS = st.sampled_from([Mood(0, True), Mood(0, True), Mood(0, False), Mood(3, False),
+                          Mood(15, False)])
+
+
 @st.composite
 def documents(draw: Any) -> dict[str, Any]:
     """An InferencePool manifest: plausible, or with hostile fields at a drawn rate."""
-    mood = draw(st.sampled_from([Mood(0, True), Mood(0, True), Mood(0, False), Mood(3, False),
-                                 Mood(15, False)]))
+    mood = draw(_MOODS)
     spec = value_for(draw, SCHEMA["properties"]["spec"], mood, ("spec",))
-    if isinstance(spec, dict) and draw(st.integers(0, 99)) < 85:
+    if isinstance(spec, dict) and draw(_PCT) < 85:
         spec.setdefault("model", {"name": "m"})  # keep most documents worth validating
     name = value_for(draw, {"type": "string"}, mood, ("metadata", "name"))
     doc: dict[str, Any] = {"apiVersion": api.API_VERSION, "kind": api.KIND,
