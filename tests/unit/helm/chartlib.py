@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import functools
+import marshal
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -34,11 +37,38 @@ def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     return proc
 
 
+# A line that is just `---` starts a new document wherever it stands (YAML forbids it inside a
+# scalar), so a stream parses the same split there as whole.
+_DOCUMENT_START = re.compile(r"^---[ \t]*$", re.MULTILINE)
+
+
+@functools.cache
+def _parsed(chunk: str) -> bytes | None:
+    """The documents of one piece of a stream, marshalled (None: a type marshal lacks)."""
+    docs = list(yaml.load_all(chunk, Loader=yaml.CSafeLoader))
+    try:
+        return marshal.dumps(docs)
+    except ValueError:
+        return None
+
+
 def load_all(text: str) -> list[dict[str, Any]]:
     """The documents of a multi-document YAML stream (empty ones dropped), parsed by libyaml:
     a chart's render with its CRDs and dashboards is 400 kB, which PyYAML's pure-Python
-    parser takes over a second to read and libyaml a tenth of that, with the same result."""
-    return [d for d in yaml.load_all(text, Loader=yaml.CSafeLoader) if d]
+    parser takes over a second to read and libyaml a tenth of that, with the same result.
+    Most of a render (the CRDs, the dashboards) is the same from one set of values to the
+    next, so each document's text is parsed once and later calls get a fresh copy of it."""
+    docs: list[Any] = []
+    for chunk in _DOCUMENT_START.split(text):
+        blob = _parsed(chunk)
+        docs += (list(yaml.load_all(chunk, Loader=yaml.CSafeLoader)) if blob is None
+                 else marshal.loads(blob))
+    return [d for d in docs if d]
+
+
+# `helm template` of the repository's chart by its arguments and values file's text: the same
+# give the same output, and many tests render the defaults or the same base values again.
+_TEMPLATES: dict[tuple[tuple[str, ...], str | None], str] = {}
 
 
 def render(values: dict[str, Any] | None = None, *, namespace: str = "poolpilot-system",
@@ -48,12 +78,19 @@ def render(values: dict[str, Any] | None = None, *, namespace: str = "poolpilot-
     of objects."""
     args = ["template", release, str(chart), "--namespace", namespace, "--include-crds",
             "--kube-version", K8S_VERSION]
+    text = None
     if values:
         assert tmp is not None
         path = tmp / "values.yaml"
-        path.write_text(yaml.safe_dump(values))
+        text = yaml.safe_dump(values)
+        path.write_text(text)
         args += ["--values", str(path)]
-    return load_all(helm(*args).stdout)
+    if chart != CHART:  # a chart a test built or packaged can change between two renders
+        return load_all(helm(*args).stdout)
+    key = (tuple(args[:-2] if text else args), text)
+    if key not in _TEMPLATES:
+        _TEMPLATES[key] = helm(*args).stdout
+    return load_all(_TEMPLATES[key])
 
 
 def by_kind(objs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
@@ -115,29 +152,48 @@ def manifest_errors(objs: list[dict[str, Any]]) -> list[str]:
     """What the API server would refuse: built-in kinds against the Kubernetes schemas
     (strict), monitoring.coreos.com objects against their structural schemas, Kopf's peering
     objects against the CRD rendered with them."""
-    import jsonschema
-    import kubernetes_validate
-    from monitoring_schemas import SCHEMAS
     from poolpilot.emulator import crd_validation
 
     crds = {o["metadata"]["name"]: o for o in by_kind(objs, "CustomResourceDefinition")}
     errors = []
     for obj in objs:
         name = f"{obj['kind']}/{obj['metadata']['name']}"
-        group = obj["apiVersion"].split("/")[0]
-        if group == "monitoring.coreos.com":
-            try:
-                jsonschema.validate(obj, SCHEMAS[obj["kind"]])
-            except jsonschema.ValidationError as exc:
-                errors.append(f"{name}: {exc.message}")
-        elif group == "kopf.dev":
+        if obj["apiVersion"].split("/")[0] == "kopf.dev":
             crd = crds[f"{obj['kind'].lower()}s.kopf.dev"]
             body = {k: v for k, v in obj.items() if k not in ("apiVersion", "kind", "metadata")}
             _, problems = crd_validation.validate(crd, body)
             errors += [f"{name}: {p}" for p in problems]
-        else:
-            try:
-                kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
-            except kubernetes_validate.ValidationError as exc:
-                errors.append(f"{name}: {exc.message} at {list(exc.path)}")
+            continue
+        try:
+            key = marshal.dumps(obj)
+        except ValueError:  # a type marshal lacks: checked afresh
+            errors += [f"{name}: {e}" for e in _schema_errors(obj)]
+            continue
+        errors += [f"{name}: {e}" for e in _cached_schema_errors(key)]
     return errors
+
+
+@functools.cache
+def _cached_schema_errors(obj: bytes) -> tuple[str, ...]:
+    """The objects of one render are mostly those of the last (the CRDs above all, whose
+    schema check is the slow part): each distinct object is checked once."""
+    return _schema_errors(marshal.loads(obj))
+
+
+def _schema_errors(obj: dict[str, Any]) -> tuple[str, ...]:
+    """A built-in or monitoring.coreos.com object's errors against its schema."""
+    import jsonschema
+    import kubernetes_validate
+    from monitoring_schemas import SCHEMAS
+
+    if obj["apiVersion"].split("/")[0] == "monitoring.coreos.com":
+        try:
+            jsonschema.validate(obj, SCHEMAS[obj["kind"]])
+        except jsonschema.ValidationError as exc:
+            return (exc.message,)
+        return ()
+    try:
+        kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+    except kubernetes_validate.ValidationError as exc:
+        return (f"{exc.message} at {list(exc.path)}",)
+    return ()
