@@ -27,6 +27,8 @@ from poolpilot.router.config import PREFIX_ROUTING, RouterConfig
 from poolpilot.router.deadline_budget import DeadlineBudget
 from poolpilot.router.engine_choice import EngineChoice
 from poolpilot.router.errors import (
+    KV_LOAD_FAILED,
+    KV_PULL_SLOW,
     NO_ENDPOINT,
     ClientError,
     HandoffFailed,
@@ -379,12 +381,19 @@ class Router(HealthChecks, EngineChoice, StreamRelay):
                 if not self._lease_gone(progress.lease):  # else _release_kv counts it
                     self.metrics.kv_failures_pool.inc()
                 log.warning("KV handoff failed (%s); retrying with a local prefill", exc.error)
-                self._release_kv(path, body, progress.kv, avoid=[exc.error.url],
-                                 lease=progress.lease)
+                url = exc.error.url
+                others = self._others_admitted(Role.DECODE, url)
+                if exc.cause == KV_LOAD_FAILED or (exc.cause == KV_PULL_SLOW and not others):
+                    self._forgive(url)
+                if exc.cause == KV_PULL_SLOW:
+                    self._failed(url, spare_last=True)
+                self._release_kv(path, body, progress.kv, avoid=[url], lease=progress.lease)
                 progress.kv = progress.lease = None
                 # A decode engine that timed out is not asked again; one that answered (a
-                # failed KV load) may well prefill the prompt itself.
-                hung = [exc.error.url] if exc.error.status == 504 else []
+                # failed KV load) may well prefill the prompt itself, and so may one still
+                # pulling at the deadline when no other decode engine is admitted.
+                hung = [url] if exc.error.status == 504 and (
+                    exc.cause != KV_PULL_SLOW or others) else []
                 return await self._serve_local(request, body, start, lp.KV_TRANSFER_FAILED,
                                                prompt_tokens, progress, prompt=prompt,
                                                exclude=hung)
@@ -404,6 +413,17 @@ class Router(HealthChecks, EngineChoice, StreamRelay):
             if status == 503:
                 return self._unavailable(exc.message), 503
             return json_error(status, exc.message, "upstream_error"), status
+
+    def _forgive(self, url: str) -> None:
+        """The decode engine at `url` failed a KV pull on the prefill's side: the failures
+        counted against it meanwhile (its health checks time out while vLLM gives up on the
+        pull) were the pull's (Balancer.forgive)."""
+        for e in self.balancer.forgive(url):
+            log.info("re-admitted %s endpoint %s: its failures were a failed KV pull's",
+                     e.role, e.url)
+
+    def _others_admitted(self, role: Role, url: str) -> bool:
+        return any(e.url != url and not e.ejected() for e in self.balancer.role_endpoints(role))
 
     def _unavailable(self, message: str) -> web.Response:
         """503 with Retry-After: about when a health check may have re-admitted an engine."""
@@ -453,6 +473,8 @@ class Router(HealthChecks, EngineChoice, StreamRelay):
                                              headers=JSON_HEADERS, timeout=timeout) as resp:
                     await resp.read()
                     outcome = "released" if resp.status == 200 else "failed"
+                    if resp.status >= 500 and resp.status not in RETRYABLE_STATUS:
+                        self._forgive(endpoint.url)  # it answered: the pull failed, not it
             except (aiohttp.ClientError, TimeoutError) as exc:
                 log.warning("releasing a prefill's KV via %s failed: %r", endpoint.url, exc)
         self.metrics.kv_releases[outcome].inc()
@@ -653,8 +675,8 @@ class Router(HealthChecks, EngineChoice, StreamRelay):
                         )
                         log.warning("%s", last)
                         if resp.status not in RETRYABLE_STATUS:
-                            if handoff:
-                                raise HandoffFailed(last)
+                            if handoff:  # vLLM's answer to a failed KV load (a 500)
+                                raise HandoffFailed(last, KV_LOAD_FAILED)
                             raise last
                         continue
                     if resp.status >= 400:

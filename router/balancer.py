@@ -10,6 +10,11 @@ request; active: a failed health check) for a back-off that doubles per ejection
 `max_eject_s`. It is re-admitted when a health check passes after the back-off (or when the
 back-off ends, for callers without health checks), and ramps in again.
 
+A decode engine that answers that a handoff's KV could not be loaded (the prefill's side:
+the prefill engine is gone or released it) is not at fault: the router `forgive`s it the
+failures counted while it pulled. One that is still pulling at the first-token deadline is
+charged with `spare_last`: that failure never ejects the role's last admitted endpoint.
+
 Ramp-in: an endpoint that joins (scale-up, re-admission) has weight growing linearly from
 `min_weight` to 1 over `ramp_s`, so a cold engine is not flooded the moment it appears.
 Endpoints known at start-up start at full weight.
@@ -182,11 +187,31 @@ class Balancer:
                 e.failures = 0
                 e.ejections = 0
 
-    def report_failure(self, url: str, now: float) -> list[Endpoint]:
-        """Count a failure; returns the endpoints this ejected (for logging)."""
+    def forgive(self, url: str) -> list[Endpoint]:
+        """The engine's recent failures were another's: it was pulling KV for a handoff that
+        then failed on the prefill's side (vLLM on CPU answered its health checks up to 12 s
+        late while it failed such a pull). Its consecutive failures are dropped and its
+        ejection, if any, undone (the back-off as before it); returns the endpoints
+        re-admitted (for logging)."""
+        readmitted = []
+        for e in self.by_url(url):
+            e.failures = 0
+            if e.ejected():
+                e.ejected_until = None
+                e.ejections = max(0, e.ejections - 1)
+                readmitted.append(e)
+        return readmitted
+
+    def report_failure(self, url: str, now: float, spare_last: bool = False) -> list[Endpoint]:
+        """Count a failure; returns the endpoints this ejected (for logging). `spare_last`: the
+        failure may be another's (a KV pull from a prefill engine that is gone), so it counts
+        but does not eject the last admitted endpoint of a role."""
         ejected = []
         for e in self.by_url(url):
             e.failures += 1
+            if spare_last and not any(o is not e and not o.ejected()
+                                      for o in self.role_endpoints(e.role)):
+                continue
             if e.failures >= self.config.eject_after and not e.ejected():
                 backoff = min(self.config.max_eject_s,
                               self.config.base_eject_s * 2**e.ejections)

@@ -25,13 +25,28 @@ class UpstreamError(Exception):
         self.message = message
 
 
+# Why a handoff failed (HandoffFailed.cause), which decides what the decode engine is charged.
+DECODE_FAILED = "decode_failed"  # on its own: no answer, a 502/503/504, a broken connection
+# Its status line came but no first token by the deadline: it may still be pulling from a
+# prefill engine that is gone (vLLM gives up after ~10 s), or be hung. Charged, but neither
+# that nor what was counted while it pulled ejects the role's last admitted engine, which the
+# local prefill may then use.
+KV_PULL_SLOW = "kv_pull_slow"
+# It answered that its KV load failed (vLLM: a 500, or an error as the stream's first event):
+# the prefill's side failed, and it is alive. Not charged, and the failures counted while it
+# pulled are forgiven (vLLM can stall its health checks for seconds during such a pull).
+KV_LOAD_FAILED = "kv_load_failed"
+
+
 class HandoffFailed(Exception):
     """The decode step failed after a successful prefill and nothing reached the client yet:
-    the request can still be served by prefilling it on a decode engine."""
+    the request can still be served by prefilling it on a decode engine. `cause`: one of
+    DECODE_FAILED, KV_PULL_SLOW, KV_LOAD_FAILED."""
 
-    def __init__(self, error: UpstreamError) -> None:
+    def __init__(self, error: UpstreamError, cause: str = DECODE_FAILED) -> None:
         super().__init__(str(error))
         self.error = error
+        self.cause = cause
 
 
 class ClientError(Exception):

@@ -93,8 +93,10 @@ class HealthChecks:
             log.warning("prefill engine %s reports %.0f expired or invalid KV handoffs "
                         "(%.2f of them this router's)", url, now.bad - prev.bad, bad)
 
-    def _failed(self, url: str) -> None:
-        self._log_ejections(self.balancer.report_failure(url, self.clock.monotonic()))
+    def _failed(self, url: str, spare_last: bool = False) -> None:
+        """Count a failure against the engine at `url` (`spare_last`: Balancer.report_failure)."""
+        self._log_ejections(self.balancer.report_failure(url, self.clock.monotonic(),
+                                                         spare_last=spare_last))
 
     def _log_ejections(self, ejected: list[Endpoint]) -> None:
         for e in ejected:

@@ -16,7 +16,15 @@ from aiohttp import web
 from poolpilot.router.balancer import Endpoint
 from poolpilot.router.config import RouterConfig, floored
 from poolpilot.router.deadline_budget import DeadlineBudget
-from poolpilot.router.errors import HandoffFailed, UpstreamError, error_body, json_error
+from poolpilot.router.errors import (
+    DECODE_FAILED,
+    KV_LOAD_FAILED,
+    KV_PULL_SLOW,
+    HandoffFailed,
+    UpstreamError,
+    error_body,
+    json_error,
+)
 from poolpilot.router.kv_lease import KvLease
 from poolpilot.router.metrics import RouterMetrics
 
@@ -156,11 +164,15 @@ class StreamRelay:
                     if response is None:  # hung before its first token: the grace starts
                         progress.budget.missed(self.clock.now())
                 if response is None:  # nothing sent yet: a proper status line
-                    self._failed(endpoint.url)
                     status = 504 if isinstance(exc, TimeoutError) else 502
                     message = f"engine failed before its first token: {failure!r}"
+                    slow_pull = handoff and stalled
+                    if not slow_pull:  # a slow pull is charged by the caller (router/app.py)
+                        self._failed(endpoint.url)
                     if handoff:
-                        raise HandoffFailed(UpstreamError(endpoint.url, status, message)) from exc
+                        raise HandoffFailed(UpstreamError(endpoint.url, status, message),
+                                            KV_PULL_SLOW if slow_pull else DECODE_FAILED) \
+                            from exc
                     if stalled:  # another engine may take it (the caller retries)
                         raise FirstTokenStalled(endpoint.url, status, message) from exc
                     return json_error(status, message, "upstream_error"), status
@@ -181,7 +193,7 @@ class StreamRelay:
                     # vLLM reports a failed KV load in the stream's first event.
                     error = UpstreamError(endpoint.url, 502, "decode engine failed before its "
                                           f"first token: {complete[:300].decode(errors='replace')}")
-                    raise HandoffFailed(error)
+                    raise HandoffFailed(error, KV_LOAD_FAILED)
                 response = web.StreamResponse(
                     status=200,
                     headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"},

@@ -261,7 +261,11 @@ class TestNixl:
             running(start_router("--prefill", fake.url, "--decode", pair.decode.url,
                                  "--pool", "tiny")) as (router,),
         ):
-            assert ask(router.url, HANDOFF_CASE) == reference[HANDOFF_CASE.id]
+            try:
+                out = ask(router.url, HANDOFF_CASE)
+            finally:
+                print((router.output.text() if router.output else "")[-4000:])  # on failure
+            assert out == reference[HANDOFF_CASE.id]
             page = httpx.get(router.url + "/metrics").text
             assert metric_value(page, "poolpilot_router_kv_transfer_failures_total") == 1
             assert metric_value(page, "poolpilot_router_local_prefill_total",
