@@ -117,6 +117,35 @@ def test_a_strict_role_with_every_endpoint_ejected_has_no_candidate() -> None:
     assert b.pick("decode", 10.0) is not None  # back-offs over: re-admitted on probation
 
 
+def test_a_failure_that_spares_the_last_counts_but_ejects_only_with_others_left() -> None:
+    # A decode engine still pulling KV at the first-token deadline (maybe from a prefill
+    # engine that is gone): counted, but the role's last admitted endpoint stays.
+    b = make(["a", "b"], eject_after=1)
+    b.report_failure("a", 0.0, spare_last=True)
+    assert b.get("a").ejected()  # b is left
+    b.report_failure("b", 0.0, spare_last=True)
+    assert not b.get("b").ejected() and b.get("b").failures == 1
+    b.report_failure("b", 0.0)  # a failure of its own
+    assert b.get("b").ejected()
+
+
+def test_forgive_drops_the_failures_and_undoes_the_ejection_with_its_backoff() -> None:
+    # A decode engine that answered a failed KV pull: its health checks timed out meanwhile.
+    b = make(["a"], eject_after=2, base_eject_s=1.0)
+    b.report_failure("a", 0.0)
+    assert [e.url for e in b.forgive("a")] == []
+    assert b.get("a").failures == 0
+    b.report_failure("a", 0.0)
+    b.report_failure("a", 0.0)
+    assert b.get("a").ejected()
+    assert [e.url for e in b.forgive("a")] == ["a"]
+    a = b.get("a")
+    assert not a.ejected() and a.failures == 0 and a.ejections == 0
+    b.report_failure("a", 5.0)
+    b.report_failure("a", 5.0)
+    assert a.ejected_until == 6.0  # the first back-off again, not the doubled one
+
+
 def test_backoff_expiry_readmits_on_probation_without_health_checks() -> None:
     b = make(["a", "b"], eject_after=2, base_eject_s=1.0, ramp_s=0)
     b.report_failure("a", 0.0)
