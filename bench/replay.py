@@ -13,8 +13,8 @@ cold start and the same Prometheus emulation. The loop advances simulated time i
   utilization over the scrape interval. Starting pods export nothing, as a pod loading weights
   does not serve /metrics yet;
 - at every scrape, the load imbalance is sampled per role: the busiest ready engine's work in
-  flight (requests running and waiting at it) over the least a busiest engine can hold, the
-  role's work spread evenly in whole requests;
+  flight (requests running and waiting at it), averaged over the scrape interval, over the
+  role's mean, each counted as at least one request (`load_imbalance`);
 - every `policy.interval`: the policy decides from the scraped picture and the pod counts;
   scale-ups add pods that become ready `cold_start` seconds later (billed from now), scale-downs
   remove a starting pod first, else drain the least-loaded ready one (billed until it leaves).
@@ -49,7 +49,8 @@ from poolpilot import metrics as m
 from poolpilot.roles import DISAGGREGATED_ROLES
 
 DEFAULT_ROUTING = "prefix-aware"  # the router's default (approximate prefix index)
-# The load imbalance reported: this percentile over the run of (busiest / even spread) per role.
+# The load imbalance reported: this percentile over the run of busiest / mean per role, the
+# samples weighted by the role's work in flight.
 IMBALANCE_PERCENTILE = 99
 
 # Series the policies query (the rest of vLLM's histograms are not scraped, to save time).
@@ -187,7 +188,9 @@ class Replay:
         self.end = trace[-1].arrival_s if trace else 0.0
         self._checked = self._misses = 0  # records already counted, and their misses
         self._arrivals = sorted(r.arrival_s for r in trace)
-        self.imbalance: dict[str, list[float]] = {r: [] for r in DISAGGREGATED_ROLES}
+        self.imbalance: dict[str, list[tuple[float, float]]] = {
+            r: [] for r in DISAGGREGATED_ROLES}
+        self._load_areas: dict[int, float] = {}  # per replica, at the last scrape
         self._warm_taken: set[int] = set()  # replicas on a warm node (--warm-placeholders)
         self.warm_landings = 0
 
@@ -261,17 +264,25 @@ class Replay:
         self._sample_imbalance()
 
     def _sample_imbalance(self) -> None:
-        """Per role: the busiest ready engine's requests in flight over the least any
-        balancer could leave on its busiest engine, ceil(total / engines): 1.0 is an even
-        spread in whole requests. (Over the plain mean, one request on one of six engines read
-        6.0.) No sample while the role has nothing in flight."""
-        now = self.sim.now
-        loads: dict[str, list[int]] = {r: [] for r in DISAGGREGATED_ROLES}
-        for rep in self.sim.replicas.values():
-            if rep.removed_at is None and not rep.draining and rep.is_ready(now) \
-                    and rep.role in loads:
-                loads[rep.role].append(rep.engine.load())
-        for role, xs in loads.items():
+        """Per role, over the scrape interval just ended: each engine's mean requests in
+        flight (time-averaged: a request finishing or arriving between two instants does not
+        make a hot spot), the busiest over the role's mean, weighted by the role's work in the
+        interval. Only engines ready and not draining for the whole interval count (a replica
+        that joined mid-interval is filling up, one that drains is emptying); no sample while
+        the role has nothing in flight."""
+        now, start = self.sim.now, self.sim.now - self.cfg.scrape_interval
+        means: dict[str, list[float]] = {r: [] for r in DISAGGREGATED_ROLES}
+        areas: dict[int, float] = {}
+        for rid, rep in self.sim.replicas.items():
+            if rep.removed_at is not None:
+                continue
+            area = areas[rid] = rep.load_area(now)
+            before = self._load_areas.get(rid)
+            if before is not None and rep.ready_at <= start and not rep.draining \
+                    and rep.role in means:
+                means[rep.role].append((area - before) / self.cfg.scrape_interval)
+        self._load_areas = areas
+        for role, xs in means.items():
             x = load_imbalance(xs)
             if x is not None:
                 self.imbalance[role].append(x)
@@ -404,20 +415,31 @@ class Replay:
             "gpu_hours_by_role": {r: self.ledger.gpu_hours(duration, r)
                                   for r in DISAGGREGATED_ROLES},
             "load_imbalance": {
-                r: (round(float(np.percentile(xs, IMBALANCE_PERCENTILE)), 4) if xs else None)
+                r: weighted_percentile(xs, IMBALANCE_PERCENTILE)
                 for r, xs in self.imbalance.items()},
             "routing": self.cfg.routing,
         }
 
 
-def load_imbalance(loads: Sequence[int]) -> float | None:
-    """The busiest engine's requests in flight over ceil(total / engines), the least any
-    balancer could leave on its busiest engine (1.0: an even spread in whole requests); None
-    while nothing is in flight."""
-    total = sum(loads)
+def load_imbalance(loads: Sequence[float]) -> tuple[float, float] | None:
+    """The busiest engine's requests in flight over the role's mean, each counted as at least
+    one request (an engine that holds one request at a time has nothing queued behind it: at
+    a light load, all going to one engine is no hot spot), so 1.0 is no hot spot; with the
+    role's total as the sample's weight; None while nothing is in flight."""
+    total = math.fsum(loads)
     if total <= 0:
         return None
-    return max(loads) / math.ceil(total / len(loads))
+    return max(max(loads), 1.0) / max(total / len(loads), 1.0), total
+
+
+def weighted_percentile(samples: Sequence[tuple[float, float]], q: float) -> float | None:
+    """The q-th percentile of (value, weight) samples: the least value that at least q % of
+    the weight is at or below (None: no samples)."""
+    if not samples:
+        return None
+    values, weights = zip(*samples, strict=True)
+    x = np.percentile(values, q, weights=weights, method="inverted_cdf")
+    return round(float(x), 4)
 
 
 def replay(trace: Sequence[TraceRequest], policy: ScalingPolicy, cfg: BenchConfig,

@@ -166,9 +166,23 @@ class Replica:
     version: int = 0  # invalidates stale step-done events
     # what a router knows of it: prompt tokens sent to prefill (P/D or local) not yet done
     queued_tokens: int = 0
+    # requests in flight integrated over time (for the bench's load imbalance), kept exactly:
+    # the count changes only when a request is added or a step finishes one
+    _load_area: float = 0.0
+    _load_since: float = 0.0
+    _load_now: int = 0
 
     def is_ready(self, now: float) -> bool:
         return self.ready_at <= now and not self.draining and self.removed_at is None
+
+    def note_load(self, now: float) -> None:
+        """The engine's requests in flight may have changed at `now`."""
+        self._load_area += self._load_now * (now - self._load_since)
+        self._load_since, self._load_now = now, self.engine.load()
+
+    def load_area(self, now: float) -> float:
+        """Requests in flight integrated over simulated time, up to `now`."""
+        return self._load_area + self._load_now * (now - self._load_since)
 
 
 @dataclass
@@ -532,6 +546,7 @@ class PoolSim:
             seq = Seq(req.id, req.prompt_tokens, req.output_tokens, self.now, payload=job,
                       block_hashes=req.hash_ids, hash_block_tokens=HASH_BLOCK_TOKENS)
         eng.add(seq)
+        rep.note_load(self.now)
         if eng.chunk is None:
             self._kick(rep)
         else:
@@ -584,6 +599,7 @@ class PoolSim:
                 job.decode_replica, job.xfer, job.preemptions, job.local,
                 job.prefix_hit if job.prefill_replica is not None else s.prefix_hit))
             s.token_steps = []
+        rep.note_load(self.now)
 
     def _maybe_leave(self, rep: Replica) -> None:
         if rep.draining and rep.removed_at is None and rep.engine.load() == 0 \

@@ -54,15 +54,30 @@ def test_the_json_reports_the_cache_the_cost_by_role_and_the_spread(
 
 
 @pytest.mark.parametrize(("loads", "imbalance"), [
-    ((1, 0, 0, 0, 0, 0), 1.0),  # one request: nothing to balance
-    ((2, 1, 1, 1), 1.0),  # as even as whole requests go
-    ((3, 1, 0, 0), 3.0),  # ceil(4 / 4) = 1 would do: the busiest holds three
+    ((1, 0, 0, 0, 0, 0), 1.0),  # one request: nothing queues behind it
+    ((0.5, 0.1, 0, 0), 1.0),  # a light load, mostly on one engine: no hot spot
+    ((2, 1, 1, 1), 1.6),  # time-averaged, so no whole-request rounding
+    ((3, 1, 0, 0), 3.0),  # the mean is one request: the busiest holds three
     ((4, 4), 1.0), ((6, 2), 1.5), ((0, 0), None),
 ])
-def test_load_imbalance_is_against_an_even_spread_in_whole_requests(
-        loads: tuple[int, ...], imbalance: float | None) -> None:
+def test_load_imbalance_is_the_busiest_over_the_mean_of_at_least_one_request(
+        loads: tuple[float, ...], imbalance: float | None) -> None:
     from poolpilot.bench.replay import load_imbalance
-    assert load_imbalance(loads) == imbalance
+    got = load_imbalance(loads)
+    if imbalance is None:
+        assert got is None
+    else:
+        assert got == (pytest.approx(imbalance), pytest.approx(sum(loads)))
+
+
+def test_the_imbalance_percentile_is_weighted_by_the_load() -> None:
+    """A hot spot in a busy interval outweighs many light, lopsided ones."""
+    from poolpilot.bench.replay import weighted_percentile
+    light = [(4.0, 0.1)] * 50  # 50 intervals of almost nothing in flight
+    busy = [(1.2, 100.0)] * 10
+    assert weighted_percentile(light + busy, 99) == 1.2
+    assert weighted_percentile([*busy, (2.0, 100.0)], 99) == 2.0
+    assert weighted_percentile([], 99) is None
 
 
 def test_prefix_aware_routing_hits_more_than_least_loaded(chat: list[TraceRequest]) -> None:
