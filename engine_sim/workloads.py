@@ -14,7 +14,12 @@ What a session is (every length in tokens, drawn from the seeded generator):
 - mixed: each session is a chat with probability `chat_share`, else an agent loop;
 - sessions arrive as a Poisson process at `rate` per second, at most `sessions` of them, and
   only requests arriving before `duration` are kept; a session ends at its drawn number of
-  turns or before its context would exceed `max_context`.
+  turns or before its context would exceed `max_context`;
+- `warmup` seconds (0 by default): sessions start arriving that long before the trace begins
+  and the requests before it are dropped, so the trace opens on traffic already in its steady
+  state, as a window cut from a production trace does (sessions in progress, their earlier
+  turns in no cache), instead of ramping up from no sessions at all. With `sessions` large
+  enough that arrivals last the whole `duration`, the trace holds its steady state to the end.
 
 Hash ids are consistent as a real trace's are: the prompt is cut into blocks of 512 tokens
 (MOONCAKE_BLOCK_TOKENS) and block i's id is a hash of block i-1's id and block i's content
@@ -62,6 +67,7 @@ class SessionParams:
     rate: float = 1.0  # sessions arriving per second (Poisson)
     duration: float = 600.0  # seconds; later requests are dropped
     seed: int = 0
+    warmup: float = 0.0  # seconds of sessions before the trace begins (their requests dropped)
     max_context: int = 32768  # prompt + output of one request, at most
     # shared system prompts: how many, their median length, the Zipf exponent of popularity
     chat_system_prompts: int = 16
@@ -96,6 +102,8 @@ class SessionParams:
         for name in ("rate", "duration"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        if not self.warmup >= 0:
+            raise ValueError(f"warmup must be >= 0, got {self.warmup}")
 
 
 # A segment of a session's context: (its key, its length). Keys are unique per content, so
@@ -157,7 +165,7 @@ def generate_sessions(params: SessionParams) -> list[TraceRequest]:
 
     weights = {k: popularity(len(v)) for k, v in systems.items()}
     out: list[TraceRequest] = []
-    t = 0.0
+    t = -p.warmup
     for s in range(p.sessions):
         t += rng.exponential(1.0 / p.rate)
         if t >= p.duration:
@@ -181,8 +189,9 @@ def generate_sessions(params: SessionParams) -> list[TraceRequest]:
             output = _lengths(rng, out_median, p.sigma)
             if prompt + output > p.max_context or arrival >= p.duration:
                 break
-            out.append(TraceRequest(round(arrival, 6), prompt, output,
-                                    ids.chain(context, prompt)))
+            if arrival >= 0:  # (before the trace: the warm-up's, dropped)
+                out.append(TraceRequest(round(arrival, 6), prompt, output,
+                                        ids.chain(context, prompt)))
             context.append(((s, "output", turn), output))
             # the next turn comes after this answer (at ~ 30 tokens/s a user reads) and a gap
             arrival += output / 30.0 + rng.exponential(gap) if kind == "chat" else \
@@ -241,6 +250,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     s.add_argument("--duration", type=float, default=d.duration,
                    help=f"seconds of trace; later requests are dropped (default {d.duration:g})")
     s.add_argument("--seed", type=int, default=d.seed, help=f"random seed (default {d.seed})")
+    s.add_argument("--warmup", type=float, default=d.warmup,
+                   help="seconds of sessions before the trace begins, their requests dropped: "
+                        "the trace opens in its steady state, as a window of a production "
+                        f"trace does (default {d.warmup:g}: it ramps up from no sessions)")
     s.add_argument("--max-context", type=int, default=d.max_context,
                    help=f"prompt + output of a request at most (default {d.max_context})")
     s.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
@@ -252,7 +265,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _params(args: argparse.Namespace) -> SessionParams:
     p = SessionParams(kind=args.kind, sessions=args.sessions, rate=args.rate,
-                      duration=args.duration, seed=args.seed, max_context=args.max_context)
+                      duration=args.duration, seed=args.seed, warmup=args.warmup,
+                      max_context=args.max_context)
     types = {f.name: type(getattr(p, f.name)) for f in fields(p)}
     changes: dict[str, object] = {}
     for item in args.set:

@@ -77,6 +77,27 @@ def test_ideal_hit_rate_at_the_defaults(case: Ideal) -> None:
         assert case.low <= rate <= case.high
 
 
+def test_a_warmup_opens_the_trace_in_its_steady_state(capsys: pytest.CaptureFixture[str],
+                                                      tmp_path: Path) -> None:
+    """Without a warm-up the first minute ramps up from no sessions; with one, it carries
+    as many requests as the minutes after it, and nothing arrives before the trace begins."""
+    def per_minute(warmup: float) -> list[int]:
+        trace = generate_sessions(SessionParams(kind="chat", sessions=100_000, rate=2.0,
+                                                duration=300.0, seed=5, warmup=warmup))
+        assert min(r.arrival_s for r in trace) >= 0
+        counts = [0] * 5
+        for r in trace:
+            counts[int(r.arrival_s // 60)] += 1
+        return counts
+
+    cold, warm = per_minute(0.0), per_minute(600.0)
+    assert cold[0] < 0.8 * sum(cold[2:]) / 3  # the ramp
+    assert warm[0] > 0.8 * sum(warm[2:]) / 3
+    assert cli_main(["workload", "sessions", "--warmup", "-1", "--out",
+                     str(tmp_path / "w.jsonl")]) == 2
+    assert "warmup must be >= 0" in capsys.readouterr().err
+
+
 def test_cli_writes_mooncake_that_loads_back(tmp_path: Path,
                                              capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "s.jsonl"
