@@ -61,8 +61,8 @@ def test_human_duration(seconds: int, text: str) -> None:
 def test_crd_table_has_name_then_printer_columns() -> None:
     import yaml
     from poolpilot.emulator.resources import from_crd
-    crd = yaml.safe_load((Path(__file__).resolve().parents[3] / "crds/inferencepool.yaml")
-                         .read_text())
+    crd = yaml.load((Path(__file__).resolve().parents[3] / "crds/inferencepool.yaml")
+                    .read_text(), Loader=yaml.CSafeLoader)  # libyaml: the CRD is 300 kB
     rt = from_crd(crd)[0]
     t = table(rt, [OBJ], "7")
     assert [c["name"] for c in t["columnDefinitions"]][:3] == ["Name", "Mode", "Prefill"]
