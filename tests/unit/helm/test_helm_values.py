@@ -88,6 +88,8 @@ def changed_paths(before: list[dict[str, Any]], after: list[dict[str, Any]]) -> 
     a, b = index(before), index(after)
     out = {f"{k}:" for k in a.keys() ^ b.keys()}
     for key in a.keys() & b.keys():
+        if a[key] == b[key]:  # most objects (the CRDs above all) are the same: no leaf differs
+            continue
         la, lb = leaves(a[key]), leaves(b[key])
         out |= {
             f"{key}:{p}" for p in la.keys() | lb.keys() if la.get(p, ABSENT) != lb.get(p, ABSENT)
