@@ -188,6 +188,23 @@ def test_ceiling_is_the_longest_prompt_that_meets_ttft_alone() -> None:
     assert c.unreachable == (False, True) and c.share == 0.5
 
 
+def test_the_starting_pool_does_not_shrink_with_the_cold_start() -> None:
+    """The pool is sized for the trace's opening (at least OPENING_S), not for one cold start:
+    traffic that grows after the first minute is in the pool a 20 s cold start starts with,
+    as in the one a 120 s cold start starts with."""
+    from dataclasses import replace as dc_replace
+    light = [TraceRequest(i * 0.5, 3000, 30) for i in range(120)]  # 2 req/s for 60 s
+    heavy = [TraceRequest(60.0 + i * 0.04, 3000, 30) for i in range(1375)]  # then 25 req/s
+    trace = light + heavy
+    assert trace[-1].arrival_s < 120.0  # within the opening
+    bounds, cap = Bounds(1, 8), SimCapacity(CFG.model, CFG.gpu, CFG.slo_itl)
+    short = warm_start(trace, dc_replace(CFG, cold_start=20.0), bounds, cap)
+    long = warm_start(trace, dc_replace(CFG, cold_start=120.0), bounds, cap)
+    assert short == long
+    first = warm_start(light, dc_replace(CFG, cold_start=20.0), bounds, cap)
+    assert short["prefill"] > first["prefill"]  # the heavy part is in it
+
+
 def test_options_reach_the_oracle() -> None:
     trace = burst_trace()[:40]
     pol = build_policy("oracle", trace, CFG, Options(oracle_window=15.0))
