@@ -414,17 +414,6 @@ class Router(HealthChecks, EngineChoice, StreamRelay):
                 return self._unavailable(exc.message), 503
             return json_error(status, exc.message, "upstream_error"), status
 
-    def _forgive(self, url: str) -> None:
-        """The decode engine at `url` failed a KV pull on the prefill's side: the failures
-        counted against it meanwhile (its health checks time out while vLLM gives up on the
-        pull) were the pull's (Balancer.forgive)."""
-        for e in self.balancer.forgive(url):
-            log.info("re-admitted %s endpoint %s: its failures were a failed KV pull's",
-                     e.role, e.url)
-
-    def _others_admitted(self, role: Role, url: str) -> bool:
-        return any(e.url != url and not e.ejected() for e in self.balancer.role_endpoints(role))
-
     def _unavailable(self, message: str) -> web.Response:
         """503 with Retry-After: about when a health check may have re-admitted an engine."""
         retry = str(max(1, math.ceil(self.config.health_interval_s)))

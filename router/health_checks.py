@@ -98,6 +98,17 @@ class HealthChecks:
         self._log_ejections(self.balancer.report_failure(url, self.clock.monotonic(),
                                                          spare_last=spare_last))
 
+    def _forgive(self, url: str) -> None:
+        """The decode engine at `url` failed a KV pull on the prefill's side: the failures
+        counted against it meanwhile (its health checks time out while vLLM gives up on the
+        pull) were the pull's (Balancer.forgive)."""
+        for e in self.balancer.forgive(url):
+            log.info("re-admitted %s endpoint %s: its failures were a failed KV pull's",
+                     e.role, e.url)
+
+    def _others_admitted(self, role: str, url: str) -> bool:
+        return any(e.url != url and not e.ejected() for e in self.balancer.role_endpoints(role))
+
     def _log_ejections(self, ejected: list[Endpoint]) -> None:
         for e in ejected:
             if self.prefix is not None:
