@@ -132,8 +132,13 @@ def test_bad_options_exit_2_in_one_line(trace: Path, args: list[str], says: str,
     assert err.count("\n") == 1 and err.startswith("poolpilot bench: ")
 
 
-def test_local_prefill_fallback_is_a_flag_recorded_with_its_count(trace: Path,
-                                                                  tmp_path: Path) -> None:
+def test_local_prefill_fallback_is_a_flag_recorded_with_its_count(tmp_path: Path) -> None:
+    # the burst comes after the opening the starting pool is sized for (bench.oracle.OPENING_S)
+    reqs = [TraceRequest(i * 2.0, 500, 20) for i in range(75)]
+    reqs += [TraceRequest(150 + i * 0.05, 3000, 50) for i in range(400)]
+    reqs += [TraceRequest(170 + i * 2.0, 500, 20) for i in range(30)]
+    trace = tmp_path / "late-burst.csv"
+    write_csv(reqs, trace)
     docs, tables = {}, {}
     for mode in ("off", "on"):
         out, md = tmp_path / f"{mode}.json", tmp_path / f"{mode}.md"
