@@ -56,7 +56,11 @@ def _stream(url: str, out: Stream, read_timeout: float) -> None:
             for line in r.iter_lines():
                 if not line.startswith("data: ") or line == "data: [DONE]":
                     continue
-                choice = json.loads(line[6:])["choices"][0]
+                event = json.loads(line[6:])
+                if "choices" not in event:  # an aborted stream's last event is its error
+                    out.error = repr(event.get("error", event))
+                    break
+                choice = event["choices"][0]
                 out.tokens += 1
                 out.first.set()
                 out.finish = choice.get("finish_reason") or out.finish
