@@ -166,6 +166,9 @@ class Replica:
     version: int = 0  # invalidates stale step-done events
     # what a router knows of it: prompt tokens sent to prefill (P/D or local) not yet done
     queued_tokens: int = 0
+    # the router's balancer charge: prompt tokens it expected this engine to compute (the
+    # prefix it expected held is not work) for prefill and aggregated requests in flight
+    charged_tokens: int = 0
     # requests in flight integrated over time (for the bench's load imbalance), kept exactly:
     # the count changes only when a request is added or a step finishes one
     _load_area: float = 0.0
@@ -174,6 +177,11 @@ class Replica:
 
     def is_ready(self, now: float) -> bool:
         return self.ready_at <= now and not self.draining and self.removed_at is None
+
+    def router_load(self) -> float:
+        """The router's load measure (router/balancer.py): requests in flight plus the prompt
+        tokens charged to it, in 512-token requests."""
+        return self.engine.load() + self.charged_tokens / pi.TOKENS_PER_LOAD
 
     def note_load(self, now: float) -> None:
         """The engine's requests in flight may have changed at `now`."""
@@ -198,6 +206,7 @@ class _Job:
     sent_at: float = 0.0  # to the prefill engine ...
     queued_at_send: int = 0  # ... which then had this many prompt tokens to do, its own too
     prefix_hit: int = 0  # prompt tokens the prefill engine's cache served
+    charged: int = 0  # prompt tokens the router charged to the prefill/aggregated engine
 
 
 _ARRIVAL, _READY, _STEP, _LOAD, _HANDOFF = range(5)
@@ -416,32 +425,37 @@ class PoolSim:
         heapq.heappush(self._events, (t, next(self._seq), kind, data))
 
     def _pick(self, role: str) -> Replica | None:
+        """Least loaded: requests in flight at decode engines; the router's whole measure
+        (requests and charged prompt tokens) at prefill and aggregated engines."""
         best: Replica | None = None
-        best_load = 0
+        best_load = 0.0
         for r in self._live.values():
             if r.role == role and r.is_ready(self.now):
-                load = r.engine.load()
+                load = r.engine.load() if role == Role.DECODE else r.router_load()
                 if best is None or load < best_load:
                     best, best_load = r, load
         return best
 
-    def _choose(self, role: str, req: SimRequest) -> Replica | None:
-        """The router's pick for `req`: by prefix for prefill and aggregated engines when
-        routing is prefix-aware (recording where it went), else least loaded."""
+    def _choose(self, role: str, req: SimRequest) -> tuple[Replica, int] | None:
+        """The router's pick for `req` and the prompt tokens it expects the engine to hold:
+        by prefix for prefill and aggregated engines when routing is prefix-aware (recording
+        where it went), else least loaded (nothing expected held)."""
         if self.routing != "prefix-aware" or role == Role.DECODE:
-            return self._pick(role)
+            picked = self._pick(role)
+            return None if picked is None else (picked, 0)
         ready = [r for r in self._live.values() if r.role == role and r.is_ready(self.now)]
         if not ready:
             return None
         keys = PromptKeys(req.hash_ids, HASH_BLOCK_TOKENS)
         matched = self._matched(keys, req.prompt_tokens, ready)
         # turn 0: ties go to the first, as _pick's do (no match: exactly _pick's choice)
-        c = pi.choose([r.engine.load() for r in ready], matched, req.prompt_tokens,
+        c = pi.choose([r.router_load() for r in ready], matched, req.prompt_tokens,
+                      requests=[r.engine.load() for r in ready],
                       balance=self.prefix_balance)
         self.prefix_choices[c.reason] = self.prefix_choices.get(c.reason, 0) + 1
         rep = ready[c.index]
         self._prefix.record(keys, str(rep.id), self.now)
-        return rep
+        return rep, matched[c.index]
 
     def _matched(self, keys: PromptKeys, prompt_tokens: int, reps: list[Replica]) -> list[int]:
         """Per replica, the prompt tokens the router expects it to hold."""
@@ -457,11 +471,11 @@ class PoolSim:
                 job.local = True
                 self._assign(local, job, None)
                 return
-        rep = self._choose(role, job.req)
-        if rep is None:
+        chosen = self._choose(role, job.req)
+        if chosen is None:
             self._pending[role].append((job, seq))
             return
-        self._assign(rep, job, seq)
+        self._assign(chosen[0], job, seq, held=chosen[1])
 
     def _local_target(self, req: SimRequest) -> Replica | None:
         """The router's rule: a decode replica to prefill `req` itself, or None (P/D path)."""
@@ -510,13 +524,14 @@ class PoolSim:
         q = self._pending[role]
         while q:
             job, seq = q[0]
-            rep = self._choose(role, job.req)
-            if rep is None:
+            chosen = self._choose(role, job.req)
+            if chosen is None:
                 return
             q.popleft()
-            self._assign(rep, job, seq)
+            self._assign(chosen[0], job, seq, held=chosen[1])
 
-    def _assign(self, rep: Replica, job: _Job, _prev: Seq | None) -> None:
+    def _assign(self, rep: Replica, job: _Job, _prev: Seq | None, held: int = 0) -> None:
+        """Start `job` on `rep`; `held`: prompt tokens the router expected it to hold."""
         eng = rep.engine
         req = job.req
         err = eng.validate(req.prompt_tokens, req.output_tokens)
@@ -524,6 +539,9 @@ class PoolSim:
             self._records.append(RequestRecord(req.id, req.arrival, req.prompt_tokens, 0, None,
                                                None, None, False, err))
             return
+        if rep.role != Role.DECODE:
+            job.charged = max(0, req.prompt_tokens - held)
+            rep.charged_tokens += job.charged
         if rep.role == Role.PREFILL:
             job.prefill_replica = rep.id
             seq = Seq(req.id, req.prompt_tokens, 1, self.now, payload=job,
@@ -585,6 +603,8 @@ class PoolSim:
         for s in out.finished:
             job: _Job = s.payload
             job.preemptions += s.preemptions
+            if rep.role != Role.DECODE:  # the router's answer from it: the charge is released
+                rep.charged_tokens -= job.charged
             if rep.role == Role.PREFILL:
                 job.prefix_hit = s.prefix_hit
                 rep.queued_tokens -= s.prompt

@@ -29,12 +29,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from poolpilot.router.prefix_index import Choice, choose
+from poolpilot.router.prefix_index import TOKENS_PER_LOAD, Choice, choose
 
 
 @dataclass
 class BalancerConfig:
-    tokens_per_request: float = 512.0
+    tokens_per_request: float = TOKENS_PER_LOAD
     eject_after: int = 2
     base_eject_s: float = 2.0
     max_eject_s: float = 30.0
@@ -55,8 +55,12 @@ class Endpoint:
     ejections: int = 0  # consecutive ejections, for back-off
     ejected_until: float | None = None  # None: admitted
 
+    def requests(self) -> float:
+        """Requests at the engine: this router's in flight and the engine's queue."""
+        return self.inflight + self.waiting
+
     def load(self, cfg: BalancerConfig) -> float:
-        return self.inflight + self.waiting + self.inflight_tokens / cfg.tokens_per_request
+        return self.requests() + self.inflight_tokens / cfg.tokens_per_request
 
     def weight(self, cfg: BalancerConfig, now: float) -> float:
         if cfg.ramp_s <= 0:
@@ -161,7 +165,7 @@ class Balancer:
         choice = choose([e.load(cfg) for e in pool], matched([e.url for e in pool]),
                         prompt_tokens, weights=[e.weight(cfg, now) for e in pool],
                         tokens_per_load=cfg.tokens_per_request, balance=balance,
-                        turn=self._turn(role))
+                        turn=self._turn(role), requests=[e.requests() for e in pool])
         return pool[choice.index], choice
 
     def acquire(self, url: str, tokens: int) -> None:

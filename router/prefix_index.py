@@ -70,6 +70,10 @@ LOAD = "load"
 BOUND = "bound"
 NO_MATCH = "no_match"
 
+# Prompt tokens that weigh as one request in the balancer's load (BalancerConfig
+# .tokens_per_request's default): an 8k-token prompt weighs as 16 short requests.
+TOKENS_PER_LOAD = 512.0
+
 
 # -- prompt keys -------------------------------------------------------------------------------
 
@@ -260,9 +264,10 @@ def choose(
     prompt_tokens: int,
     *,
     weights: Sequence[float] | None = None,
-    tokens_per_load: float = 512.0,
+    tokens_per_load: float = TOKENS_PER_LOAD,
     balance: float = DEFAULT_BALANCE,
     turn: int = 0,
+    requests: Sequence[float] | None = None,
 ) -> Choice:
     """Pick one of the candidates (see the module doc); `loads`, `matched_tokens` and
     `weights` (ramp-in, default 1) are per candidate, at least one."""
@@ -271,7 +276,7 @@ def choose(
         raise ValueError("choose needs one load, matched count (and weight) per candidate")
     if max(matched_tokens) <= 0:
         return Choice(least_loaded(loads, weights, turn), NO_MATCH, 0)
-    ok = within_bound(loads, balance)
+    ok = within_bound(loads if requests is None else requests, balance)
 
     def work(i: int) -> float:
         uncached = max(0, prompt_tokens - matched_tokens[i])

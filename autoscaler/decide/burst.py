@@ -54,6 +54,7 @@ class Clumps:
     peaks: tuple[Peak, ...] = ()
     waiting: float = 0.0
     seen: bool = False  # a decision has looked at the queue (a new autoscaler has not)
+    settled: bool = True  # no replica was starting at that decision
 
 
 def seconds_demand(demand: float, new_waiting: float, ttft_target: float) -> float:
@@ -84,15 +85,18 @@ def remember(peaks: Sequence[Peak], now: float, demand: float,
 
 def observe(mem: Clumps, now: float, demand: float, waiting: float, ttft_target: float,
             settled: bool) -> Clumps:
-    """One decision's sample. While replicas are starting (`settled` False) a queue is the
-    shortage they were ordered for, not a clump: the sample is the demand alone. So is the
-    queue a new (or restarted) autoscaler finds at its first look: of unknown age, it is the
-    capacity model's backlog to drain, not a clump to keep room for (one queue seen at a
-    restart would otherwise set the room from a single sample)."""
+    """One decision's sample. While replicas are starting (`settled` False, now or at the
+    previous decision) a queue is the shortage they were ordered for, not a clump: the sample
+    is the demand alone. The growth is measured from the previous decision, so both ends
+    count: a replica that arrived in between drained part of the queue, and how much depends
+    on when it arrived, not on the clump. So is the queue a new (or restarted) autoscaler
+    finds at its first look: of unknown age, it is the capacity model's backlog to drain, not
+    a clump to keep room for (one queue seen at a restart would otherwise set the room from a
+    single sample)."""
     waiting = waiting if math.isfinite(waiting) and waiting > 0 else 0.0
-    grown = waiting - mem.waiting if settled and mem.seen else 0.0
+    grown = waiting - mem.waiting if settled and mem.settled and mem.seen else 0.0
     x = seconds_demand(demand, grown, ttft_target)
-    return Clumps(remember(mem.peaks, now, x), waiting, seen=True)
+    return Clumps(remember(mem.peaks, now, x), waiting, seen=True, settled=settled)
 
 
 def room(peaks: Sequence[Peak], quantile: float, per_replica: float) -> float:

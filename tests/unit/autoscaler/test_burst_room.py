@@ -125,6 +125,17 @@ def test_a_queue_while_replicas_start_is_their_shortage_not_a_clump() -> None:
     assert c.peaks[-1].demand == 8000.0
 
 
+def test_a_queue_grown_while_replicas_arrived_is_no_clump_either() -> None:
+    # Replicas were starting at the previous decision and are ready at this one: how much of
+    # the queue they drained depends on when they arrived, so the growth measures nothing.
+    starting = b.observe(Clumps(), 0.0, 8000.0, 10_000.0, 1.0, settled=False)
+    arrived = b.observe(starting, 15.0, 8000.0, 50_000.0, 1.0, settled=True)
+    assert arrived.peaks[-1].demand == 8000.0
+    # settled at both ends: the growth is a clump
+    later = b.observe(arrived, 30.0, 8000.0, 90_000.0, 1.0, settled=True)
+    assert later.peaks[-1].demand == 40_000.0
+
+
 # --- what decide makes of it ------------------------------------------------------------------
 
 

@@ -290,6 +290,36 @@ def test_the_bound_is_never_exceeded_and_no_match_is_least_loaded(
     assert none.index == least_loaded(loads, turn=turn) and none.reason == NO_MATCH
 
 
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.floats(0, 200, allow_nan=False), st.integers(0, 40)), min_size=1,
+                max_size=8), st.data(), st.integers(0, 20000), st.integers(0, 50))
+def test_with_request_counts_the_bound_is_on_requests(
+    state: list[tuple[float, int]], data: st.DataObject, prompt: int, turn: int,
+) -> None:
+    """The balancer passes its requests per endpoint: the bound holds on those, while the
+    pick weighs the work (load, with tokens) against what each endpoint holds."""
+    loads = [load for load, _ in state]
+    requests = [float(n) for _, n in state]
+    matched = data.draw(st.lists(st.integers(0, 20000), min_size=len(loads),
+                                 max_size=len(loads)))
+    c = choose(loads, matched, prompt, turn=turn, requests=requests)
+    if max(matched) > 0:
+        assert requests[c.index] + 1 <= load_cap(requests) + 1e-6
+    else:
+        assert c.index == least_loaded(loads, turn=turn)
+
+
+def test_a_holder_busy_with_a_long_prompt_keeps_its_conversation() -> None:
+    # One request of 4k uncached tokens in flight at the holder (load 1 + 8), three idle
+    # engines. Bounded on that load (9 against a mean of 3.25) the 16k-token turn would go to
+    # an idle engine and recompute 15.5k tokens; bounded on requests (1 against 0.25) it
+    # stays where its prefix is, the least work.
+    loads, matched, requests = [9.0, 0.0, 0.0, 0.0], [15872, 0, 0, 0], [1.0, 0.0, 0.0, 0.0]
+    assert choose(loads, matched, 16384).reason == BOUND
+    c = choose(loads, matched, 16384, requests=requests)
+    assert (c.index, c.reason) == (0, PREFIX)
+
+
 @settings(max_examples=100, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 5), st.integers(0, 3)), min_size=1, max_size=10),
        st.integers(0, 30))
