@@ -34,10 +34,13 @@ step's prompt chunk from the ITL budget (`EngineConfig.itl_budget`): the step of
 plus a prefill chunk is priced as one mixed step.
 
 Routing (`routing="least-loaded"` (default) or `"prefix-aware"`): how the router picks the
-prefill engine (P/D), the aggregated engine and, for local prefill, the decode engine. With
-prefix-aware it is the router's own rule, `poolpilot.router.prefix_index.choose` (bounded
-loads, least expected work), fed each ready engine's requests in flight and the prompt tokens
-the router expects it to hold: its record of where it sent which `hash_ids` (an
+prefill engine (P/D), the aggregated engine and, for local prefill, the decode engine. Both
+use the router's load measure at prefill and aggregated engines (requests held + the prompt
+tokens the router charged them / 512, `Replica.router_load`: the prefix it expected held is
+not charged, and the charge goes with the engine's answer). With prefix-aware it is the
+router's own rule, `poolpilot.router.prefix_index.choose` (bounded requests, least expected
+work), fed each ready engine's load, its requests held and the prompt tokens the router
+expects it to hold: its record of where it sent which `hash_ids` (an
 `ApproximateIndex` of 512-token blocks, bounded like the router's), recorded when it sends a
 request (the real router records on the engine's 2xx, for a prefill at its answer). The
 local-prefill rule gets the same expected hits (`cached_tokens`). P/D decode steps go to the

@@ -27,10 +27,15 @@ the balancer's units: requests in flight + engine queue + tokens in flight / 512
 prompt tokens it is expected to hold:
 1. No candidate holds any of the prompt: least loaded, (load + 1) / ramp weight, ties rotating
    (exactly `Balancer.pick`).
-2. Otherwise only candidates within the bound may take it:
-   `load + 1 <= max(balance x mean, mean + 1)`, mean = the role's mean of load + 1 (balance
-   `c`, 1.25 by default). This is the paper's bound (no endpoint above c times the mean once
-   the request is placed), with two adaptations to a continuous load: it is taken on load + 1
+2. Otherwise only candidates within the bound may take it, on the candidates' `requests`
+   where given (the balancer's requests in flight + engine queue; else on the load):
+   `requests + 1 <= max(balance x mean, mean + 1)`, mean = the role's mean of requests + 1
+   (balance `c`, 1.25 by default). Requests, not tokens: one long prompt in flight makes an
+   engine no hot spot, and bounded on tokens a conversation's engine busy with another's 4k
+   prompt (1 + 8) would be refused by three idle ones and its history recomputed elsewhere;
+   the work it would wait behind is step 3's to weigh. This is the paper's bound (no endpoint
+   above c times the mean once the request is placed), with two adaptations to a continuous
+   count: it is taken on requests + 1
    (each endpoint's next request counted), so the least-loaded endpoint always qualifies and
    there is always a choice; and it never allows less than one request above the mean, the
    role the paper's ceiling plays for whole requests. Without that an almost idle pool would
@@ -247,7 +252,8 @@ def least_loaded(loads: Sequence[float], weights: Sequence[float] | None = None,
 
 
 def load_cap(loads: Sequence[float], balance: float = DEFAULT_BALANCE) -> float:
-    """The most load + 1 a candidate may have to take one more request for its prefix."""
+    """The most load + 1 a candidate may have to take one more request for its prefix
+    (`loads`: what the bound is taken on, the requests where `choose` has them)."""
     mean = (math.fsum(loads) + len(loads)) / len(loads)  # of load + 1
     return max(balance * mean, mean + 1)
 
