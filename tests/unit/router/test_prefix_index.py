@@ -342,6 +342,20 @@ def test_without_a_match_the_balancer_picks_as_least_loaded(
         assert got[0].url == plain.url and got[1].reason == NO_MATCH
 
 
+def test_the_balancer_bounds_on_its_requests_and_weighs_the_tokens() -> None:
+    """Endpoint a holds the prompt and has one 4k-token prompt of another in flight (load
+    1 + 8); b, c and d are idle. The balancer's bound counts a's one request, so a takes the
+    turn whose 15.5k held tokens it would otherwise recompute elsewhere."""
+    b = Balancer(BalancerConfig())
+    urls = ["a", "b", "c", "d"]
+    b.set_endpoints("prefill", urls, now=0.0, initial=True)
+    b.acquire("a", 4096)
+    assert b.get("a").load(b.config) == 9.0 and b.get("a").requests() == 1
+    got = b.pick_by_prefix("prefill", 1.0, lambda us: [15872 if u == "a" else 0 for u in us],
+                           16384, 1.25)
+    assert got is not None and got[0].url == "a" and got[1].reason == PREFIX
+
+
 def test_a_hot_prefix_spreads_once_its_engine_is_over_the_bound() -> None:
     """Every request shares one long prefix and none finishes: the holder takes them while
     within the bound, then the rest go elsewhere, so the load stays within c x mean + 1."""
