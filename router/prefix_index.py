@@ -278,8 +278,10 @@ def choose(
     """Pick one of the candidates (see the module doc); `loads`, `matched_tokens` and
     `weights` (ramp-in, default 1) are per candidate, at least one."""
     n = len(loads)
-    if n == 0 or len(matched_tokens) != n or (weights is not None and len(weights) != n):
-        raise ValueError("choose needs one load, matched count (and weight) per candidate")
+    if n == 0 or len(matched_tokens) != n or any(
+            v is not None and len(v) != n for v in (weights, requests)):
+        raise ValueError("choose needs one load, matched count (and weight, request count) "
+                         "per candidate")
     if max(matched_tokens) <= 0:
         return Choice(least_loaded(loads, weights, turn), NO_MATCH, 0)
     ok = within_bound(loads if requests is None else requests, balance)

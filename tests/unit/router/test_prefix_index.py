@@ -271,6 +271,8 @@ def test_choose_needs_candidates_with_one_value_each() -> None:
         choose([], [], 10)
     with pytest.raises(ValueError):
         choose([1.0, 2.0], [0], 10)
+    with pytest.raises(ValueError):
+        choose([1.0, 2.0], [0, 100], 10, requests=[1.0])
 
 
 loads_st = st.lists(st.floats(0, 200, allow_nan=False), min_size=1, max_size=8)
