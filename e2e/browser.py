@@ -59,7 +59,9 @@ class _DevTools:
 
 
 async def _legends(urls: list[str], timeout: float) -> list[list[dict[str, str]]]:
-    with tempfile.TemporaryDirectory(prefix="pp-chromium-") as profile:
+    # Chromium's helper processes can still write to the profile as the main one exits;
+    # a profile left behind in /tmp is harmless, a failed test for it is not.
+    with tempfile.TemporaryDirectory(prefix="pp-chromium-", ignore_cleanup_errors=True) as profile:
         proc = subprocess.Popen(
             [chromium(), *FLAGS, f"--user-data-dir={profile}", "--remote-debugging-port=0",
              "about:blank"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
