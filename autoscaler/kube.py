@@ -60,6 +60,9 @@ class RoleState:
     starting: int = 0
     unschedulable: int = 0
     unschedulable_message: str = ""
+    # Unix seconds since which the role has had a ready pod without a break, as its pods tell
+    # (`ready_since`); None: no ready pod, or none with a time on its Ready condition.
+    ready_since: float | None = None
 
 
 @dataclass
@@ -91,6 +94,7 @@ class Workloads:
             starting=max(0, replicas - ready - stuck_replicas),
             unschedulable=stuck_replicas,
             unschedulable_message=message,
+            ready_since=ready_since(pods),
         )
 
 
@@ -121,6 +125,18 @@ def pod_ready(pod: Obj) -> bool:
         return False
     return any(c.get("type") == "Ready" and c.get("status") == "True"
                for c in (pod.get("status") or {}).get("conditions") or [])
+
+
+def ready_since(pods: Iterable[Obj]) -> float | None:
+    """Unix seconds since which at least one of `pods` has been ready without a break, as
+    far as their Ready conditions tell: the earliest transition to Ready among the ready pods
+    (a pod ready since then has been serving throughout), plus one second for the condition's
+    seconds precision. None: no ready pod, or no time on any Ready condition."""
+    times = [t for p in pods if pod_ready(p)
+             for c in (p.get("status") or {}).get("conditions") or []
+             if c.get("type") == "Ready" and (t := parse_time(c.get("lastTransitionTime")))
+             is not None]
+    return min(times) + 1.0 if times else None
 
 
 def unschedulable(pod: Obj) -> str | None:

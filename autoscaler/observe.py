@@ -405,6 +405,14 @@ def plausible(value: float | None, ceiling: float, what: str, where: str) -> flo
     return value
 
 
+def path_whole_since(parts: Iterable[RoleState], clock: Clock) -> float | None:
+    """Since when (the clock's seconds) every part of the request path asked for has had a
+    ready pod without a break: the latest of their `ready_since`. A part with no ready pod
+    is the broken path `check_data` holds for; one without a time tells nothing."""
+    since = [s.ready_since for s in parts if s.replicas > 0 and s.ready_since is not None]
+    return clock.simulated(max(since)) if since else None
+
+
 def observation(
     namespace: str,
     pool: str,
@@ -471,6 +479,8 @@ def observation(
         router_request_rate=router_rate(q.ROUTER_REQUEST_RATE),
         prometheus_error=snap.error or snap.pool_errors.get((namespace, pool)),
         router_ready=router.ready if router is not None and router.replicas > 0 else None,
+        path_whole_since=path_whole_since([*roles.values(), *([router] if router else [])],
+                                          clock),
         local_prefill_rate=router_rate(q.LOCAL_PREFILL_RATE),
         kv_transfer_failure_rate=router_rate(q.KV_FAILURE_RATE),
     )

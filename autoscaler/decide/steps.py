@@ -196,10 +196,13 @@ def clamp_to_bounds(s: Sized, lo: int, hi: int) -> Sized:
     return s
 
 
-def stabilize(s: Sized, cur: int, role: str, p: Policy, history: History, now: float) -> Sized:
+def stabilize(s: Sized, cur: int, role: str, p: Policy, history: History, now: float,
+              whole_since: float | None = None) -> Sized:
     """HPA stabilization: up to the min of the up-window, down to the max of the down-window;
-    a freshly started autoscaler, or a role whose measurements just resumed after a gap,
-    scales nothing down until its down-window has filled."""
+    a freshly started autoscaler, a role whose measurements just resumed after a gap, or a pool
+    whose request path was whole again only at `whole_since` (Observation.path_whole_since: a
+    router or sole engine pod that restarted between two decisions hid the demand without any
+    decision seeing it down) scales nothing down until its down-window has filled."""
     if s.replicas > cur:
         up = min([s.replicas, *history.window(role, now - p.scale_up.window)])
         if up < s.replicas:
@@ -214,6 +217,11 @@ def stabilize(s: Sized, cur: int, role: str, p: Policy, history: History, now: f
         if resumed is not None and now - resumed < p.scale_down.window:
             return Sized(cur, Reason.STABILIZATION_WINDOW_FILLING,
                          f"measurements resumed {now - resumed:.0f}s ago after a gap; no "
+                         f"scale-down before the {p.scale_down.window:g}s window fills")
+        if whole_since is not None and now - whole_since < p.scale_down.window:
+            return Sized(cur, Reason.STABILIZATION_WINDOW_FILLING,
+                         f"the request path has been whole again for only "
+                         f"{max(0.0, now - whole_since):.0f}s (a pod back in service); no "
                          f"scale-down before the {p.scale_down.window:g}s window fills")
         down = max([s.replicas, *history.window(role, now - p.scale_down.window)])
         if down > s.replicas:
@@ -317,7 +325,8 @@ def size_role(role: str, prop: Proposal, presized: tuple[Sized, list[Step]], flo
     # "stabilized"); the final clamp below still guards every path.
     s = trail.run(StepName.BOUNDS, s, clamp_to_bounds(s, lo, hi))
     rec = s.replicas
-    s = trail.run(StepName.STABILIZATION, s, stabilize(s, cur, role, p, history, now))
+    s = trail.run(StepName.STABILIZATION, s, stabilize(s, cur, role, p, history, now,
+                                                         obs.path_whole_since))
     s = trail.run(StepName.RATE, s, limit_rate(s, cur, p))
     s = trail.run(StepName.COOLDOWN, s, cool_down(s, cur, role, p, history, now))
     s = trail.run(StepName.PENDING, s, hold_for_pending(s, cur, role, o,

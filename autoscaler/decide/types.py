@@ -93,7 +93,10 @@ class Observation:
     prefilled on decode engines because prefill was behind (prompt demand the prefill role did
     not see); `kv_transfer_failure_rate`: prefill -> decode handoffs that failed, per second.
     `prometheus_error` set means the queries failed. `router_ready`: the router's ready pods
-    (Kubernetes; None: unknown or no router asked for).
+    (Kubernetes; None: unknown or no router asked for). `path_whole_since`: since when every
+    part of the request path (the router, each engine role asked for) has had a ready pod
+    without a break, as the pods' Ready conditions tell (None: unknown); a restart between two
+    decisions shows here when no ready count caught it.
     """
 
     roles: Mapping[str, RoleObservation]
@@ -104,6 +107,7 @@ class Observation:
     local_prefill_rate: float | None = None
     kv_transfer_failure_rate: float | None = None
     router_ready: int | None = None
+    path_whole_since: float | None = None
 
 
 @dataclass(frozen=True)

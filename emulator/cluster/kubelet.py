@@ -23,6 +23,7 @@ import shutil
 import socket
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -130,6 +131,7 @@ class Kubelet:
         self.runtimes: dict[tuple[str, str], PodRuntime] = {}
         self._status = StatusCache(kube)
         self._http = httpx.AsyncClient(timeout=2.0)
+        self._transitions = ConditionTimes()
 
     # -- what other jobs read -----------------------------------------------------------------
 
@@ -378,6 +380,7 @@ class Kubelet:
             rt.cleanup()
             self.addresses.release(rt.ip)
             self.runtimes.pop((rt.namespace, rt.name), None)
+            self._transitions.forget((rt.namespace, rt.name))
             if pod is not None:
                 with contextlib.suppress(ApiError, httpx.HTTPError):
                     await self._remove_finalizer(pod)
@@ -390,12 +393,42 @@ class Kubelet:
                                         {"metadata": {"finalizers": fins or None}})
 
     async def _write_status(self, pod: Obj, status: Obj) -> None:
+        meta = pod["metadata"]
+        self._transitions.stamp((meta["namespace"], meta["name"]), status)
         # A pod without a phase yet is always written (it was just created).
         await self._status.write("Pod", pod, status,
                                  force=not pod.get("status", {}).get("phase"))
 
 
 # -- pod status (what `kubectl get pods` shows) --------------------------------------------
+
+
+def _now_iso() -> str:
+    """RFC 3339 at seconds precision, as the kubelet writes condition times."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+class ConditionTimes:
+    """Each pod's condition transition times, kept as a kubelet keeps them: a condition's
+    lastTransitionTime moves only when its status does (the autoscaler reads the Ready one to
+    tell since when a role has been serving without a break)."""
+
+    def __init__(self, now: Callable[[], str] = _now_iso) -> None:
+        self._now = now
+        self._seen: dict[tuple[str, str], dict[str, tuple[str, str]]] = {}
+
+    def stamp(self, pod: tuple[str, str], status: Obj) -> None:
+        """Set lastTransitionTime on each of `status`'s conditions of the pod (namespace,
+        name): the time it took this status, now if it just changed."""
+        seen = self._seen.setdefault(pod, {})
+        for cond in status.get("conditions") or []:
+            known = seen.get(cond["type"])
+            if known is None or known[0] != cond["status"]:
+                known = seen[cond["type"]] = (cond["status"], self._now())
+            cond["lastTransitionTime"] = known[1]
+
+    def forget(self, pod: tuple[str, str]) -> None:
+        self._seen.pop(pod, None)
 
 
 def running_status(pod: Obj, rt: PodRuntime) -> Obj:

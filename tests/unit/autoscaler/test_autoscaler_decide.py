@@ -204,6 +204,17 @@ CASES = [
     Case("restart-scale-up-immediately",
          pool(decode=dec(2, running=256.0)), {"decode": (4, "SequencesAboveTarget")},
          history=History.fresh(NOW - 1)),
+    # A router (or sole engine) pod that restarted between two decisions: no decision saw
+    # the path broken, but the engines' quiet since is the outage's, not a fall in demand.
+    Case("path-whole-again-recently-no-scale-down",
+         pool(decode=dec(4, running=64.0, kv_usage=0.1), path_whole_since=NOW - 30),
+         {"decode": (4, "StabilizationWindowFilling")}),
+    Case("path-whole-for-a-window-scales-down",
+         pool(decode=dec(4, running=64.0, kv_usage=0.1), path_whole_since=NOW - 301),
+         {"decode": (3, "ScaleDownRateLimited")}),
+    Case("path-whole-again-recently-scales-up",
+         pool(decode=dec(2, running=256.0), path_whole_since=NOW - 1),
+         {"decode": (4, "SequencesAboveTarget")}),
     # --- cooldown -----------------------------------------------------------------------
     Case("scale-up-cooldown-holds",
          pool(router_ttft=2.0), {"prefill": (2, "ScaleUpCooldown")},

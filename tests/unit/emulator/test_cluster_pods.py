@@ -298,3 +298,26 @@ def test_scrape_target_relabels_pool_and_role() -> None:
 )
 def test_sim_model(pod_model: str, override: str | None, expected: str) -> None:
     assert P.sim_model(pod_model, override) == expected
+
+
+def test_a_conditions_transition_time_moves_only_when_its_status_does() -> None:
+    from poolpilot.emulator.cluster.kubelet import ConditionTimes
+
+    clock = iter(f"2026-12-06T12:00:{s:02d}Z" for s in range(60))
+    times = ConditionTimes(now=lambda: next(clock))
+
+    def ready(status: str) -> dict[str, Any]:
+        s = {"conditions": [{"type": "PodScheduled", "status": "True"},
+                            {"type": "Ready", "status": status}]}
+        times.stamp(("ns", "p"), s)
+        return {c["type"]: c["lastTransitionTime"] for c in s["conditions"]}
+
+    first = ready("False")
+    assert ready("False") == first  # rewritten unchanged: the times stay
+    back = ready("True")  # the container came up
+    assert back["Ready"] > first["Ready"] and back["PodScheduled"] == first["PodScheduled"]
+    assert ready("True") == back
+    killed, restarted = ready("False"), ready("True")  # a restart moves it twice
+    assert back["Ready"] < killed["Ready"] < restarted["Ready"]
+    times.forget(("ns", "p"))  # a new pod of the same name starts afresh
+    assert ready("True")["PodScheduled"] > restarted["PodScheduled"]
