@@ -52,6 +52,13 @@ from poolpilot.roles import DISAGGREGATED_ROLES, Mode, Role
 
 log = logging.getLogger("poolpilot.router")
 
+# Idle pooled connections to engines are closed after this many seconds: before the engine
+# closes them (vLLM's uvicorn after VLLM_HTTP_TIMEOUT_KEEP_ALIVE, 5 s by default). A
+# connection the engine closed while idle fails the next request as it is written
+# ("Cannot write request body"), with nothing sent: aiohttp's default of 15 s let that
+# reach clients as a 502 under steady streaming (the vLLM drain-under-load test met it).
+ENGINE_KEEPALIVE_S = 4.0
+
 # Upstream answers that mean "this engine cannot take it now": try another one.
 RETRYABLE_STATUS = {502, 503, 504}
 JSON_HEADERS = {"Content-Type": "application/json"}
@@ -161,7 +168,8 @@ class Router(HealthChecks, EngineChoice, StreamRelay):
                 total=c.request_timeout_s, sock_connect=c.connect_timeout_s,
                 sock_read=c.idle_timeout_s,
             ),
-            connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=10),
+            connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=10,
+                                           keepalive_timeout=ENGINE_KEEPALIVE_S),
             auto_decompress=False,
         )
         if c.health_interval_s > 0:

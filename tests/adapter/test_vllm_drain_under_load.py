@@ -21,6 +21,7 @@ import os
 import re
 import signal
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,8 +44,16 @@ pytestmark = [pytest.mark.vllm, pytest.mark.cluster,
 SERVED = "tiny-llama"
 NS, POOL = "serving", "tiny"
 SLICES = f"/apis/discovery.k8s.io/v1/namespaces/{NS}/endpointslices"
-TOKENS = 320  # about 4 s a stream on a quiet machine (2 s at 160 left too little once started)
-CLIENTS = 4
+# A stream started on the victim must still run when SIGTERM follows the router's drop of it.
+# An engine alone with one stream makes 600 tokens/s here: with 4 clients (about 2 streams an
+# engine) and 320 tokens a stream, none was left in flight at SIGTERM in two CI runs and one in
+# five runs alone. 8 clients keep about 4 streams on each engine (about 150 tokens/s each), and
+# 480 tokens is as long as the engines' 512-token context allows (the prompt is 6). Still,
+# one run in four alone had vLLM find no request unfinished at SIGTERM 0.22 s after one
+# started there, with 4 running a second before and every stream answered in full: not
+# explained yet (docs/tests.md); the vllm tier's one retry covers it.
+TOKENS = 480
+CLIENTS = 8
 
 
 def engine_slice(pod: str, engine: Proc, terminating: bool = False) -> dict:
@@ -172,6 +181,7 @@ def test_scale_down_under_streaming_load_fails_nothing(tmp_path: Path,
                 # later here), and is running when SIGTERM follows.
                 before = prefilled(victim)
                 wait_until(lambda: prefilled(victim) > before, 60, "a new stream on the victim")
+                t_started = time.monotonic()
                 # The pod is being deleted: its endpoint turns terminating, and (no preStop
                 # here) SIGTERM follows as soon as the router has dropped it.
                 terminating = engine_slice("victim", victim, terminating=True)
@@ -185,6 +195,7 @@ def test_scale_down_under_streaming_load_fails_nothing(tmp_path: Path,
                            "the router to drop the terminating endpoint")
                 # At once: a scrape of the busy engine first could outlast its streams.
                 os.kill(victim.pid, signal.SIGTERM)  # to PID 1, as the kubelet sends it
+                print(f"SIGTERM {time.monotonic() - t_started:.2f} s after a stream started")
                 wait_until(lambda: victim.popen.poll() is not None, 90,
                            "the victim to finish its streams and exit")
                 assert api.delete(f"{SLICES}/{POOL}-engine-victim").status_code == 200
