@@ -147,9 +147,10 @@ DESCRIPTION: dict[Reason, str] = {
     Reason.RATIO_FLOOR: "held up by the prefill:decode ratio to the other role's scale-up",
     Reason.SCALE_UP_STABILIZED: "scale-up to the minimum over scaleUp's window",
     Reason.SCALE_DOWN_STABILIZED: "scale-down to the maximum over scaleDown's window",
-    Reason.STABILIZATION_WINDOW_FILLING: "restarted, measurements resumed after a gap, or the "
-                                         "request path whole again after a pod's restart: no "
-                                         "scale-down until the window has filled",
+    Reason.STABILIZATION_WINDOW_FILLING: "restarted, measurements (this role's or another's) "
+                                         "missing or resumed after a gap, or the request path "
+                                         "whole again after a pod's restart: no scale-down "
+                                         "until the window has filled",
     Reason.SCALE_UP_RATE_LIMITED: "at most scaleUp.maxStep replicas added per decision",
     Reason.SCALE_DOWN_RATE_LIMITED: "at most scaleDown.maxStep replicas removed per decision",
     Reason.SCALE_UP_COOLDOWN: "scaleUp.cooldownSeconds since the role's last scale",

@@ -197,7 +197,7 @@ def clamp_to_bounds(s: Sized, lo: int, hi: int) -> Sized:
 
 
 def stabilize(s: Sized, cur: int, role: str, p: Policy, history: History, now: float,
-              whole_since: float | None = None) -> Sized:
+              whole_since: float | None = None, asked: Mapping[str, int] | None = None) -> Sized:
     """HPA stabilization: up to the min of the up-window, down to the max of the down-window;
     a freshly started autoscaler, a role whose measurements just resumed after a gap, or a pool
     whose request path was whole again only at `whole_since` (Observation.path_whole_since: a
@@ -218,6 +218,11 @@ def stabilize(s: Sized, cur: int, role: str, p: Policy, history: History, now: f
             return Sized(cur, Reason.STABILIZATION_WINDOW_FILLING,
                          f"measurements resumed {now - resumed:.0f}s ago after a gap; no "
                          f"scale-down before the {p.scale_down.window:g}s window fills")
+        blind = unobserved_elsewhere(role, asked, history, p, now)
+        if blind is not None:
+            return Sized(cur, Reason.STABILIZATION_WINDOW_FILLING,
+                         f"{blind}: its stall may be what keeps this role quiet; no scale-down "
+                         f"before the {p.scale_down.window:g}s window fills")
         if whole_since is not None and now - whole_since < p.scale_down.window:
             return Sized(cur, Reason.STABILIZATION_WINDOW_FILLING,
                          f"the request path has been whole again for only "
@@ -228,6 +233,22 @@ def stabilize(s: Sized, cur: int, role: str, p: Policy, history: History, now: f
             return Sized(min(down, cur), Reason.SCALE_DOWN_STABILIZED,
                          f"max over {p.scale_down.window:g}s window")
     return s
+
+
+def unobserved_elsewhere(role: str, asked: Mapping[str, int] | None, history: History,
+                         p: Policy, now: float) -> str | None:
+    """Why another role of the pool (asked for: replicas > 0) cannot vouch for the demand
+    reaching `role`: its measurements are missing now (History.resumed: None, a gap open), or
+    resumed less than a down-window ago. None: every other role is measured."""
+    for other, replicas in (asked or {}).items():
+        if other == role or replicas <= 0 or other not in history.resumed:
+            continue
+        since = history.resumed[other]
+        if since is None:
+            return f"{other} is not measured now (its engines answer no scrape or report no load)"
+        if now - since < p.scale_down.window:
+            return f"{other}'s measurements resumed only {now - since:.0f}s ago"
+    return None
 
 
 def limit_rate(s: Sized, cur: int, p: Policy) -> Sized:
@@ -325,8 +346,9 @@ def size_role(role: str, prop: Proposal, presized: tuple[Sized, list[Step]], flo
     # "stabilized"); the final clamp below still guards every path.
     s = trail.run(StepName.BOUNDS, s, clamp_to_bounds(s, lo, hi))
     rec = s.replicas
+    asked = {r: ro.replicas for r, ro in obs.roles.items()}
     s = trail.run(StepName.STABILIZATION, s, stabilize(s, cur, role, p, history, now,
-                                                         obs.path_whole_since))
+                                                         obs.path_whole_since, asked))
     s = trail.run(StepName.RATE, s, limit_rate(s, cur, p))
     s = trail.run(StepName.COOLDOWN, s, cool_down(s, cur, role, p, history, now))
     s = trail.run(StepName.PENDING, s, hold_for_pending(s, cur, role, o,
