@@ -349,10 +349,13 @@ def holds_for(r: FaultRecord, event: Mapping[str, Any]) -> bool:
 
 
 def judge_metrics_holds(records: Sequence[FaultRecord], events: Sequence[Mapping[str, Any]],
-                        down_window_s: float, interval_s: float, lag_s: float) -> Verdict:
+                        down_window_s: float, interval_s: float, lag_s: float,
+                        seen_hung_s: float = 0.0) -> Verdict:
     """For each fault that hides the demand (`hides_demand`): no scale event it forbids
     (`holds_for`) from the kill (plus `lag_s`: a decision made before it may land a moment
-    after) until the component is back (Prometheus restarted, the pod ready),
+    after; plus `seen_hung_s` for a hung engine, which nothing can see before its scrapes fail
+    and the recording rules drop its series: until then its last samples read as an idle
+    engine's) until the component is back (Prometheus restarted, the pod ready),
     MetricsAvailable=False seen during a Prometheus outage, and no scale-down until a
     scale-down window has passed since the autoscaler saw the pool whole again (`serving_s`,
     less one interval: the watcher sees that moment up to a decision late). Every replica
@@ -367,7 +370,9 @@ def judge_metrics_holds(records: Sequence[FaultRecord], events: Sequence[Mapping
             f"the only {r.fault.kind} pod was down"
         back = r.restored_s if r.fault.kind == "prometheus" else r.serving_s
         back = back if back is not None else r.end_s
-        during = [e for e in events if _in(e["t"], r.injected_s + lag_s, back)
+        alive = alive_fault(r.fault.kind)
+        seen = lag_s + (seen_hung_s if alive and alive[0] == "hung" else 0.0)
+        during = [e for e in events if _in(e["t"], r.injected_s + seen, back)
                   and holds_for(r, e)]
         whole = r.serving_s if r.serving_s is not None else r.end_s
         after_end = (whole or r.injected_s) + down_window_s - interval_s
@@ -450,13 +455,14 @@ def events_during(r: FaultRecord, events: Iterable[Mapping[str, Any]]) -> list[M
 def section(seed: int, records: Sequence[FaultRecord], outcomes: Sequence[ChaosRequest],
             trace_len: int, events: Sequence[Mapping[str, Any]],
             down_window_s: float, interval_s: float, lag_s: float,
-            targets: Targets | None = None) -> dict[str, Any]:
+            targets: Targets | None = None, seen_hung_s: float = 0.0) -> dict[str, Any]:
     """report.json's "chaos" section: the faults as they happened, per fault the errors and
     scale events in its span, and the verdicts (the fourth, on hung engines, with the pool's
     `targets`)."""
     per, outside = errors_by_fault(records, outcomes)
     verdicts = [judge_requests(trace_len, outcomes),
-                judge_metrics_holds(records, events, down_window_s, interval_s, lag_s),
+                judge_metrics_holds(records, events, down_window_s, interval_s, lag_s,
+                                    seen_hung_s),
                 judge_recovery(records)]
     hung = judge_hung(records, outcomes, targets) if targets is not None else None
     if hung is not None:

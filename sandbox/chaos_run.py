@@ -471,7 +471,10 @@ class ChaosRun:
                             min_deadline_s=MIN_DEADLINE_S * self.speed)
         out = C.section(self.seed, self.records, self.outcomes(results), trace_len, events,
                         self.down_window_s, self.bounds.interval_s,
-                        DECISION_LAG_REAL_S * self.speed, targets)
+                        DECISION_LAG_REAL_S * self.speed, targets,
+                        # a scrape that times out (its timeout is the interval), then the
+                        # recording rules' evaluation: a hung engine's series gone
+                        seen_hung_s=3 * self.bounds.scrape_s)
         out["bound"] = ("kill -> component serving, the autoscaler's desired replicas asked "
                         "for, every pod that existed at the kill ready again, within: downtime "
                         "(infra) or kubelet back-off (pods) + one cold start + 2 autoscaler "

@@ -196,6 +196,20 @@ def test_the_only_engine_of_a_role_down_holds_that_role_and_every_scale_down(
     assert v.ok is ok, v.detail
 
 
+@pytest.mark.parametrize(("kind", "ok"), [("hung-prefill", True), ("prefill", False)])
+def test_a_scale_down_before_a_hung_engine_could_be_seen_is_not_held_against_the_pool(
+        kind: str, ok: bool) -> None:
+    """A CI chaos run: decode 2 -> 1 11.6 s after the only prefill engine was stopped, before
+    Prometheus had dropped its series (a scrape timing out, then the rules: 3 scrapes of 5 s);
+    until then its last samples read as an idle engine's. A killed pod shows at once."""
+    v = C.judge_metrics_holds([prefill_record(kind)], [role_ev(111.6, "decode", 2, 1)],
+                              down_window_s=60, interval_s=10, lag_s=8, seen_hung_s=15)
+    assert v.ok is ok, v.detail
+    late = C.judge_metrics_holds([prefill_record(kind)], [role_ev(124, "decode", 2, 1)],
+                                 down_window_s=60, interval_s=10, lag_s=8, seen_hung_s=15)
+    assert not late.ok, late.detail
+
+
 @pytest.mark.parametrize(("sizes", "desired", "autoscaled", "ok"), [
     ({"prefill": (3, 1), "router": (1, 0)}, {"prefill": 3}, True, True),
     ({"prefill": (2, 2)}, {"prefill": 3}, True, False),
