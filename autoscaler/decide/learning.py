@@ -79,12 +79,23 @@ def measure_need(role: str, obs: Observation, p: Policy, capacity: Mapping[str, 
     # ordered for it serves: the rate window the signals see it through, one decision
     # interval, one cold start (not the cold start alone: at a short cold start the signals'
     # own lag is most of it, and a margin of one cold start then left most clumps unserved).
-    reaction = horizon + p.rate_window + p.interval
+    # The cold start counts for at least one rate window: a start faster than the window
+    # that averages the demand only brings ordered replicas sooner, and never shrinks the
+    # margin (at 30 s a pool kept a replica fewer than at 60 s through clumps that then
+    # queued: a faster start cost attainment; docs/autoscaler.md).
+    reaction = rise_horizon(horizon, p)
     rise = model.upside(usable, now, reaction, quantile) if p.forecast else 0.0
     need = model.need(per_replica, rate, backlog, slope, horizon, p.backlog_drain,
                       headroom, o.ready_replicas, o.starting, mem.orders, now, local, rise,
                       _unit(role, o))
     return need, mem
+
+
+def rise_horizon(cold_start: float, p: Policy) -> float:
+    """Seconds from a rise's start until a replica ordered for it serves, as the margin for
+    rises counts them: the rate window, one interval, and the cold start, never less than a
+    rate window (so a faster start never keeps a smaller margin)."""
+    return max(cold_start, p.rate_window) + p.rate_window + p.interval
 
 
 def burst_room(obs: Observation, p: Policy, need: model.Need, mem: model.Memory,

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -178,7 +179,10 @@ class TestNixl:
         self, pair: Pair, reference: dict[str, str], case: Case
     ) -> None:
         before = decode_metrics(pair)
-        out = ask(pair.router.url, case)
+        try:
+            out = ask(pair.router.url, case)
+        finally:
+            print((pair.router.output.text() if pair.router.output else "")[-4000:])
         after = decode_metrics(pair)
         assert out == reference[case.id]
         assert len(out) > 0
@@ -285,7 +289,7 @@ class TestNixl:
         xfers = "vllm:nixl_xfer_time_seconds_count"
         late = "vllm:nixl_num_notifications_after_expiry_total"
         before_d = metric_value(decode_metrics(pair), xfers)
-        before_p = metric_value(httpx.get(pair.prefill.url + "/metrics").text, late)
+        before_p = metric_value(_stepped_metrics(pair.prefill.url), late)
         with (
             running(start_fake_engine("F", 0.0, 0, "--fail-kv-loads")) as (fake,),
             running(start_router("--prefill", pair.prefill.url, "--decode",
@@ -310,11 +314,25 @@ class TestNixl:
             assert releases("released") == 1, log[-4000:]
             assert metric_value(decode_metrics(pair), xfers) == before_d + 1
             # The KV was read while still held (not after its lease): the prefill engine
-            # counts no late notification, so it freed the blocks.
-            page = httpx.get(pair.prefill.url + "/metrics").text
-            assert metric_value(page, late) == before_p
+            # counts no late notification, so it freed the blocks. By the request's id in the
+            # engine's log too (the counter is the engine's, shared with earlier tests).
+            [released] = re.findall(r"prefill KV of (\S+): released", log)
+            prefill_log = Path(pair.prefill.name.split(":", 1)[1]).read_text()
+            assert metric_value(_stepped_metrics(pair.prefill.url), late) == before_p, \
+                prefill_log[-4000:]
+            assert f"unrecognized request {released} " not in prefill_log
             assert metric_value(httpx.get(router.url + "/metrics").text,
                                 "poolpilot_router_kv_transfer_failures_total") == 1
+
+
+def _stepped_metrics(url: str) -> str:
+    """An engine's /metrics after one step of its own: vLLM publishes its KV connector's
+    counters with a step's stats, so an idle engine's page can lag a notification it already
+    handled (an earlier test's late one then shows up in a later test's reading)."""
+    resp = httpx.post(url + "/v1/completions", timeout=60, json={
+        "model": SERVED, "prompt": "step", "max_tokens": 1, "temperature": 0})
+    assert resp.status_code == 200, resp.text
+    return httpx.get(url + "/metrics", timeout=10).text
 
 
 class TestExample:

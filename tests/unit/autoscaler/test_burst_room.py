@@ -203,6 +203,28 @@ def test_a_short_cold_start_still_rides_out_a_rise_the_rate_window_spreads() -> 
     assert d.replicas["prefill"] == 4, d.roles["prefill"].message
 
 
+def slow_rises(period: int = 16) -> History:
+    """A demand that climbs 16k -> 26.4k tokens/s over two minutes, again and again."""
+    wave = [16_000.0 + 1_300.0 * i for i in range(9)] + [16_000.0] * (period - 9)
+    samples = tuple(model.Sample(1000.0 - (len(wave) * 6 - i) * STEP, v, 0.0)
+                    for i, v in enumerate(wave * 6))
+    return History(memory={"prefill": model.Memory(first_seen=0.0, samples=samples)})
+
+
+@pytest.mark.parametrize("cold_start", [45.0, 30.0, 20.0, 5.0])
+def test_a_start_faster_than_the_rate_window_keeps_the_margin_of_one_that_long(
+        cold_start: float) -> None:
+    """Found by the bench's cold-start sweep (code x4 on 8B lost a point from 60 to 30 s): the
+    margin for rises over a shorter reaction kept a replica fewer through rises that then
+    queued. A start faster than the rate window brings ordered replicas sooner and keeps the
+    margin it would keep at one rate window."""
+    def size(c: float) -> int:
+        p = policy(cold_start=c, slo_quantile=0.9, burst_room=False)
+        return decide(obs(3, 16_000.0), p, slow_rises(), now=1000.0).replicas["prefill"]
+
+    assert size(cold_start) == size(60.0) == 5
+
+
 def test_the_reaction_time_follows_the_pool_and_the_sandbox_clock() -> None:
     """The rate window (a PromQL range, real seconds) is the policy's in simulated seconds;
     the pool's interval is simulated seconds already, whatever the sandbox's --speed."""
