@@ -62,8 +62,9 @@ DOWNTIME_S: Mapping[str, tuple[float, float]] = {
 # (imports, the TSDB's WAL replay, a pod's first probe); counted at the run's speed.
 STARTUP_ALLOWANCE_REAL_S = 15.0
 # Real seconds of timing slack in a hung engine's wait bound (the router's timers, the
-# clients' event loop on a loaded machine); counted at the run's speed.
-WAIT_ALLOWANCE_REAL_S = 0.25
+# clients' event loop, and the fallback's first token from a busy engine on a loaded
+# machine); counted at the run's speed. A fresh-clone CI run on two cores needed 0.33 s.
+WAIT_ALLOWANCE_REAL_S = 0.5
 MIN_GAP_S = 5.0  # simulated seconds between one fault's recovery and the next fault
 
 
