@@ -105,8 +105,12 @@ class GivenUp:
         counted its expiry already)."""
         url = lease.prefill_url
         seen = _fresh(self._engine, url, now - self.horizon_s)
-        if seen and seen[0] >= lease.granted_at:
-            seen.popleft()  # the engine's report of this very lease, counted already
+        # The engine's report of this very lease, counted already: the first since the grant.
+        # (Not the oldest report: one of an earlier lease that nobody gave up, a decode engine
+        # that picked it up late, would stand in the way until the horizon.)
+        mine = next((i for i, t in enumerate(seen) if t >= lease.granted_at), None)
+        if mine is not None:
+            del seen[mine]
             return False
         self._router.setdefault(url, deque()).append(lease.expires_at)
         return True

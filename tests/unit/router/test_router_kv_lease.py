@@ -90,6 +90,22 @@ def test_an_expiry_the_engine_reported_first_is_not_counted_again_when_the_route
     assert given.gave_up(KvLease(granted_at=20.0, lease_s=6.0, prefill_url="http://p"), 27.0)
 
 
+def test_an_earlier_leases_expiry_does_not_hide_the_report_of_the_one_given_up() -> None:
+    """A fresh-clone CI run: the warm-up's handoff outlasted its lease (counted at a scrape,
+    never given up: the decode engine took it late), then the held request's expiry was
+    scraped before the router gave it up; that give-up counted it a second time, the older
+    report standing first in line."""
+    given = GivenUp(horizon_s=60)
+    assert given.discount("http://p", 1.0, 20.2) == 1.0  # the warm-up's (granted at 13)
+    held = KvLease(granted_at=21.5, lease_s=6.0, prefill_url="http://p")
+    assert given.discount("http://p", 1.0, 28.0) == 1.0  # the held one's, scraped first
+    assert not given.gave_up(held, 29.4)  # counted already
+    # The warm-up's report still waits for its own lease, should that be given up later.
+    assert not given.gave_up(KvLease(granted_at=13.0, lease_s=6.0, prefill_url="http://p"),
+                             30.0)
+    assert given.gave_up(KvLease(granted_at=25.0, lease_s=6.0, prefill_url="http://p"), 32.0)
+
+
 def test_a_report_the_other_side_never_matches_stops_hiding_failures() -> None:
     given = GivenUp(horizon_s=30)
     assert given.gave_up(KvLease(granted_at=0.0, lease_s=6.0, prefill_url="http://p"), 4.0)
