@@ -62,7 +62,7 @@ class Memory:
     role's current saturated stretch began (None: not saturated). `first_seen`: the first
     decision with the role's rates (a rate window that reaches back before the series began
     underestimates, and would read as a rising trend). `headroom`: the learned share of
-    capacity to keep free (None: the policy's).
+    capacity to keep free (None: the policy's). `shrunk`: when the ready count last fell.
     """
 
     seen: tuple[float, int, int] | None = None
@@ -74,6 +74,7 @@ class Memory:
     first_seen: float | None = None
     headroom: float | None = None
     measured: bool = False
+    shrunk: float | None = None
 
 
 def _ordered_times(samples: Sequence[Sample]) -> list[float] | None:
@@ -103,11 +104,14 @@ def track_starts(mem: Memory, replicas: int, ready: int, now: float) -> Memory:
     """Follow the role's pods: a rise in replicas asked is an order (placed at the previous
     decision, when this autoscaler scaled); a fall cancels the newest orders (starting pods go
     first); a rise in ready replicas completes the oldest orders and teaches the cold start
-    (unless measured starts teach it: `learn_measured`)."""
+    (unless measured starts teach it: `learn_measured`); a fall is remembered (`shrunk`)."""
     orders = list(mem.orders)
     cold = mem.cold_start
+    shrunk = mem.shrunk
     if mem.seen is not None:
         t0, asked0, ready0 = mem.seen
+        if ready < ready0:
+            shrunk = now
         if replicas > asked0:
             orders += [t0] * (replicas - asked0)
         elif replicas < asked0:
@@ -117,7 +121,8 @@ def track_starts(mem: Memory, replicas: int, ready: int, now: float) -> Memory:
             for t in done if not mem.measured else ():
                 sample = now - t
                 cold = sample if cold is None else cold + COLD_START_ALPHA * (sample - cold)
-    return replace(mem, seen=(now, replicas, ready), orders=tuple(orders), cold_start=cold)
+    return replace(mem, seen=(now, replicas, ready), orders=tuple(orders), cold_start=cold,
+                   shrunk=shrunk)
 
 
 def learn_measured(mem: Memory, samples: Sequence[float]) -> Memory:

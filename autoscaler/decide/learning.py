@@ -7,9 +7,7 @@ from collections.abc import Mapping
 
 from poolpilot.autoscaler import capacity as model
 from poolpilot.autoscaler.decide.burst import Clumps, observe, room
-from poolpilot.autoscaler.decide.checks import (
-    ttft_owner,
-)
+from poolpilot.autoscaler.decide.checks import settle_seconds, ttft_owner
 from poolpilot.autoscaler.decide.types import (
     _EPS,
     CAPACITY_ALPHA,
@@ -58,17 +56,24 @@ def measure_need(role: str, obs: Observation, p: Policy, capacity: Mapping[str, 
     if not per_replica:
         return None, mem
     headroom = role_headroom(role, p, mem)
-    if role == Role.PREFILL and settled and o.starting == 0:
+    # Right after the ready count fell (a scale-down), a breach is the smaller pool's: the
+    # rate window's earlier part, served by more replicas, can only hide one. So it teaches
+    # more headroom before the window settles (a scale-down that breached the target is the
+    # clearest sign the target utilization is too high; waiting for a settled window missed
+    # it, the scale-up it caused unsettling the window again); less waits for a settled one.
+    shrank = mem.shrunk is not None and now - mem.shrunk < settle_seconds(p)
+    if role == Role.PREFILL and (settled or shrank) and o.starting == 0:
         ttft = obs.router_ttft if not _bad(obs.router_ttft) else o.ttft
         if not _bad(ttft):
             assert ttft is not None
-            headroom = model.learn_headroom(
+            learnt = model.learn_headroom(
                 headroom, rate / (per_replica * o.ready_replicas), ttft, p.ttft_target,
                 # queued: the backlog alone took a share of the target to prefill at some
                 # sample within the rate window (the queue of a burst is gone by the next
                 # scrape more often than not; its TTFT stays in the window's quantile)
                 p.dead_band, queued=max_backlog(mem, now, p.max_metric_age)
                 / (per_replica * o.ready_replicas) > QUEUED_SHARE * p.ttft_target)
+            headroom = learnt if settled else max(headroom, learnt)
             mem = replace(mem, headroom=headroom)
     horizon = mem.cold_start if mem.cold_start is not None else p.cold_start
     usable = model.trend_samples(mem, p.max_metric_age)

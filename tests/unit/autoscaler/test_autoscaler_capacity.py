@@ -367,6 +367,30 @@ def test_a_bursts_queue_seen_at_an_earlier_scrape_teaches_headroom() -> None:
     assert h.memory["prefill"].headroom in (None, 0.2)
 
 
+def test_a_breach_right_after_a_scale_down_teaches_headroom_at_once() -> None:
+    # Seven replicas served 24,000 prompt tokens/s within the target; scaled to five (60 % of
+    # their capacity, below the 80 % the headroom allows) the TTFT breaches with a queue at the
+    # next decision, long before a window settles on the new count: the target utilization
+    # was too high, and waiting for a settled window would learn it only after the scale-up
+    # the breach brings has unsettled it again.
+    p = policy(prefill_tokens_per_replica=8000.0)
+    demand = dict(prompt_tokens_rate=24_000.0, request_rate=24.0)
+    h = History()
+    for t in range(0, 120, 15):
+        h = decide(pool(pre(7, **demand)), p, h, NOW + t).history
+    assert h.memory["prefill"].headroom in (None, 0.2)
+    breach = dict(waiting=12.0, ttft=2.0, **demand)
+    h = decide(pool(pre(5, running=5.0, **breach)), p, h, NOW + 135).history
+    assert (h.memory["prefill"].headroom or 0.0) > 0.2
+    # After a scale-up landed the same breach is the window's older part, when fewer
+    # replicas served: no lesson until the window has settled on the new count.
+    h = History()
+    for t in range(0, 120, 15):
+        h = decide(pool(pre(5, **demand)), p, h, NOW + t).history
+    h = decide(pool(pre(7, running=7.0, **breach)), p, h, NOW + 135).history
+    assert h.memory["prefill"].headroom in (None, 0.2)
+
+
 def test_without_the_forecast_the_role_is_sized_for_the_demand_of_now() -> None:
     # Demand rose from 4,000 to 12,000 prompt tokens/s over five minutes and keeps rising.
     def run(p: Policy) -> int:
