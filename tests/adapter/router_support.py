@@ -82,6 +82,16 @@ class Output:
     def text(self) -> str:
         return "".join(self.lines)
 
+    def shows(self, text: str, timeout: float = 10.0) -> bool:
+        """Whether `text` is in the output within `timeout` seconds: what the child wrote
+        before it answered the test reaches this reader later, on a loaded machine."""
+        deadline = time.monotonic() + timeout
+        while text not in self.text():
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.05)
+        return True
+
 
 def wait_for_line(
     popen: subprocess.Popen[str], pattern: str, timeout: float

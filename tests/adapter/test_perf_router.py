@@ -71,7 +71,7 @@ def test_workers_share_the_port_and_their_metrics() -> None:
         running(start_router("--prefill", p.url, "--decode", d.url, "--workers", "3",
                              *FAST)) as (r,),
     ):
-        assert r.output is not None and "workers=3" in r.output.text()
+        assert r.output is not None and r.output.shows("workers=3")
         with httpx.Client() as client:  # one connection: stays with one worker
             for _ in range(10):
                 assert client.post(r.url + "/v1/completions", json={

@@ -100,7 +100,7 @@ def test_a_decode_engine_that_never_sends_its_first_token_is_left_for_another() 
                      if isinstance(e, dict) and "choices" in e]
             assert texts == ["D0 ", "D1 ", "D2 "]
         assert r.output is not None
-        assert "no token within the decode deadline" in r.output.text()
+        assert r.output.shows("no token within the decode deadline")
         page = httpx.get(r.url + "/metrics", timeout=5).text
         assert metric_value(page, "poolpilot_router_local_prefill_total",
                             {"reason": "kv_transfer_failed"}) == 1

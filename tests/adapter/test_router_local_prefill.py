@@ -79,8 +79,8 @@ def test_prefill_behind_serves_on_the_decode_engine_then_returns_to_pd() -> None
         count = local_count(r.url, "prefill_behind")
         assert text_of(completion(r.url), False) == "D0 D1 D2 "
         assert local_count(r.url, "prefill_behind") == count
-        assert "local prefill on" in (r.output.text() if r.output else "")
-        assert "local prefill off" in (r.output.text() if r.output else "")
+        assert r.output is not None
+        assert r.output.shows("local prefill on") and r.output.shows("local prefill off")
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["non-streaming", "streaming"])

