@@ -70,6 +70,7 @@ class Options:
     oracle_window: float = DEFAULT_WINDOW_S
     oracle_target: float | None = None  # None: the goal
     goal: float = PASS_GOAL
+    decisions: bool = False  # poolpilot's policies record every decision (--decisions)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -141,6 +142,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--jobs", type=int, default=1,
                    help="replays run in parallel processes (1)")
     p.add_argument("--json", dest="json_out", default=None, help="write results as JSON here")
+    p.add_argument("--decisions", default=None, metavar="JSONL",
+                   help="write every decision of each poolpilot policy here, one JSON object "
+                        "per role and decision: policy, t, role, from, to, reason and the "
+                        "autoscaler's own message (why it scaled, or held)")
     p.add_argument("--plot", default=None, help="write a PNG of replicas and TTFT over time")
     p.add_argument("--markdown", default=None, help="write the table as markdown here")
     p.add_argument("--replot", default=None, metavar="JSON",
@@ -205,6 +210,7 @@ def _build(name: str, params: dict[str, float], trace: Sequence[TraceRequest],
                                forecast=params.get("forecast", 1.0) > 0,
                                hits=params.get("hits", 1.0) > 0,
                                room=params.get("room", 1.0) > 0,
+                               record=opts.decisions,
                                profile=profile_targets(warmup_load(trace), cap))
     if name == "hpa":
         return HPAGpuUtil(bounds, initial, target_util=params.get("target", TARGET_UTIL))
@@ -236,7 +242,9 @@ def _policy_job(name: str, trace: list[TraceRequest], cfg: BenchConfig, opts: Op
     span = trace[-1].arrival_s if trace else 0.0
     offset = span if name == "oracle" else 0.0  # its bar: the plan, then the replay
     policy = build_policy(name, trace, cfg, opts, progress=lambda t: emit(name, t))
-    return replay(trace, policy, cfg, lambda t: emit(name, offset + t))
+    result = replay(trace, policy, cfg, lambda t: emit(name, offset + t))
+    result.decisions = list(getattr(policy, "decisions", []))
+    return result
 
 
 def _pool_job(sizes: tuple[int, int], trace: list[TraceRequest], cfg: BenchConfig,
@@ -418,6 +426,13 @@ def run(args: argparse.Namespace) -> int:
         _check(args)
         names = parse_policies(args.policies, args.sweep)
         sweep = parse_cold_starts(args.cold_start_sweep) if args.cold_start_sweep else None
+        if args.decisions and sweep is not None:
+            raise ValueError("--decisions records one replay's decisions: leave out "
+                             "--cold-start-sweep, or run one --cold-start at a time")
+        if args.decisions and not any(parse_policy_spec(n, POLICIES)[0] == "poolpilot"
+                                      for n in names):
+            raise ValueError("--decisions records poolpilot's decisions: add poolpilot to "
+                             "--policies")
         if sweep is not None and (args.cold_start_phases or args.cold_start_profile):
             raise ValueError("--cold-start-sweep takes totals: leave out --cold-start-phases "
                              "and --cold-start-profile")
@@ -445,7 +460,7 @@ def run(args: argparse.Namespace) -> int:
         opts = Options(predictor=args.dynamo_predictor,
                        autoscaling=parse_autoscaling(args.poolpilot_autoscaling, cfg),
                        oracle_window=args.oracle_window, oracle_target=args.oracle_target,
-                       goal=args.goal)
+                       goal=args.goal, decisions=bool(args.decisions))
     except (TraceError, InvalidPool, ValueError) as exc:
         return _fail(exc)
     if not trace:
@@ -499,6 +514,10 @@ def run(args: argparse.Namespace) -> int:
     doc = report.as_json(results, meta, opts.goal)
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(doc, indent=2, default=_json_default) + "\n")
+    if args.decisions:
+        Path(args.decisions).write_text("".join(
+            json.dumps({"policy": n, **d}, default=_json_default) + "\n"
+            for n, r in zip(names, results, strict=True) for d in r.decisions))
     render(doc, args, console)
     console.print(f"replayed {len(names)} policies in {wall:.1f} s wall")
     return 0

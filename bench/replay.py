@@ -115,6 +115,7 @@ class RunResult:
     info: dict[str, Any] = field(default_factory=dict)  # what a policy reports about itself
     aborted_at: float | None = None  # stopped early: the miss budget was spent by then
     cache: dict[str, Any] = field(default_factory=dict)  # prefix_hit_rate, ... (see _cache)
+    decisions: list[dict[str, Any]] = field(default_factory=list)  # `bench --decisions`
 
     def as_json(self) -> dict[str, Any]:
         d: dict[str, Any] = dict(self.summary.as_json())

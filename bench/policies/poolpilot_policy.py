@@ -89,6 +89,7 @@ class PoolpilotPolicy:
         forecast: bool = True,
         hits: bool = True,
         room: bool = True,
+        record: bool = False,
     ) -> None:
         # A user who profiled the engine writes its per-replica throughputs into the spec's
         # targets (the same profile Dynamo's planner gets); explicit settings win.
@@ -108,6 +109,9 @@ class PoolpilotPolicy:
         fresh = History.fresh(0.0)
         self.history = replace(fresh, clumps={r: Clumps(seen=True) for r in DISAGGREGATED_ROLES})
         self._initial = dict(initial)
+        # `record`: every decision's per-role answer and message, for `bench --decisions`
+        self.record = record
+        self.decisions: list[dict[str, Any]] = []
 
     def initial(self) -> dict[str, int]:
         return dict(self._initial)
@@ -154,6 +158,11 @@ class PoolpilotPolicy:
 
     def decide(self, view: PoolView) -> ScalingDecision:
         d = decide(self.observe(view), self.policy, self.history, view.now)
+        if self.record:
+            self.decisions.extend(
+                {"t": view.now, "role": r, "from": rd.current, "to": rd.replicas,
+                 "reason": str(rd.reason), "message": rd.message}
+                for r, rd in d.roles.items() if r in DISAGGREGATED_ROLES)
         # the replay applies every decision, so each scale starts its role's cooldown
         self.history = d.history.scaled(
             (r for r, rd in d.roles.items() if rd.replicas != rd.current), view.now)

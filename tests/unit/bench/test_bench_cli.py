@@ -176,3 +176,42 @@ def test_poolpilot_forecast_ablation_is_a_variant(trace: Path, tmp_path: Path) -
     assert set(json.loads(out.read_text())["policies"]) == {"poolpilot", "poolpilot(forecast=0)"}
     assert "| poolpilot(forecast=0) |" in md.read_text()  # an ablation is in the main table
     assert cli_main(["bench", "--trace", str(trace), "--policies", "poolpilot(forecast=2)"]) == 2
+
+
+def test_decisions_file_has_every_decision_and_its_message(tmp_path: Path) -> None:
+    """`--decisions`: each poolpilot policy's every decision, per role, with the autoscaler's
+    own message; its changes are the replay's scale events."""
+    # two quiet minutes, then three busy ones: the pools start small and must grow
+    reqs = [TraceRequest(i * 1.0, 500, 20) for i in range(120)]
+    reqs += [TraceRequest(120 + i * 0.05, 3000, 50) for i in range(3600)]
+    trace = tmp_path / "t.csv"
+    write_csv(reqs, trace)
+    out, log = tmp_path / "r.json", tmp_path / "d.jsonl"
+    assert cli_main(["bench", "--trace", str(trace), "--cold-start", "30", "--max-replicas", "8",
+                     "--policies", "poolpilot,poolpilot(forecast=0),static-peak",
+                     "--json", str(out), "--decisions", str(log)]) == 0
+    rows = [json.loads(line) for line in log.read_text().splitlines()]
+    doc = json.loads(out.read_text())
+    for name in ("poolpilot", "poolpilot(forecast=0)"):
+        mine = [r for r in rows if r["policy"] == name]
+        for role in ("prefill", "decode"):
+            times = [r["t"] for r in mine if r["role"] == role]
+            assert times == sorted(times) and len(times) >= 18  # every 15 s for 5 min
+        assert all(r["message"] and r["reason"] and not r["reason"].startswith("Reason.")
+                   for r in mine)
+        changes = sum(1 for r in mine if r["from"] != r["to"])
+        assert changes == doc["policies"][name]["scale_events"] > 0
+    assert {r["policy"] for r in rows} == {"poolpilot", "poolpilot(forecast=0)"}
+
+
+def test_decisions_needs_a_poolpilot_policy_and_one_replay(trace: Path, tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture[str],
+                                                           ) -> None:
+    log = str(tmp_path / "d.jsonl")
+    assert cli_main(["bench", "--trace", str(trace), "--policies", "hpa",
+                     "--decisions", log]) == 2
+    assert "add poolpilot to --policies" in capsys.readouterr().err
+    assert cli_main(["bench", "--trace", str(trace), "--cold-start-sweep", "60,30",
+                     "--decisions", log]) == 2
+    assert "--cold-start-sweep" in capsys.readouterr().err
+    assert not Path(log).exists()
