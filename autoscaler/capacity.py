@@ -38,8 +38,12 @@ from poolpilot.autoscaler.frozen import replace
 COLD_START_ALPHA = 0.5
 # Backlog growth is measured over this many seconds of samples (the queue gauge is instant).
 GROWTH_WINDOW = 30.0
-# A trend needs samples spanning at least this many seconds.
-TREND_MIN_SPAN = 60.0
+# A trend needs at least TREND_MIN_SAMPLES samples spanning TREND_MIN_SPAN seconds: three
+# (two always fit a line, one noisy scrape setting its slope) over two scrape intervals. This
+# binds only where the history is short, when a role's series begins or after a gap: a ramp
+# from a pool's first minute is seen 45 s sooner than with four over 60 s (docs/autoscaler.md).
+TREND_MIN_SAMPLES = 3
+TREND_MIN_SPAN = 30.0
 
 
 @dataclass(frozen=True)
@@ -230,8 +234,10 @@ def backlog_growth(samples: Sequence[Sample], now: float, backlog: float) -> flo
 
 def trend(samples: Sequence[Sample], window: float) -> float:
     """Slope of the demand (tokens/s per second) by least squares over the samples; 0 with
-    too few of them to say (fewer than 4, or spanning less than TREND_MIN_SPAN)."""
-    if len(samples) < 4 or samples[-1].time - samples[0].time < min(TREND_MIN_SPAN, window):
+    too few of them to say (fewer than TREND_MIN_SAMPLES, or spanning less than
+    TREND_MIN_SPAN)."""
+    span = samples[-1].time - samples[0].time if samples else 0.0
+    if len(samples) < TREND_MIN_SAMPLES or span < min(TREND_MIN_SPAN, window):
         return 0.0
     n = len(samples)
     mt = sum(s.time for s in samples) / n

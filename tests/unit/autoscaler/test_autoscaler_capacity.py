@@ -97,7 +97,10 @@ ARITH = [
     Arith("a-shrinking-backlog-adds-no-demand", model.backlog_growth(
         (S(NOW - 30, 0, 40_000),), NOW, 10_000), 0.0),
     Arith("trend-of-a-linear-rise", model.trend(rates(*range(1000, 2100, 100)), 300), 100 / 15),
-    Arith("no-trend-from-a-minute-less-of-samples", model.trend(rates(1, 2, 3, 4), 300), 0.0),
+    Arith("a-trend-from-three-samples-over-30-s", model.trend(rates(1, 2, 3), 300), 1 / 15),
+    Arith("no-trend-from-two-samples", model.trend(rates(1, 2), 300), 0.0),
+    Arith("no-trend-from-samples-over-less-than-30-s",
+          model.trend(rates(1, 2, 3, 4, step=9.0), 300), 0.0),
     # over 300 s, rises within 120 s: a saw tooth 10k -> 16k every 150 s rises by 6k
     Arith("upside-of-a-saw-tooth", model.upside(
         rates(*([10_000, 12_000, 14_000, 16_000, 10_000, 10_000, 10_000, 10_000, 10_000, 10_000]
