@@ -190,6 +190,18 @@ HEADROOM_DOWN = 0.02
 HEADROOM_RANGE = (0.05, 0.7)
 
 
+def service_headroom(service_s: float, target_s: float) -> float:
+    """The prefill headroom to start from before one is learned: the share of the TTFT target
+    one prompt takes to compute on a replica (its computed tokens over the per-replica rate).
+    What a prompt spends computing is not left for waiting behind others, so a pool of prompts
+    that each take a quarter of the target keeps at least a quarter of each replica free (a
+    prompt's wait grows with the work queued ahead of it, and the longer each prompt, the
+    sooner a queue costs a whole target). Short prompts leave the policy's default in place."""
+    if target_s <= 0 or service_s <= 0:
+        return 0.0
+    return min(HEADROOM_RANGE[1], service_s / target_s)
+
+
 def learn_headroom(headroom: float, utilization: float, latency: float, target: float,
                    band: float, queued: bool) -> float:
     """The capacity kept free, learned from the SLO itself: a latency above its target band

@@ -30,6 +30,7 @@ def measure_need(role: str, obs: Observation, p: Policy, capacity: Mapping[str, 
     o = obs.roles[role]
     per_replica = capacity.get(role)
     local = 0.0
+    computed = 0.0  # prefill: the prompt tokens one request leaves to compute (after the cache)
     if role == Role.PREFILL:
         served = _num(o.prompt_tokens_rate)
         requests = _num(o.request_rate)
@@ -45,6 +46,7 @@ def measure_need(role: str, obs: Observation, p: Policy, capacity: Mapping[str, 
         backlog = (_num(o.waiting) + _num(o.running)) * tokens * miss
         local = _num(obs.local_prefill_rate) * tokens * miss
         served += local
+        computed = tokens * miss
     elif role == Role.DECODE:
         served, backlog = _num(o.generation_tokens_rate), 0.0
     else:
@@ -56,6 +58,10 @@ def measure_need(role: str, obs: Observation, p: Policy, capacity: Mapping[str, 
     if not per_replica:
         return None, mem
     headroom = role_headroom(role, p, mem)
+    if role == Role.PREFILL and mem.headroom is None:
+        # Until breaches or calm windows teach it, the headroom starts from the prompts' own
+        # service time (agent loops' long uncached steps breach an idle-looking pool).
+        headroom = max(headroom, model.service_headroom(computed / per_replica, p.ttft_target))
     # Right after the ready count fell (a scale-down), a breach is the smaller pool's: the
     # rate window's earlier part, served by more replicas, can only hide one. So it teaches
     # more headroom before the window settles (a scale-down that breached the target is the

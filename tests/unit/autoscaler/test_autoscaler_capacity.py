@@ -409,3 +409,36 @@ def test_without_the_forecast_the_role_is_sized_for_the_demand_of_now() -> None:
     ahead, now = run(policy()), run(policy(forecast=False))
     assert now == 2  # 12,000 / (8,000 x 0.8) = 1.9
     assert ahead > now  # ordered for the rise one cold start ahead
+
+
+@pytest.mark.parametrize(("service_s", "target_s", "want"), [
+    (0.3, 1.0, 0.3),  # a prompt takes 30 % of the target: keep 30 % free
+    (0.05, 1.0, 0.05),  # short prompts: below the default, which then stands
+    (2.0, 1.0, model.HEADROOM_RANGE[1]),  # longer than the target: the most the range keeps
+    (0.3, 0.0, 0.0),
+])
+def test_service_headroom_is_the_share_of_the_target_one_prompt_computes(
+        service_s: float, target_s: float, want: float) -> None:
+    assert model.service_headroom(service_s, target_s) == pytest.approx(want)
+
+
+def test_long_prompts_start_with_the_headroom_their_service_time_needs() -> None:
+    # The same 24,000 prompt tokens/s, as 1,000-token prompts or as 3,000-token ones: at
+    # 8,000 tokens/s per replica the long ones take 0.375 s of the 1 s target each, and a
+    # queue of them costs the target sooner, so the pool keeps 37.5 % free, not 20 %.
+    p = policy(prefill_tokens_per_replica=8000.0)
+
+    def first(requests_per_s: float, h: History | None = None) -> tuple[int, str, History]:
+        # (a TTFT within the target's band: no lesson either way at this decision)
+        d = decide(pool(pre(4, prompt_tokens_rate=24_000.0, request_rate=requests_per_s,
+                            ttft=0.95)), p, h or History(), NOW)
+        return d.roles["prefill"].replicas, d.roles["prefill"].message, d.history
+
+    short, short_msg, _ = first(24.0)
+    long, long_msg, h = first(8.0)
+    assert short == 4 and "headroom 0.2," in short_msg  # 24,000 / (8,000 x 0.8) = 3.75
+    assert long == 5 and "headroom 0.375," in long_msg  # 24,000 / (8,000 x 0.625) = 4.8
+    # A headroom the pool has learned (here: less) is what counts from then on.
+    learned = replace(h.memory["prefill"], headroom=0.2)
+    h = replace(h, memory={**h.memory, "prefill": learned})
+    assert first(8.0, h)[0] == 4
