@@ -269,7 +269,9 @@ def test_observation_feeds_the_capacity_model(snapshot: Snapshot) -> None:
     obs = observation("team-a", "alpha", {"prefill": RoleState(2, 2), "decode": RoleState(2, 2)},
                       snapshot, 0.9, 0.9)
     # Profiled: 250 prompt tokens/s per prefill replica, 50 generated tokens/s per decode one.
-    pol = Policy(bounds={"prefill": (1, 8), "decode": (1, 8)},
+    # A 4 s TTFT target: each 200-token prompt takes 0.8 s of it, a fifth, so the model keeps
+    # the default headroom (0.2; against a 1 s target such prompts start it at 0.7).
+    pol = Policy(bounds={"prefill": (1, 8), "decode": (1, 8)}, ttft_target=4.0,
                  prefill_tokens_per_replica=250, decode_tokens_per_replica=50)
     d = decide(obs, pol, History.warm(), snapshot.time)
     pre = d.roles["prefill"]
