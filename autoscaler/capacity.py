@@ -196,8 +196,10 @@ def service_headroom(service_s: float, target_s: float) -> float:
     What a prompt spends computing is not left for waiting behind others, so a pool of prompts
     that each take a quarter of the target keeps at least a quarter of each replica free (a
     prompt's wait grows with the work queued ahead of it, and the longer each prompt, the
-    sooner a queue costs a whole target). Short prompts leave the policy's default in place."""
-    if target_s <= 0 or service_s <= 0:
+    sooner a queue costs a whole target). Short prompts leave the policy's default in place,
+    and so do prompts that take the whole target or more: those breach it on an idle replica,
+    and capacity kept idle would buy nothing (the bench's `slo_ceiling` counts them)."""
+    if target_s <= 0 or service_s <= 0 or service_s >= target_s:
         return 0.0
     return min(HEADROOM_RANGE[1], service_s / target_s)
 

@@ -414,7 +414,8 @@ def test_without_the_forecast_the_role_is_sized_for_the_demand_of_now() -> None:
 @pytest.mark.parametrize(("service_s", "target_s", "want"), [
     (0.3, 1.0, 0.3),  # a prompt takes 30 % of the target: keep 30 % free
     (0.05, 1.0, 0.05),  # short prompts: below the default, which then stands
-    (2.0, 1.0, model.HEADROOM_RANGE[1]),  # longer than the target: the most the range keeps
+    (0.9, 1.0, model.HEADROOM_RANGE[1]),  # nine tenths of it: the most the range keeps
+    (2.0, 1.0, 0.0),  # longer than the target: it breaches on an idle replica, no help
     (0.3, 0.0, 0.0),
 ])
 def test_service_headroom_is_the_share_of_the_target_one_prompt_computes(
