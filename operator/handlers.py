@@ -123,6 +123,10 @@ def configure(settings: kopf.OperatorSettings, config: OperatorConfig) -> None:
     settings.posting.loggers = False
     # Retries of a failed Event post itself.
     settings.posting.default_backoffs = (1, 1, 2, 3, 5, 8, 13)
+    # A pool deleted while its drift timer reconciles keeps Kopf's finalizer until the timer
+    # has exited, and Kopf looks again only after this many seconds (60 by default: a
+    # `kubectl delete` that waits a minute for a reconcile that ends in one second).
+    settings.background.cancellation_polling = 1.0
 
 
 def _now() -> str:

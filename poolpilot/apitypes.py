@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 from typing import Annotated, Any, ClassVar
 
 from pydantic import (
@@ -149,7 +149,7 @@ def quantity_value(value: int | str) -> Decimal | None:
         return None
     try:
         return Decimal(m.group(1)) * _SUFFIX[m.group(2)]
-    except InvalidOperation:
+    except ArithmeticError:  # malformed, or an exponent past what a Decimal holds ("1e9999999")
         return None
 
 
@@ -157,6 +157,12 @@ def _quantity(value: Any) -> int | str:
     if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= INT64_MAX:
         return value
     if isinstance(value, str) and re2.search(QUANTITY, value):
+        amount = quantity_value(value)
+        if amount is None or amount > INT64_MAX:
+            # Kubernetes caps such a quantity at 2^63-1 (a request no node can meet).
+            raise PydanticCustomError(
+                "quantity", "{value} is out of range: a Kubernetes quantity is at most 2^63-1 "
+                "(9223372036854775807, just under 8Ei): lower it", {"value": repr(value)})
         return value
     raise PydanticCustomError(
         "quantity",

@@ -462,6 +462,24 @@ def test_turning_autoscaling_on_keeps_the_current_size(cluster: Cluster, operato
     assert (cluster.get("deployment", f"{name}-decode") or {})["spec"]["replicas"] == 4
 
 
+def test_a_pool_deleted_while_its_drift_timer_reconciles_goes_in_seconds(
+    cluster: Cluster, operator: None
+) -> None:
+    # Kopf keeps its finalizer until the timer's reconcile has returned, then looks again after
+    # `settings.background.cancellation_polling` (60 s by default): `kubectl delete` waited a
+    # minute whenever a deletion met a drift repair.
+    emu = cluster.need_emulator()
+    name = next(_names)
+    cluster.kubectl.apply(cluster.pool(name))
+    wait_for(lambda: cluster.settled(name), what="first reconcile")
+    # The timer's next reconcile reads the router's Deployment: held for 3 s.
+    held = emu.faults.add("GET", rf"/deployments/{name}-router$", "delay", delay_s=3)
+    wait_for(lambda: held.hits >= 1, what="the drift timer's reconcile held")
+    cluster.kubectl("delete", "inferencepool", name, "-n", "ops", "--wait=false")
+    wait_for(lambda: emu.get("inferencepools", name, "ops") is None, timeout=20,
+             what="the pool gone once the held reconcile returned (not a minute later)")
+
+
 def test_deleting_the_pool_garbage_collects_children(cluster: Cluster, operator: None) -> None:
     name = next(_names)
     k = cluster.kubectl

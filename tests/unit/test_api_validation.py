@@ -128,6 +128,13 @@ BAD = [
         "spec.runtime.resources.requests.cpu"),
     Bad("negative-memory", pool(engine={"resources": {"limits": {"memory": "-1Gi"}}}),
         "spec.engine.resources.limits.memory"),
+    # Kubernetes caps a quantity at 2^63-1 (a request no node meets): refused here with the
+    # field named; the CRD's pattern cannot bound the number.
+    Bad("quantity-past-int64", pool(decode={"resources": {"limits": {"memory": "9Ei"}}}),
+        "spec.decode.resources.limits.memory", in_crd=False),
+    Bad("quantity-exponent-overflow",
+        pool(prefill={"resources": {"requests": {"memory": "1e9999999"}}}),
+        "spec.prefill.resources.requests.memory", in_crd=False),
     Bad("float-quantity", pool(router={"resources": {"requests": {"cpu": 0.5}}}),
         "spec.router.resources.requests.cpu"),
     Bad("gpu-in-limits", pool(prefill={"resources": {"limits": {"nvidia.com/gpu": 2}}}),
