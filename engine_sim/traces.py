@@ -1,8 +1,11 @@
 """Request traces: parse public trace formats into one list of requests.
 
 Formats (see ../shared/traces/README.md):
-- ``azure``: the Azure LLM inference trace 2023 CSV, ``TIMESTAMP,ContextTokens,GeneratedTokens``
-  with wall-clock timestamps such as ``2023-11-16 18:17:03.9799600``.
+- ``azure``: the Azure LLM inference traces' CSV, ``TIMESTAMP,ContextTokens,GeneratedTokens``,
+  with wall-clock timestamps: 2023's ``2023-11-16 18:17:03.9799600`` (naive, read as UTC),
+  2024's ``2024-05-10 00:00:00.009930+00:00`` (a UTC offset; some rows without a fraction).
+- ``burstgpt``: BurstGPT's CSV (``Timestamp,Model,Request tokens,Response tokens,Total
+  tokens,Log Type``), ``Timestamp`` in seconds from the trace's start.
 - ``mooncake``: Mooncake (FAST 2025) JSONL, one ``{"timestamp": <ms since start>,
   "input_length": N, "output_length": M, "hash_ids": [...]}`` object a line. ``hash_ids``
   (optional) names the prompt's blocks of MOONCAKE_BLOCK_TOKENS tokens: equal leading ids
@@ -11,6 +14,10 @@ Formats (see ../shared/traces/README.md):
 
 Every loader returns requests sorted by arrival, arrivals relative to the first request, and
 raises `TraceError("FILE:LINE: problem")` on malformed input so the user can fix the line.
+A request that generated nothing (0 output tokens: BurstGPT's failed requests) is replayed as
+one that generated one token, since an engine always returns the first token its prefill
+computes, and a 0-token prompt as a 1-token one; how many there were is logged as a warning
+that names the file.
 """
 
 from __future__ import annotations
@@ -18,13 +25,16 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
+import logging
 import math
+import re
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 
-FORMATS = ("azure", "mooncake", "csv")
+FORMATS = ("azure", "mooncake", "burstgpt", "csv")
+log = logging.getLogger(__name__)
 
 # Prompt tokens one Mooncake hash id stands for. Mooncake's FAST'25 traces hash each prompt in
 # blocks of 512 tokens (their README: "the block size is 512"; a 6,955-token prompt carries 14
@@ -62,7 +72,17 @@ def load_trace(path: str | Path, format: str | None = None) -> list[TraceRequest
     if fmt not in FORMATS:
         raise TraceError(f"{path}: unknown trace format {fmt!r}; use one of {', '.join(FORMATS)}")
     rows = _PARSERS[fmt](str(path), text)
-    return normalize(rows, where=str(path))
+    trace = normalize(rows, where=str(path))
+    empty = sum(1 for r in trace if r.input_tokens == 0)
+    silent = sum(1 for r in trace if r.output_tokens == 0)
+    if empty or silent:
+        log.warning("%s: of %d requests, %d had a 0-token prompt and %d generated 0 tokens; "
+                    "replayed with 1 (a prompt has at least one token, and an engine always "
+                    "returns the first token its prefill computes)", path, len(trace), empty,
+                    silent)
+        trace = [replace(r, input_tokens=max(1, r.input_tokens),
+                         output_tokens=max(1, r.output_tokens)) for r in trace]
+    return trace
 
 
 def detect_format(path: Path, text: str) -> str:
@@ -72,6 +92,8 @@ def detect_format(path: Path, text: str) -> str:
     header = [c.strip().lower() for c in first.split(",")]
     if "timestamp" in header and "contexttokens" in header:
         return "azure"
+    if "request tokens" in header and "response tokens" in header:
+        return "burstgpt"
     if path.suffix == ".csv" or len(header) == 3:
         return "csv"
     raise TraceError(
@@ -115,20 +137,30 @@ def _seconds(where: str, lineno: int, name: str, raw: object) -> float:
     return value
 
 
+# Date, time, any number of fractional digits (2023's traces have 7; datetime takes at most 6),
+# and an optional UTC offset (2024's traces end in +00:00).
+_TIMESTAMP = re.compile(r"^(\d{4}-\d{2}-\d{2})[ T](\d{2}:\d{2}:\d{2})(?:\.(\d+))?"
+                        r"\s*(Z|[+-]\d{2}:?\d{2})?$")
+
+
 def _parse_timestamp(where: str, lineno: int, raw: str) -> float:
-    # Azure's timestamps have 7 fractional digits; datetime takes at most 6.
-    text = raw.strip()
-    head, dot, frac = text.partition(".")
+    m = _TIMESTAMP.match(raw.strip())
     try:
-        stamp = datetime.fromisoformat(head)
-        fraction = float("0." + frac) if dot and frac else 0.0
-        if dot and not frac.isdigit():
+        if not m:
             raise ValueError
+        date, clock, frac, offset = m.groups()
+        zone = UTC
+        if offset and offset != "Z":
+            sign = -1 if offset[0] == "-" else 1
+            hours, minutes = int(offset[1:3]), int(offset[-2:])
+            zone = timezone(sign * timedelta(hours=hours, minutes=minutes))
+        stamp = datetime.fromisoformat(f"{date} {clock}").replace(tzinfo=zone)
     except ValueError:
         raise TraceError(
-            f"{where}:{lineno}: TIMESTAMP must look like 2023-11-16 18:17:03.9799600, got {raw!r}"
+            f"{where}:{lineno}: TIMESTAMP must look like 2023-11-16 18:17:03.9799600 or "
+            f"2024-05-10 00:00:00.009930+00:00, got {raw!r}"
         ) from None
-    return stamp.replace(tzinfo=UTC).timestamp() + fraction
+    return stamp.timestamp() + (float("0." + frac) if frac else 0.0)
 
 
 def _csv_rows(text: str) -> Iterator[tuple[int, list[str]]]:
@@ -154,8 +186,31 @@ def _parse_azure(where: str, text: str) -> list[Row]:
         out.append((
             lineno,
             _parse_timestamp(where, lineno, row[ts]),
-            _tokens(where, lineno, "ContextTokens", row[ctx], 1),
-            _tokens(where, lineno, "GeneratedTokens", row[gen], 1),
+            _tokens(where, lineno, "ContextTokens", row[ctx], 0),
+            _tokens(where, lineno, "GeneratedTokens", row[gen], 0),
+        ))
+    return out
+
+
+def _parse_burstgpt(where: str, text: str) -> list[Row]:
+    rows = _csv_rows(text)
+    _, header = next(rows, (1, []))
+    names = [h.strip() for h in header]
+    need = ("Timestamp", "Request tokens", "Response tokens")
+    missing = [n for n in need if n not in names]
+    if missing:
+        raise TraceError(f"{where}:1: BurstGPT trace header lacks {', '.join(missing)}; "
+                         f"got {names}")
+    ts, req, resp = (names.index(n) for n in need)
+    out: list[Row] = []
+    for lineno, row in rows:
+        if len(row) != len(names):
+            raise TraceError(f"{where}:{lineno}: expected {len(names)} columns, got {len(row)}")
+        out.append((
+            lineno,
+            _seconds(where, lineno, "Timestamp", row[ts].strip()),
+            _tokens(where, lineno, "Request tokens", row[req], 0),
+            _tokens(where, lineno, "Response tokens", row[resp], 0),
         ))
     return out
 
@@ -173,8 +228,8 @@ def _parse_plain_csv(where: str, text: str) -> list[Row]:
         out.append((
             lineno,
             _seconds(where, lineno, "arrival_s", row[0].strip()),
-            _tokens(where, lineno, "input_tokens", row[1], 1),
-            _tokens(where, lineno, "output_tokens", row[2], 1),
+            _tokens(where, lineno, "input_tokens", row[1], 0),
+            _tokens(where, lineno, "output_tokens", row[2], 0),
         ))
     return out
 
@@ -205,14 +260,15 @@ def _parse_mooncake(where: str, text: str) -> list[Row]:
         out.append((
             lineno,
             _seconds(where, lineno, "timestamp", obj["timestamp"]) / 1000.0,
-            _tokens(where, lineno, "input_length", str(obj["input_length"]), 1),
-            _tokens(where, lineno, "output_length", str(obj["output_length"]), 1),
+            _tokens(where, lineno, "input_length", str(obj["input_length"]), 0),
+            _tokens(where, lineno, "output_length", str(obj["output_length"]), 0),
             _hash_ids(where, lineno, obj.get("hash_ids", [])),
         ))
     return out
 
 
-_PARSERS = {"azure": _parse_azure, "mooncake": _parse_mooncake, "csv": _parse_plain_csv}
+_PARSERS = {"azure": _parse_azure, "mooncake": _parse_mooncake, "burstgpt": _parse_burstgpt,
+            "csv": _parse_plain_csv}
 
 
 # ---------------------------------------------------------------------------------------------

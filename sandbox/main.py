@@ -33,6 +33,7 @@ from pathlib import Path
 
 from poolpilot.engine_sim.hardware import GPUS
 from poolpilot.engine_sim.traces import (
+    FORMATS,
     TraceError,
     TraceRequest,
     clamp_tokens,
@@ -89,7 +90,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                       "sessions (chats and agent loops), chat or agent; "
                       f"{WORKLOAD_SECONDS:g}s of arrivals (seed {WORKLOAD_SEED}), written to "
                       "the report folder as Mooncake JSONL")
-    p.add_argument("--trace-format", choices=("azure", "mooncake", "csv"), default=None,
+    p.add_argument("--trace-format", choices=FORMATS, default=None,
                    help="trace format (default: detected)")
     p.add_argument("--engine", choices=("sim", "vllm-cpu"), default="sim",
                    help="engines: the simulator (default) or real vLLM on CPU with a tiny model")

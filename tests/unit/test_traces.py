@@ -56,6 +56,26 @@ GOOD = [
         [TraceRequest(0.0, 5, 1), TraceRequest(2.0, 7, 2)],
     ),
     Good(
+        "azure-2024-utc-offsets-some-without-a-fraction",
+        "t.csv",
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+        "2024-05-10 00:00:00.009930+00:00,4808,10\n"
+        "2024-05-10 00:00:01+00:00,3180,8\n"
+        "2024-05-09 17:00:02.5-07:00,7,2\n"  # 00:00:02.5 UTC
+        "2024-05-10T00:00:03Z,9,3\n",
+        [TraceRequest(0.0, 4808, 10), TraceRequest(0.99007, 3180, 8),
+         TraceRequest(2.49007, 7, 2), TraceRequest(2.99007, 9, 3)],
+    ),
+    Good(
+        "burstgpt-with-the-newer-columns",
+        "BurstGPT_1.csv",
+        "Timestamp,Session ID,Model,Request tokens,Response tokens,Total tokens,Log Type,"
+        "Elapsed time\n"
+        "5,s1,ChatGPT,472,18,490,Conversation log,1.5\n"
+        "45,s1,GPT-4,1087,230,1317,API log,9.0\n",
+        [TraceRequest(0.0, 472, 18), TraceRequest(40.0, 1087, 230)],
+    ),
+    Good(
         "mooncake",
         "t.jsonl",
         '{"timestamp": 1000, "input_length": 600, "output_length": 20, "hash_ids": [1, 2]}\n'
@@ -107,9 +127,15 @@ BAD = [
     Bad("azure-bad-tokens", "t.csv",
         "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.1,five,1\n",
         ":2: ContextTokens must be an integer"),
-    Bad("azure-zero-output", "t.csv",
-        "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.1,5,0\n",
-        ":2: GeneratedTokens must be >= 1"),
+    Bad("azure-negative-output", "t.csv",
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.1,5,-1\n",
+        ":2: GeneratedTokens must be >= 0"),
+    Bad("azure-bad-utc-offset", "t.csv",
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n2024-05-10 00:00:00.5+0x:00,5,1\n",
+        ":2: TIMESTAMP must look like 2023-11-16 18:17:03.9799600 or 2024-05-10 00:00:00"),
+    Bad("burstgpt-bad-tokens", "b.csv",
+        "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+        "0,ChatGPT,many,1,1,API log\n", ":2: Request tokens must be an integer"),
     Bad("azure-short-row", "t.csv",
         "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.1,5\n",
         ":2: expected 3 columns"),
@@ -144,6 +170,21 @@ def test_errors_name_file_and_line(tmp_path: Path, case: Bad) -> None:
     with pytest.raises(TraceError) as exc:
         load_trace(path)
     assert str(exc.value).startswith(str(path) + case.error)
+
+
+def test_requests_with_nothing_generated_replay_one_token_and_say_so(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # BurstGPT's failed requests have 0 response tokens; an engine returns at least the first.
+    path = tmp_path / "BurstGPT_1.csv"
+    path.write_text("Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+                    "0,ChatGPT,472,0,472,Conversation log\n"
+                    "1,ChatGPT,0,5,5,API log\n"
+                    "2,GPT-4,90,7,97,API log\n")
+    with caplog.at_level("WARNING"):
+        trace = load_trace(path)
+    assert trace == [TraceRequest(0.0, 472, 1), TraceRequest(1.0, 1, 5), TraceRequest(2.0, 90, 7)]
+    assert (f"{path}: of 3 requests, 1 had a 0-token prompt and 1 generated 0 tokens; "
+            "replayed with 1") in caplog.text
 
 
 def test_missing_file_and_unknown_format(tmp_path: Path) -> None:

@@ -1,7 +1,8 @@
-"""The three trace formats the benchmark reads (engine_sim.traces), through `poolpilot bench`.
+"""The trace formats the benchmark reads (engine_sim.traces), through `poolpilot bench`.
 
-The same requests written as Azure CSV, Mooncake JSONL and plain CSV must replay as the same
-workload; a malformed line must stop the benchmark with exit code 2 and FILE:LINE.
+The same requests written as Azure CSV (2023's and 2024's timestamps), Mooncake JSONL,
+BurstGPT CSV and plain CSV must replay as the same workload; a malformed line must stop the
+benchmark with exit code 2 and FILE:LINE.
 """
 
 from __future__ import annotations
@@ -28,6 +29,22 @@ def write_azure(path: Path, reqs: list[TraceRequest]) -> None:
     path.write_text("\n".join(lines) + "\n")
 
 
+def write_azure_2024(path: Path, reqs: list[TraceRequest]) -> None:
+    t0 = datetime(2024, 5, 10, 0, 0, 0, tzinfo=UTC)
+    lines = ["TIMESTAMP,ContextTokens,GeneratedTokens"]
+    for r in reqs:
+        lines.append(f"{t0 + timedelta(seconds=r.arrival_s)},{r.input_tokens},{r.output_tokens}")
+    path.write_text("\n".join(lines) + "\n")  # 2024-05-10 00:00:00.250000+00:00
+
+
+def write_burstgpt(path: Path, reqs: list[TraceRequest]) -> None:
+    lines = ["Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type"]
+    for r in reqs:
+        lines.append(f"{1000 + r.arrival_s},ChatGPT,{r.input_tokens},{r.output_tokens},"
+                     f"{r.input_tokens + r.output_tokens},Conversation log")
+    path.write_text("\n".join(lines) + "\n")
+
+
 def write_mooncake(path: Path, reqs: list[TraceRequest]) -> None:
     # no hash ids: the same workload as the Azure and CSV copies (no prompt shares a prefix)
     path.write_text("".join(
@@ -41,8 +58,13 @@ def write_csv(path: Path, reqs: list[TraceRequest]) -> None:
         f"{r.arrival_s},{r.input_tokens},{r.output_tokens}\n" for r in reqs))
 
 
-WRITERS = {"azure": (write_azure, ".csv"), "mooncake": (write_mooncake, ".jsonl"),
+WRITERS = {"azure": (write_azure, ".csv"), "azure-2024": (write_azure_2024, ".csv"),
+           "mooncake": (write_mooncake, ".jsonl"), "burstgpt": (write_burstgpt, ".csv"),
            "csv": (write_csv, ".csv")}
+
+
+def fmt_name(key: str) -> str:
+    return key.split("-")[0]  # azure-2024 is the azure format
 
 
 @pytest.mark.parametrize("fmt", list(WRITERS), ids=list(WRITERS))
@@ -50,7 +72,7 @@ def test_each_format_reads_back_the_same_requests(tmp_path: Path, fmt: str) -> N
     writer, ext = WRITERS[fmt]
     path = tmp_path / f"trace{ext}"
     writer(path, REQS)
-    assert load_trace(path, fmt) == REQS
+    assert load_trace(path, fmt_name(fmt)) == REQS
     assert load_trace(path) == REQS  # detected from the content
 
 
@@ -107,15 +129,16 @@ def test_bench_cli_stops_on_a_malformed_trace(tmp_path: Path,
 def test_formats_replay_identically(tmp_path: Path) -> None:
     """The bench's JSON for the Azure and Mooncake copies of one workload is the same."""
     docs = []
-    for fmt in ("azure", "mooncake", "csv"):
+    for fmt in WRITERS:
         writer, ext = WRITERS[fmt]
         path = tmp_path / f"w-{fmt}{ext}"
         reqs = [TraceRequest(i * 0.5, 200 + 37 * i, 5 + i) for i in range(30)]
         writer(path, reqs)
         out = tmp_path / f"{fmt}.json"
-        code = cli_main(["bench", "--trace", str(path), "--format", fmt, "--json", str(out),
+        code = cli_main(["bench", "--trace", str(path), "--format", fmt_name(fmt), "--json",
+                         str(out),
                          "--policies", "oracle,static-min,static-peak,keda-queue"])
         assert code == 0
         doc = json.loads(out.read_text())
         docs.append({k: v for k, v in doc["policies"].items()})
-    assert docs[0] == docs[1] == docs[2]
+    assert all(doc == docs[0] for doc in docs[1:])
