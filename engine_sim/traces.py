@@ -28,7 +28,7 @@ import json
 import logging
 import math
 import re
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
@@ -170,49 +170,40 @@ def _csv_rows(text: str) -> Iterator[tuple[int, list[str]]]:
             yield reader.line_num, row
 
 
-def _parse_azure(where: str, text: str) -> list[Row]:
+def _named_columns(where: str, text: str, kind: str, need: tuple[str, str, str],
+                   arrival: Callable[[str, int, str], float]) -> list[Row]:
+    """A CSV whose header names its columns (Azure's, BurstGPT's): the arrival, prompt tokens
+    and output tokens from the columns named in `need`, the others not read."""
     rows = _csv_rows(text)
     _, header = next(rows, (1, []))
     names = [h.strip() for h in header]
-    need = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
     missing = [n for n in need if n not in names]
     if missing:
-        raise TraceError(f"{where}:1: Azure trace header lacks {', '.join(missing)}; got {names}")
-    ts, ctx, gen = (names.index(n) for n in need)
+        raise TraceError(f"{where}:1: {kind} trace header lacks {', '.join(missing)}; "
+                         f"got {names}")
+    at, prompt, output = (names.index(n) for n in need)
     out: list[Row] = []
     for lineno, row in rows:
         if len(row) != len(names):
             raise TraceError(f"{where}:{lineno}: expected {len(names)} columns, got {len(row)}")
         out.append((
             lineno,
-            _parse_timestamp(where, lineno, row[ts]),
-            _tokens(where, lineno, "ContextTokens", row[ctx], 0),
-            _tokens(where, lineno, "GeneratedTokens", row[gen], 0),
+            arrival(where, lineno, row[at]),
+            _tokens(where, lineno, need[1], row[prompt], 0),
+            _tokens(where, lineno, need[2], row[output], 0),
         ))
     return out
+
+
+def _parse_azure(where: str, text: str) -> list[Row]:
+    return _named_columns(where, text, "Azure", ("TIMESTAMP", "ContextTokens", "GeneratedTokens"),
+                          _parse_timestamp)
 
 
 def _parse_burstgpt(where: str, text: str) -> list[Row]:
-    rows = _csv_rows(text)
-    _, header = next(rows, (1, []))
-    names = [h.strip() for h in header]
-    need = ("Timestamp", "Request tokens", "Response tokens")
-    missing = [n for n in need if n not in names]
-    if missing:
-        raise TraceError(f"{where}:1: BurstGPT trace header lacks {', '.join(missing)}; "
-                         f"got {names}")
-    ts, req, resp = (names.index(n) for n in need)
-    out: list[Row] = []
-    for lineno, row in rows:
-        if len(row) != len(names):
-            raise TraceError(f"{where}:{lineno}: expected {len(names)} columns, got {len(row)}")
-        out.append((
-            lineno,
-            _seconds(where, lineno, "Timestamp", row[ts].strip()),
-            _tokens(where, lineno, "Request tokens", row[req], 0),
-            _tokens(where, lineno, "Response tokens", row[resp], 0),
-        ))
-    return out
+    return _named_columns(
+        where, text, "BurstGPT", ("Timestamp", "Request tokens", "Response tokens"),
+        lambda w, n, raw: _seconds(w, n, "Timestamp", raw.strip()))
 
 
 def _parse_plain_csv(where: str, text: str) -> list[Row]:
