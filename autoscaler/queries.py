@@ -113,12 +113,18 @@ class QuerySet:
 
     def hit_rate(self) -> str:
         """Per-group prefix-cache hit rate: rate of hit tokens over rate of queried tokens,
-        each name variant (the colon escaped or not) paired with its own."""
+        each name variant (the colon escaped or not) paired with its own. The hits loaded
+        from a CPU offload tier (vLLM's external prefix-cache hits) count too, except at
+        decode engines, whose external hits are the prompts the prefill engines sent them."""
         s, w = self.selector(), self.window()
-        pairs = zip(name_variants(m.VLLM_PREFIX_CACHE_HITS),
-                    name_variants(m.VLLM_PREFIX_CACHE_QUERIES), strict=True)
-        return " or ".join(f"(sum by ({BY}) (rate({h}{s}[{w}])) / sum by ({BY}) "
-                           f"(rate({qn}{s}[{w}])))" for h, qn in pairs)
+        ext_s = s[:-1] + ', role!="decode"}'
+        triples = zip(name_variants(m.VLLM_PREFIX_CACHE_HITS),
+                      name_variants(m.VLLM_EXTERNAL_PREFIX_CACHE_HITS),
+                      name_variants(m.VLLM_PREFIX_CACHE_QUERIES), strict=True)
+        return " or ".join(
+            f"((sum by ({BY}) (rate({h}{s}[{w}])) + (sum by ({BY}) (rate({e}{ext_s}[{w}])) "
+            f"or 0 * sum by ({BY}) (rate({h}{s}[{w}])))) / sum by ({BY}) "
+            f"(rate({qn}{s}[{w}])))" for h, e, qn in triples)
 
     def pod_queries(self, namespace: str, pool: str, role: str) -> dict[str, str]:
         """Per-pod series of one role (by `pod`; the router's by `endpoint`), asked only

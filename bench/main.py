@@ -50,6 +50,7 @@ from poolpilot.engine_sim.traces import (
     ideal_prefix_hit_rate,
     load_trace,
 )
+from poolpilot.router import prefix_index as pi
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -138,6 +139,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="how the simulated router picks prefill engines: prefix-aware (the "
                         "router's default: its approximate prefix index, bounded load) or "
                         "least-loaded; the same for every policy")
+    p.add_argument("--kv-offload-gib", type=float, default=0.0, metavar="GIB",
+                   help="host memory per prefill engine for the CPU offload tier of its prefix "
+                        "cache (vLLM's --kv-offloading-size; an InferencePool's "
+                        "prefill.kvOffloadGiB), the same for every policy; 0: none (0)")
+    p.add_argument("--prefix-max-entries", type=int, default=pi.DEFAULT_MAX_ENTRIES,
+                   metavar="N",
+                   help="keys the simulated router's approximate prefix index remembers (the "
+                        f"router's --prefix-max-entries; {pi.DEFAULT_MAX_ENTRIES})")
     p.add_argument("--seed", type=int, default=0, help="seed for --rate-scale copies (0)")
     p.add_argument("--jobs", type=int, default=1,
                    help="replays run in parallel processes (1)")
@@ -451,6 +460,8 @@ def run(args: argparse.Namespace) -> int:
                           max_replicas=args.max_replicas,
                           local_prefill=args.local_prefill == "on",
                           routing=args.routing,
+                          kv_offloading_gib=args.kv_offload_gib,
+                          prefix_max_entries=args.prefix_max_entries,
                           # the SLO the autoscaler is given is the one the bench scores:
                           # --goal of the requests within the targets
                           quantile=args.goal)

@@ -34,7 +34,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -44,6 +44,7 @@ from poolpilot.bench.scrape import Labels, PromView, labels_of
 from poolpilot.engine_sim.des import ROUTING, LocalPrefill, PoolSim, SimRequest
 from poolpilot.engine_sim.engine import EngineConfig
 from poolpilot.engine_sim.traces import TraceRequest
+from poolpilot.router import prefix_index as pi
 
 from poolpilot import metrics as m
 from poolpilot.roles import DISAGGREGATED_ROLES
@@ -81,11 +82,21 @@ class BenchConfig:
     warm_placeholders: int = 0
     warm_cold_start: float = 0.0
     routing: str = DEFAULT_ROUTING  # the router's pick of prefill engines (ROUTING)
+    # GiB of host memory per prefill (or aggregated) engine for the CPU offload tier of its
+    # prefix cache (vLLM's --kv-offloading-size; the pool's kvOffloadGiB); 0: none
+    kv_offloading_gib: float = 0.0
+    # the router's --prefix-max-entries: keys its approximate prefix index remembers
+    prefix_max_entries: int = pi.DEFAULT_MAX_ENTRIES
 
     def __post_init__(self) -> None:
         if self.routing not in ROUTING:
             raise ValueError(f"routing must be one of {', '.join(ROUTING)}, "
                              f"got {self.routing!r}")
+        if self.prefix_max_entries < 1:
+            raise ValueError(f"--prefix-max-entries must be >= 1, got {self.prefix_max_entries}")
+        if not 0 <= self.kv_offloading_gib < math.inf:
+            raise ValueError(f"--kv-offload-gib must be a number >= 0, got "
+                             f"{self.kv_offloading_gib}")
 
 
 def _per_role() -> dict[str, list[int]]:
@@ -130,9 +141,12 @@ class RunResult:
 def new_pool_sim(cfg: BenchConfig, sim_class: type[PoolSim] = PoolSim) -> PoolSim:
     """An empty simulated pool as every replay (and the oracle's search) builds it."""
     local = LocalPrefill(cfg.slo_ttft, cfg.slo_itl) if cfg.local_prefill else None
+    prefill = (replace(cfg.engine, kv_offloading_gib=cfg.kv_offloading_gib)
+               if cfg.kv_offloading_gib else None)
     return sim_class(cfg.model, cfg.gpu, cfg.tensor_parallel, mode="disaggregated",
                      prefill_replicas=0, decode_replicas=0, config=cfg.engine,
-                     local_prefill=local, routing=cfg.routing)
+                     prefill_config=prefill, local_prefill=local, routing=cfg.routing,
+                     prefix_max_entries=cfg.prefix_max_entries)
 
 
 def meets_slo(rec: Any, slo_ttft: float, slo_itl: float) -> bool:
@@ -394,14 +408,18 @@ class Replay:
         - `prefix_hit_rate`: prompt tokens served from a prefix cache over all prompt tokens
           prefilled, over the run (each request's hit tokens at the engine that prefilled it:
           what the prefill engines' `vllm:prefix_cache_hits_total` and the decode engines'
-          local prefills add up to, without the decode engines' lookups of KV they received);
-        - `prefix_hit_rate_by_role`: each role's engines' own counters, hits / queries;
+          local prefills add up to, without the decode engines' lookups of KV they received;
+          the CPU offload tier's hits included);
+        - `prefix_hit_rate_by_role`: each role's engines' own counters, hits (the offload
+          tier's external hits too) / queries; `host_hit_rate`: the offload tier's share of
+          all prompt tokens (with --kv-offload-gib);
         - `gpu_hours_by_role`; `load_imbalance`: per role, the IMBALANCE_PERCENTILE of the
           scrape-time samples of busiest / mean requests in flight (None: never loaded)."""
         recs = self.sim.records()
         prompt = sum(r.prompt_tokens for r in recs)
         hits = sum(r.prefix_hit_tokens for r in recs)
         by_role: dict[str, float | None] = {}
+        host = 0.0
         for role in DISAGGREGATED_ROLES:
             q = h = 0.0
             for rep in self.sim.replicas.values():
@@ -409,8 +427,11 @@ class Replay:
                     c = rep.engine.snapshot().counters
                     q += c.get(m.VLLM_PREFIX_CACHE_QUERIES, 0.0)
                     h += c.get(m.VLLM_PREFIX_CACHE_HITS, 0.0)
+                    ext = c.get(m.VLLM_EXTERNAL_PREFIX_CACHE_HITS, 0.0)
+                    h += ext
+                    host += ext
             by_role[role] = round(h / q, 6) if q > 0 else None
-        return {
+        out: dict[str, Any] = {
             "prefix_hit_rate": round(hits / prompt, 6) if prompt else None,
             "prefix_hit_rate_by_role": by_role,
             "gpu_hours_by_role": {r: self.ledger.gpu_hours(duration, r)
@@ -420,6 +441,9 @@ class Replay:
                 for r, xs in self.imbalance.items()},
             "routing": self.cfg.routing,
         }
+        if self.cfg.kv_offloading_gib:
+            out["host_hit_rate"] = round(host / prompt, 6) if prompt else None
+        return out
 
 
 def load_imbalance(loads: Sequence[float]) -> tuple[float, float] | None:

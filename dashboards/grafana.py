@@ -260,17 +260,23 @@ def _prefix_hit_panel(f: tuple[str, ...]) -> timeseries.Panel:
     routed = _as_instance(rate(m.ROUTER_PREFIX_ROUTED, W, *f))
     hits = rate(m.VLLM_PREFIX_CACHE_HITS, W, *f, ENGINE_ROLES)
     queries = rate(m.VLLM_PREFIX_CACHE_QUERIES, W, *f, ENGINE_ROLES)
+    # (a decode engine's external hits are the prompts sent to it, not an offload tier's)
+    host = rate(m.VLLM_EXTERNAL_PREFIX_CACHE_HITS, W, *f, 'role=~"prefill|engine"')
     title = "Prefix-cache hit rate per engine: expected by the router vs the engine's"
     return _timeseries(title, [
         Query(f"sum by ({BY_ENDPOINT}) ({expected}) / sum by ({BY_ENDPOINT}) ({routed})",
               "{{pool}} {{instance}} expected by the router"),
         Query(f"sum by ({BY_ENDPOINT}) ({hits}) / sum by ({BY_ENDPOINT}) ({queries})",
               "{{pool}} {{instance}} engine"),
+        Query(f"sum by ({BY_ENDPOINT}) ({host}) / sum by ({BY_ENDPOINT}) ({queries})",
+              "{{pool}} {{instance}} engine, from its CPU offload tier"),
     ], unit="percentunit", width=24, dashed=".*expected by the router",
         description="Share of the prompt tokens sent to each engine that its prefix cache "
         "served. Dashed: what the router expected when it chose the engine (prefix-aware "
         "routing: spec.router.prefixRouting; summed over the router replicas). Solid: the "
-        "engine's own vllm:prefix_cache_hits_total over vllm:prefix_cache_queries_total. "
+        "engine's own vllm:prefix_cache_hits_total over vllm:prefix_cache_queries_total; "
+        "with a CPU offload tier (spec.prefill.kvOffload), also the share it loaded from "
+        "host memory (vllm:external_prefix_cache_hits_total), on top of the GPU's. "
         "Expected well above the engine's: the router's record (Approximate) outlives what "
         "the engine keeps (it evicted blocks), or the router's token estimate is off.")
 

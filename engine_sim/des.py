@@ -19,8 +19,9 @@ Prefix caching: a request's `hash_ids` (a trace's 512-token blocks) are what eac
 prefix cache looks up and keeps (scheduler.py, prefix_cache.py): the prefill engine's cache
 serves a P/D prompt; the decode engine transfers only what its own cache lacks and caches the
 rest on arrival; a local prefill uses its decode engine's cache. `RequestRecord.
-prefix_hit_tokens` is what the prefilling engine found cached; `metrics()` carries vLLM's
-prefix_cache_queries/hits counters per role (and per engine with per_replica=True).
+prefix_hit_tokens` is what the prefilling engine found cached, in its CPU offload tier too
+(`EngineConfig.kv_offloading_gib`); `metrics()` carries vLLM's prefix_cache_queries/hits
+counters per role (and per engine with per_replica=True).
 
 Local prefill (`local_prefill=LocalPrefill(ttft_s, itl_s)`, disaggregated only): at each
 arrival the router's own rule, `poolpilot.router.local_prefill.decide`, chooses between the
@@ -237,6 +238,7 @@ class PoolSim:
         local_prefill: LocalPrefill | None = None,
         routing: str = "least-loaded",
         prefix_balance: float = pi.DEFAULT_BALANCE,
+        prefix_max_entries: int = pi.DEFAULT_MAX_ENTRIES,
     ) -> None:
         pool_mode = _MODES.get(str(mode).lower())
         if pool_mode is None:
@@ -246,11 +248,12 @@ class PoolSim:
         # The simulated router's choice of prefill, aggregated and local-prefill engines:
         # least-loaded, or the router's prefix-aware rule over its own record of what it sent
         # where (router/prefix_index.py), keyed by the requests' hash_ids. Its LRU holds as
-        # many prompt tokens as the router's default and forgets after its default TTL.
+        # many prompt tokens as the router's with `prefix_max_entries` (its
+        # --prefix-max-entries) and forgets after its default TTL.
         self.routing = routing
         self.prefix_balance = prefix_balance
         self._prefix = pi.ApproximateIndex(
-            max(1, pi.DEFAULT_MAX_ENTRIES * pi.BLOCK_TOKENS // HASH_BLOCK_TOKENS),
+            max(1, prefix_max_entries * pi.BLOCK_TOKENS // HASH_BLOCK_TOKENS),
             pi.DEFAULT_TTL_S)
         self.prefix_choices: dict[str, int] = {}  # the router's counter, by reason
         self.mode = pool_mode
@@ -585,7 +588,8 @@ class PoolSim:
         ch = eng.plan(self.now)
         for s in eng.started_loads:
             self._push(s.ready_at, _LOAD, rep.id)
-            s.payload.xfer = s.xfer_time
+            if s.remote_prefill:  # (not a load from the CPU offload tier)
+                s.payload.xfer = s.xfer_time
         eng.started_loads.clear()
         if ch is not None:
             rep.version += 1
@@ -609,7 +613,7 @@ class PoolSim:
             if rep.role != Role.DECODE:  # the router's answer from it: the charge is released
                 rep.charged_tokens -= job.charged
             if rep.role == Role.PREFILL:
-                job.prefix_hit = s.prefix_hit
+                job.prefix_hit = s.prefix_hit + s.host_hit
                 rep.queued_tokens -= s.prompt
                 self._prefill_rate.observe(job.queued_at_send, out.end - job.sent_at)
                 self._push(out.end + self.router_overhead, _HANDOFF, (job, s))
@@ -620,7 +624,8 @@ class PoolSim:
                 req.id, req.arrival, req.prompt_tokens, s.generated, s.first_token_at,
                 s.finished_at, itl_p90(times), True, None, job.prefill_replica,
                 job.decode_replica, job.xfer, job.preemptions, job.local,
-                job.prefix_hit if job.prefill_replica is not None else s.prefix_hit))
+                job.prefix_hit if job.prefill_replica is not None
+                else s.prefix_hit + s.host_hit))
             s.token_steps = []
         rep.note_load(self.now)
 

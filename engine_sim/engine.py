@@ -50,6 +50,9 @@ class EngineConfig:
     # MIN_PREFILL_CHUNK); None: max_num_batched_tokens alone, as vLLM.
     itl_budget: float | None = None
     enable_prefix_caching: bool = True  # vLLM V1's default (scheduler.py, prefix_cache.py)
+    # GiB of host memory for the CPU offload tier of the prefix cache (vLLM's
+    # --kv-offloading-size, summed over the TP ranks); 0: none, vLLM's default
+    kv_offloading_gib: float = 0.0
 
 
 # A prompt still progresses when the decode batch alone uses the ITL budget.
@@ -96,8 +99,12 @@ class EngineCore:
         c = self.config
         plan = step_model.memory_plan(c.gpu_memory_utilization, c.block_size)
         self.memory = plan
+        if c.kv_offloading_gib < 0:
+            raise ValueError(f"kv_offloading_gib must be >= 0, got {c.kv_offloading_gib}")
         self.sched = Scheduler(plan.num_blocks, c.block_size, c.max_num_batched_tokens,
-                               c.max_num_seqs, c.enable_prefix_caching)
+                               c.max_num_seqs, c.enable_prefix_caching,
+                               step_model.host_tier_blocks(c.kv_offloading_gib * 2**30,
+                                                           c.block_size))
         limit = min(step_model.model.max_position, plan.kv_tokens)
         if c.max_model_len is not None and c.max_model_len > limit:
             raise ValueError(
@@ -161,7 +168,8 @@ class EngineCore:
         done = [s for s in self.sched.loading if s.ready_at <= now]
         for s in done:
             self.sched.load_done(s)
-            self.stats.histograms[m.VLLM_NIXL_XFER_TIME].observe(s.xfer_time or 0.0)
+            if s.remote_prefill:
+                self.stats.histograms[m.VLLM_NIXL_XFER_TIME].observe(s.xfer_time or 0.0)
         return done
 
     def release_held(self, rid: Any) -> Seq | None:
@@ -203,7 +211,9 @@ class EngineCore:
             preempted += sp.preempted
         sp.preempted = preempted
         for s in sp.loading:
-            if s.xfer_time is None:  # what this engine's own cache holds is not transferred
+            if s.host_hit:
+                s.xfer_time = self.model.host_load_time(s.host_hit)
+            elif s.xfer_time is None:  # what this engine's own cache holds is not transferred
                 s.xfer_time = self.model.kv_transfer_time(s.prompt - s.prefix_hit)
             s.ready_at = start + s.xfer_time
         self.started_loads.extend(sp.loading)
@@ -487,6 +497,9 @@ class EngineCore:
         counters = dict(self.stats.counters)
         counters[m.VLLM_PREFIX_CACHE_QUERIES] = float(self.sched.prefix_queries)
         counters[m.VLLM_PREFIX_CACHE_HITS] = float(self.sched.prefix_hits)
+        if self.sched.host is not None:  # (the decode side's NIXL tokens are not counted)
+            counters[m.VLLM_EXTERNAL_PREFIX_CACHE_QUERIES] = float(self.sched.external_queries)
+            counters[m.VLLM_EXTERNAL_PREFIX_CACHE_HITS] = float(self.sched.external_hits)
         return MetricsSnapshot(counters, dict(self.stats.success), self.gauges(),
                                self.stats.histograms)
 

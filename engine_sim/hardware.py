@@ -154,6 +154,9 @@ class GPUSpec:
     step_overhead: float = 4e-4  # s per step (scheduling, sampling)
     kv_link_bandwidth: float = 50e9  # bytes/s per GPU for the P->D KV handoff (400 Gb/s)
     kv_link_latency: float = 1e-3  # s per handoff
+    # bytes/s per GPU from host memory to HBM (PCIe Gen5 x16: 64 GB/s a direction, pinned
+    # copies reach ~50): the CPU offload tier's loads
+    host_link_bandwidth: float = 50e9
 
 
 MODELS: dict[str, ModelShape] = {
@@ -179,9 +182,10 @@ GPUS: dict[str, GPUSpec] = {
     for g in (
         GPUSpec("h100", "NVIDIA H100 80GB HBM3 (SXM)", 989e12, 3.35e12, 81559 * MiB, 450e9),
         GPUSpec("h200", "NVIDIA H200 141GB HBM3e (SXM)", 989e12, 4.8e12, 143771 * MiB, 450e9),
-        GPUSpec("a100", "NVIDIA A100-SXM4-80GB", 312e12, 2.039e12, 81920 * MiB, 300e9),
+        GPUSpec("a100", "NVIDIA A100-SXM4-80GB", 312e12, 2.039e12, 81920 * MiB, 300e9,
+                host_link_bandwidth=25e9),  # PCIe Gen4
         GPUSpec("l40s", "NVIDIA L40S (PCIe, no NVLink)", 362e12, 0.864e12, 46068 * MiB, 32e9,
-                allreduce_latency=20e-6, kv_link_bandwidth=25e9),
+                allreduce_latency=20e-6, kv_link_bandwidth=25e9, host_link_bandwidth=25e9),
     )
 }
 
@@ -397,6 +401,15 @@ class StepModel:
             return 0.0
         bytes_ = prompt_tokens * self.model.kv_bytes_per_token
         return bytes_ / (self.gpu.kv_link_bandwidth * self.tp) + self.gpu.kv_link_latency
+
+    def host_load_time(self, tokens: int) -> float:
+        """CPU offload tier to HBM: `tokens`' KV over each rank's own PCIe link."""
+        return tokens * self.model.kv_bytes_per_token / (self.gpu.host_link_bandwidth * self.tp)
+
+    def host_tier_blocks(self, offload_bytes: float, block_size: int = 16) -> int:
+        """KV blocks an offload tier of `offload_bytes` (summed over the ranks, as vLLM's
+        --kv-offloading-size) holds."""
+        return int(offload_bytes // (self.model.kv_bytes_per_token * block_size))
 
 
 def make_step_model(model: str, gpu: str, tensor_parallel: int = 1) -> StepModel:

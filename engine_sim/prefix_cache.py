@@ -11,8 +11,13 @@ the running sequences allocate from (the scheduler counts them as free; schedule
 One entry is one cache unit: a vLLM block over HTTP (`block_size` tokens, one KV block), or a
 trace's hash block in the discrete-event pool (Mooncake's 512 tokens, 32 KV blocks of 16).
 
+`HostTier` is the second tier vLLM's native CPU offloading keeps (`--kv-offloading-size`):
+every block the engine computes is also stored in host memory, an LRU bounded by its own size;
+a prompt whose prefix runs on past the GPU cache into the host tier loads those blocks back
+over PCIe instead of computing them.
+
 What is not modelled: LoRA, multimodal and cache-salt extras in the hash (the simulator serves
-one base model, text only); hybrid or sliding-window attention groups; the CPU offload tier.
+one base model, text only); hybrid or sliding-window attention groups.
 """
 
 from __future__ import annotations
@@ -151,3 +156,53 @@ class PrefixCache:
     def clear(self) -> None:
         """Drop every free unit (vLLM's reset_prefix_cache); referenced units stay."""
         self.evict(self.evictable_blocks)
+
+
+class HostTier:
+    """The CPU offload tier: cached units by hash in host memory, bounded by `capacity_blocks`
+    KV blocks, least recently stored or loaded evicted first. Write-through: the engine stores
+    each unit it computes (vLLM's OffloadingConnector stores every full block a request
+    computes), so the tier holds what the GPU cache evicted as long as host memory lasts."""
+
+    def __init__(self, capacity_blocks: int) -> None:
+        if capacity_blocks <= 0:
+            raise ValueError(f"capacity_blocks must be positive, got {capacity_blocks}")
+        self.capacity_blocks = capacity_blocks
+        self._lru: OrderedDict[int, int] = OrderedDict()  # hash -> blocks, least recent first
+        self.used_blocks = 0
+        self.evicted = 0
+
+    def __len__(self) -> int:
+        return len(self._lru)
+
+    def __contains__(self, h: int) -> bool:
+        return h in self._lru
+
+    def match(self, hashes: Sequence[int]) -> int:
+        """How many of the leading `hashes` the tier holds."""
+        n = 0
+        for h in hashes:
+            if h not in self._lru:
+                break
+            n += 1
+        return n
+
+    def touch(self, hashes: Iterable[int]) -> None:
+        """These units were loaded back: they become the most recent."""
+        for h in hashes:
+            if h in self._lru:
+                self._lru.move_to_end(h)
+
+    def store(self, h: int, blocks: int) -> None:
+        """Keep unit `h` (a unit larger than the whole tier is not kept)."""
+        if h in self._lru:
+            self._lru.move_to_end(h)
+            return
+        if blocks > self.capacity_blocks:
+            return
+        self._lru[h] = blocks
+        self.used_blocks += blocks
+        while self.used_blocks > self.capacity_blocks:
+            _, b = self._lru.popitem(last=False)
+            self.used_blocks -= b
+            self.evicted += 1

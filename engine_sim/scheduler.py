@@ -27,6 +27,12 @@ used of them. A preempted or finished sequence drops its references; the units s
 A sequence whose KV comes from a remote prefill engine looks up its local cache too (only
 the rest is transferred, as vLLM's NixlConnector does) and caches the blocks it receives.
 
+CPU offload tier (`host_blocks` > 0; prefix_cache.HostTier): each unit computed is also stored
+in host memory. A sequence whose cached prefix runs on past the GPU cache into the host tier
+allocates blocks for those units and waits in LOADING while they are copied back (the engine
+prices the copy); vLLM counts those tokens as external prefix-cache hits. Then it computes
+the rest of its prompt like any other. Sequences with remote KV do not look up the host tier.
+
 The scheduler is pure: no clock, no I/O. The engine core (engine.py) prices steps and keeps
 time.
 """
@@ -39,7 +45,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from .prefix_cache import PrefixCache
+from .prefix_cache import HostTier, PrefixCache
 
 
 class SeqState(Enum):
@@ -80,6 +86,7 @@ class Seq:
     cached: list[int] = field(default_factory=list)  # the cache units it references
     cache_next: int = 0  # index of the next unit to cache once computed
     prefix_hit: int = 0  # prompt tokens its last admission found cached
+    host_hit: int = 0  # prompt tokens past prefix_hit it loads from the CPU offload tier
     preemptions: int = 0
     ready_at: float = 0.0
     first_scheduled_at: float | None = None
@@ -113,6 +120,7 @@ class Scheduler:
         max_num_batched_tokens: int = 8192,
         max_num_seqs: int = 256,
         enable_prefix_caching: bool = True,
+        host_blocks: int = 0,
     ) -> None:
         if num_blocks <= 0 or block_size <= 0:
             raise ValueError("num_blocks and block_size must be positive")
@@ -135,6 +143,10 @@ class Scheduler:
         # and those found cached
         self.prefix_queries = 0
         self.prefix_hits = 0
+        # the CPU offload tier, and vLLM's external prefix-cache stats for it
+        self.host = HostTier(host_blocks) if host_blocks > 0 and enable_prefix_caching else None
+        self.external_queries = 0
+        self.external_hits = 0
 
     # ---- queue ----
     def add(self, seq: Seq) -> None:
@@ -201,15 +213,20 @@ class Scheduler:
         hashes = seq.block_hashes
         if not self.enable_prefix_caching or not hashes or seq.cached:
             return
-        seq.prefix_hit = 0  # a preempted sequence looks up again
+        seq.prefix_hit = seq.host_hit = 0  # a preempted sequence looks up again
         k = self.cache.match(hashes)
+        unit, bs = self._unit(seq), self.block_size
+        last = (seq.prompt - 1) // bs * bs  # whole KV blocks, never the last prompt token
+        if self.host is not None and not seq.remote_prefill:
+            j = self.host.match(hashes[k:])
+            if j:
+                seq.host_hit = max(0, min((k + j) * unit, seq.prompt, last) - k * unit)
         if k == 0:
             return
-        unit, bs = self._unit(seq), self.block_size
-        # whole KV blocks, never the last prompt token
-        hit = min(k * unit, seq.prompt, (seq.prompt - 1) // bs * bs)
+        hit = min(k * unit, seq.prompt, last)
         k = min(k, -(-hit // unit))
         if hit <= 0 or k <= 0:
+            seq.host_hit = 0  # the host units would not start on a unit boundary
             return
         use = hashes[:k]
         taken = self.cache.acquire(use)
@@ -226,11 +243,15 @@ class Scheduler:
             self.free_blocks += self.cache.release(reversed(seq.cached))
             seq.cached = []
         seq.blocks = seq.shared_blocks = seq.cache_next = seq.computed = seq.prefix_hit = 0
+        seq.host_hit = 0
 
     def _count_query(self, seq: Seq) -> None:
         if self.enable_prefix_caching and seq.preemptions == 0:
             self.prefix_queries += seq.prompt
             self.prefix_hits += seq.prefix_hit
+            if self.host is not None and not seq.remote_prefill:
+                self.external_queries += seq.prompt - seq.prefix_hit
+                self.external_hits += seq.host_hit
 
     def cache_computed(self, seq: Seq) -> None:
         """Cache the units of `seq`'s prompt that it has computed since the last call."""
@@ -248,6 +269,8 @@ class Scheduler:
             if self.cache.insert(hashes[i], blocks):
                 seq.cached.append(hashes[i])
                 seq.shared_blocks += blocks
+            if self.host is not None:
+                self.host.store(hashes[i], blocks)
             seq.cache_next = i + 1
 
     def release_held(self, rid: Any) -> Seq | None:
@@ -324,8 +347,13 @@ class Scheduler:
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
             self._lookup(seq)
-            if seq.remote_prefill and seq.generated == 0 and seq.preemptions == 0:
-                if not self._grow(seq, seq.prompt):
+            # KV to load before it runs: the host tier's units (then it computes the rest),
+            # or a remote prefill engine's whole prompt
+            load_to = seq.computed + seq.host_hit if seq.host_hit else (
+                seq.prompt if seq.remote_prefill and seq.generated == 0
+                and seq.preemptions == 0 else 0)
+            if load_to:
+                if not self._grow(seq, load_to):
                     self._unlookup(seq)
                     break
                 self._count_query(seq)
@@ -361,11 +389,18 @@ class Scheduler:
         return plan
 
     def load_done(self, seq: Seq) -> None:
-        """The remote KV of a LOADING sequence arrived: all prompt tokens but the last are in
-        (and cached here, as vLLM caches the blocks it receives)."""
+        """The KV of a LOADING sequence arrived and is cached here, as vLLM caches the blocks
+        it receives: from a remote prefill engine, all prompt tokens but the last; from the
+        host tier, its units (the rest of the prompt is computed when it runs)."""
         self.loading.remove(seq)
-        seq.computed = seq.prompt - 1
-        self.cache_computed(seq)
+        if seq.host_hit:
+            seq.computed += seq.host_hit
+            self.cache_computed(seq)
+            if self.host is not None:
+                self.host.touch(seq.block_hashes[:seq.cache_next])
+        else:
+            seq.computed = seq.prompt - 1
+            self.cache_computed(seq)
         seq.state = SeqState.READY
         self.ready.append(seq)
 

@@ -277,6 +277,7 @@ class SimServerConfig:
     gpu_memory_utilization: float = 0.9
     block_size: int = 16
     enable_prefix_caching: bool = True
+    kv_offloading_size: float = 0.0  # GiB of CPU offload tier (vLLM's flag); 0: none
     mean_output_tokens: float = 256.0
     seed: int = 0
     engine_id: str | None = None
@@ -307,6 +308,7 @@ class SimServer:
             track_token_steps=False,
             block_size=cfg.block_size,
             enable_prefix_caching=cfg.enable_prefix_caching,
+            kv_offloading_gib=cfg.kv_offloading_size,
         )
         if not cfg.kv_lease_seconds > 0:
             raise ValueError(f"--kv-lease-seconds must be > 0, got {cfg.kv_lease_seconds}")
@@ -598,6 +600,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
                         default=D.enable_prefix_caching,
                         help="cache prompt prefixes as vLLM V1 does (vLLM's flag; default on)")
+    parser.add_argument("--kv-offloading-size", type=float, default=D.kv_offloading_size,
+                        metavar="GIB",
+                        help="GiB of host memory for a CPU offload tier of the prefix cache "
+                             "(vLLM's flag, its native backend; default 0: none)")
     parser.add_argument("--mean-output-tokens", type=float, default=D.mean_output_tokens,
                         help="mean 'natural' output length when ignore_eos is false")
     parser.add_argument("--seed", type=int, default=D.seed, help="seed for natural output lengths")

@@ -51,6 +51,10 @@ HELP = {
     m.VLLM_PREEMPTIONS: "Cumulative number of preemption from the engine.",
     m.VLLM_PREFIX_CACHE_QUERIES: "Prefix cache queries, in terms of number of queried tokens.",
     m.VLLM_PREFIX_CACHE_HITS: "Prefix cache hits, in terms of number of cached tokens.",
+    m.VLLM_EXTERNAL_PREFIX_CACHE_QUERIES: "External prefix cache queries from KV connector "
+    "cross-instance cache sharing, in terms of number of queried tokens.",
+    m.VLLM_EXTERNAL_PREFIX_CACHE_HITS: "External prefix cache hits from KV connector "
+    "cross-instance cache sharing, in terms of number of cached tokens.",
     m.VLLM_NIXL_FAILED: "Number of failed NIXL KV Cache transfers.",
     m.VLLM_NIXL_EXPIRED: "Number of requests that had their KV expire.",
     m.VLLM_REQUEST_SUCCESS: "Count of successfully processed requests.",
@@ -197,7 +201,7 @@ def sum_snapshots(snaps: Iterable[MetricsSnapshot], kv_mean: bool = True) -> Met
     kv: list[float] = []
     for s in snaps:
         for n, v in s.counters.items():
-            out.counters[n] += v
+            out.counters[n] = out.counters.get(n, 0.0) + v
         for r, v in s.success.items():
             out.success[r] += v
         for n, h in s.histograms.items():

@@ -40,6 +40,7 @@ from poolpilot.operator.pod_overlays import (
 
 from poolpilot import api, handoff, names
 from poolpilot.apitypes import Obj, quantity_value
+from poolpilot.roles import Role
 
 # ---------------------------------------------------------------------------------------------
 # Engines
@@ -56,6 +57,14 @@ def model_location(spec: api.InferencePoolSpec) -> str:
         return spec.model.name
     sub = pvc.path.strip("/")
     return f"{MODEL_PVC_DIR}/{sub}" if sub else MODEL_PVC_DIR
+
+
+def kv_offload_bytes(role_spec: api.EngineRoleSpec) -> int | None:
+    """Bytes of host memory for the role's CPU offload tier (None: none; 0 counts as none)."""
+    if role_spec.kv_offload is None:
+        return None
+    value = quantity_value(role_spec.kv_offload)
+    return int(value) if value is not None and value >= 1 else None
 
 
 def _precise(spec: api.InferencePoolSpec) -> bool:
@@ -99,6 +108,9 @@ def launch_command(spec: api.InferencePoolSpec, role: str) -> list[str]:
         # The prefill's KV hold covers the router's handoff (its connect timeout x attempts).
         cmd += ["--kv-lease-seconds", str(handoff.kv_lease_seconds())]
     cmd += ["--tensor-parallel", str(role_spec.tensor_parallel_size)]
+    offload = kv_offload_bytes(role_spec)
+    if offload is not None and role != Role.DECODE:  # (validation refuses it on decode)
+        cmd += ["--kv-offload-bytes", str(offload)]
     if role_spec.nodes_per_replica > 1:  # a LeaderWorkerSet group (operator/multinode.py)
         cmd += ["--nodes", str(role_spec.nodes_per_replica)]
     if _precise(spec):

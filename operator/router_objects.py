@@ -6,6 +6,7 @@ Part of the pure builders (poolpilot.operator.builders): no I/O and no clock.
 from __future__ import annotations
 
 import json
+import math
 
 from poolpilot.operator import router_auth
 from poolpilot.operator.building_blocks import (
@@ -34,11 +35,13 @@ from poolpilot.operator.building_blocks import (
 )
 from poolpilot.operator.engine_pods import (
     _precise,
+    kv_offload_bytes,
 )
 from poolpilot.operator.pod_overlays import (
     _overlay_pod,
     _template_resources,
 )
+from poolpilot.router import prefix_index as pi
 
 from poolpilot import api, names
 from poolpilot.apitypes import Obj
@@ -112,6 +115,26 @@ def build_router_role_binding(pool: Pool) -> Obj:
 
 
 # The router's --prefix-routing value for each spec.router.prefixRouting.
+# The approximate prefix record's size when spec.router.prefixIndexEntries is unset: the
+# router's default covers GPU caches; engines with a CPU offload tier hold more, so it grows by
+# their offload at an 8B model's KV size (keys of BLOCK_TOKENS tokens), within a bound that
+# keeps the record (~300 bytes a key) well inside the router's default memory limit.
+OFFLOAD_KV_BYTES_PER_TOKEN = 128 * 1024
+MAX_DERIVED_PREFIX_ENTRIES = 2**21
+
+
+def prefix_index_entries(spec: api.InferencePoolSpec) -> int | None:
+    """The router's --prefix-max-entries (None: its default)."""
+    if spec.router.prefix_index_entries is not None:
+        return spec.router.prefix_index_entries
+    offload = sum(spec.role(r).max_replicas * (kv_offload_bytes(spec.role(r)) or 0)
+                  for r in spec.engine_roles() if r != Role.DECODE)
+    if not offload:
+        return None
+    keys = math.ceil(offload / OFFLOAD_KV_BYTES_PER_TOKEN / pi.BLOCK_TOKENS)
+    return min(MAX_DERIVED_PREFIX_ENTRIES, pi.DEFAULT_MAX_ENTRIES + keys)
+
+
 _ROUTER_PREFIX_ROUTING = {api.PrefixRouting.APPROXIMATE: "approximate",
                           api.PrefixRouting.PRECISE: "precise", api.PrefixRouting.DISABLED: "off"}
 
@@ -134,6 +157,8 @@ def build_router_deployment(pool: Pool, caps: Capabilities | None = None) -> Obj
             *(("--api-key-file", f"{ROUTER_KEYS_DIR}/{ROUTER_KEYS_FILE}")
               if keys is not None else ()),
             "--prefix-routing", _ROUTER_PREFIX_ROUTING[spec.router.prefix_routing],
+            *(("--prefix-max-entries", str(entries))
+              if (entries := prefix_index_entries(spec)) is not None else ()),
             *(("--kv-events-port", str(KV_EVENTS_PORT), "--kv-replay-port", str(KV_REPLAY_PORT))
               if _precise(spec) else ()),
         ],

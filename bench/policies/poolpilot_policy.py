@@ -67,10 +67,15 @@ def profile_targets(load: MinuteLoad, cap: Capacity) -> dict[str, float]:
 
 def hit_rate(prom: Any, window: float, by: tuple[str, ...]) -> dict[tuple[str, ...], float]:
     """`sum by (role) (rate(hits[w])) / sum by (role) (rate(queries[w]))`, NaN where nothing
-    was looked up; no group where the engines export no such counters."""
+    was looked up; no group where the engines export no such counters. As the autoscaler's
+    query (queries.hit_rate), hits loaded from a CPU offload tier count too (vLLM's external
+    hits; not at decode engines, where they are the prompts sent by the prefill engines)."""
     hits = prom.rate(m.VLLM_PREFIX_CACHE_HITS, window, by=by)
+    ext = prom.rate(m.VLLM_EXTERNAL_PREFIX_CACHE_HITS, window, by=by)
     queries = prom.rate(m.VLLM_PREFIX_CACHE_QUERIES, window, by=by)
-    return {g: (hits[g] / qv if qv > 0 else math.nan) for g, qv in queries.items() if g in hits}
+    return {g: ((hits[g] + (ext.get(g, 0.0) if "decode" not in g else 0.0)) / qv
+                if qv > 0 else math.nan)
+            for g, qv in queries.items() if g in hits}
 
 
 class PoolpilotPolicy:

@@ -96,6 +96,7 @@ from poolpilot.apitypes import (
     Int32,
     JsonValue,
     Matching,
+    Quantity,
     Rule,
     RuleFailure,
     TrimmedString,
@@ -264,6 +265,15 @@ class EngineRoleSpec(ApiModel):
         default_factory=dict,
         description="Overrides runtime.engineArgs for this role, e.g. {maxNumBatchedTokens: 8192}.",
     )
+    kv_offload: Quantity | None = Field(
+        default=None,
+        description="Host memory each engine keeps as a second tier of its prefix cache "
+        "(vLLM's native CPU offloading), e.g. 256Gi: blocks the GPU cache evicts stay there "
+        "and are copied back over PCIe instead of recomputed, which lifts the hit rate of "
+        "long conversations whose history outgrows the GPUs. Pinned host memory: the pod's "
+        "memory request and limit must hold it. Prefill and aggregated engines (GPU engines "
+        "only; vLLM's CPU backend has no offloading); unset: none.",
+    )
     termination_grace_period_seconds: Int32 = Field(
         default=120, ge=MIN_ENGINE_GRACE_SECONDS,
         description="Seconds a stopping engine pod has: a 10 s preStop (the routers stop "
@@ -332,6 +342,13 @@ class RouterSpec(ApiModel):
         "engines are started publishing them on ports 5557 and 5558; the router tokenizes "
         "each prompt with an engine's /tokenize). Disabled: by load only.",
     )
+    prefix_index_entries: Int32 | None = Field(
+        default=None, ge=1,
+        description="Keys (about 32 prompt tokens each) the approximate prefix record "
+        "remembers, about 300 bytes of router memory a key. Unset: 131072 (~4M prompt "
+        "tokens), raised to cover the engines' kvOffload (maxReplicas x kvOffload at an 8B "
+        "model's 128 KiB of KV a token, at most 2097152); set it for another model's size.",
+    )
 
 
 
@@ -399,6 +416,13 @@ class InferencePoolSpec(ApiModel):
             check=lambda s: s.mode != Mode.DISAGGREGATED
             or s.kv_transfer.connector != Connector.NIXL
             or s.prefill.termination_grace_period_seconds >= MIN_PREFILL_NIXL_GRACE_SECONDS,
+        ),
+        Rule(
+            field="decode.kvOffload",
+            cel="self.mode != 'Disaggregated' || !has(self.decode.kvOffload)",
+            message="must be unset: a decode engine receives each prompt's KV from a prefill "
+            "engine; set prefill.kvOffload instead",
+            check=lambda s: s.mode != Mode.DISAGGREGATED or s.decode.kv_offload is None,
         ),
     )
 

@@ -58,6 +58,9 @@ RESERVED_ENGINE_ARGS: dict[str, str] = {
     "servedModelName": "from spec.model.servedName",
     "tensorParallelSize": "from the role's tensorParallelSize",
     "kvTransferConfig": "from spec.kvTransfer (connector and extraConfig)",
+    # (vLLM's own would replace the P/D connector with the offloading one)
+    "kvOffloadingSize": "from the role's kvOffload",
+    "kvOffloadingBackend": "from the role's kvOffload (vLLM's native CPU offloading)",
     # A multi-node replica's place in its LeaderWorkerSet group (the launcher's --nodes).
     "nnodes": "from the role's nodesPerReplica",
     "nodeRank": "from the pod's index in its LeaderWorkerSet group",

@@ -119,8 +119,10 @@ def _le(bound: float) -> str:
 def engine(waiting: float = 0, running: float = 0, kv: float | None = 0.0,
            prompt_rate: float = 0, generation_rate: float = 0,
            ttft: Hist | None = None, itl: Hist | None = None, old_names: bool = False,
-           text_only: bool = False, request_rate: float = 0) -> FakeExporter:
-    """A vLLM engine's page; `old_names` uses the names older vLLM releases exported."""
+           text_only: bool = False, request_rate: float = 0,
+           prefix: tuple[float, float, float | None] | None = None) -> FakeExporter:
+    """A vLLM engine's page; `old_names` uses the names older vLLM releases exported;
+    `prefix`: prefix-cache queries, hits and external hits per second (None: not exported)."""
     kv_name = m.VLLM_RENAMED[m.VLLM_KV_USAGE] if old_names else m.VLLM_KV_USAGE
     itl_name = m.VLLM_RENAMED[m.VLLM_ITL] if old_names else m.VLLM_ITL
     gauges = {m.VLLM_WAITING: waiting, m.VLLM_RUNNING: running}
@@ -131,10 +133,15 @@ def engine(waiting: float = 0, running: float = 0, kv: float | None = 0.0,
         hists[m.VLLM_TTFT] = ttft
     if itl is not None:
         hists[itl_name] = itl
+    counters = {m.VLLM_PROMPT_TOKENS: prompt_rate, m.VLLM_GENERATION_TOKENS: generation_rate,
+                m.VLLM_REQUEST_SUCCESS: request_rate}
+    if prefix is not None:
+        counters[m.VLLM_PREFIX_CACHE_QUERIES], counters[m.VLLM_PREFIX_CACHE_HITS] = prefix[:2]
+        if prefix[2] is not None:
+            counters[m.VLLM_EXTERNAL_PREFIX_CACHE_HITS] = prefix[2]
     return FakeExporter(
         gauges=gauges,
-        counters={m.VLLM_PROMPT_TOKENS: prompt_rate, m.VLLM_GENERATION_TOKENS: generation_rate,
-                  m.VLLM_REQUEST_SUCCESS: request_rate},
+        counters=counters,
         histograms=hists,
         text_only=text_only,
     )

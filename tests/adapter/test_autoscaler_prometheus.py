@@ -57,8 +57,14 @@ EXPORTERS: dict[tuple[str, str, str, int], FakeExporter] = {
     ("team-a", "alpha", "router", 2): router_fallback("alpha", "kv_transfer_failed", 0.25,
                                                       kv_failure_rate=0.25),
     ("team-b", "beta", "decode", 0): engine(running=10, kv=0.6, generation_rate=7, itl=ITL_OLD,
-                                           old_names=True),
+                                           old_names=True, prefix=(100, 50, None)),
     ("team-b", "gamma", "decode", 0): engine(running=1, kv=math.nan),
+    # Pool epsilon (team-b): prefix caches. Prefill engines hit 30 of 100 tokens/s on GPU and
+    # 10 more from a CPU offload tier (external hits); the decode engine's external hits are
+    # the prompts NIXL brought it.
+    ("team-b", "epsilon", "prefill", 0): engine(prefix=(100, 30, 10), text_only=True),
+    ("team-b", "epsilon", "prefill", 1): engine(prefix=(100, 30, 10), text_only=True),
+    ("team-b", "epsilon", "decode", 0): engine(prefix=(100, 10, 80), text_only=True),
     ("team-b", "delta", "decode", 0): engine(running=1, kv=0.1),
 }
 
@@ -169,6 +175,14 @@ EXPECTED = [
     Expect("no-series-for-a-role-without-engines", q.WAITING, ("team-a", "alpha", "engine"),
            None),
     Expect("no-ttft-where-no-histogram", q.ttft_key(0.9), G_PRE, None),
+    # hit rate: GPU hits plus the offload tier's (external) hits, over queries ...
+    Expect("prefix-hit-rate-counts-the-offload-tier", q.PREFIX_HIT_RATE,
+           ("team-b", "epsilon", "prefill"), 0.4, rel=0.1),
+    # ... but not at decode, whose external hits are KV it received, not a cache's
+    Expect("prefix-hit-rate-at-decode-without-nixl", q.PREFIX_HIT_RATE,
+           ("team-b", "epsilon", "decode"), 0.1, rel=0.1),
+    # an engine without a connector has no external series (and escaped names here)
+    Expect("prefix-hit-rate-without-external-series", q.PREFIX_HIT_RATE, B_DEC, 0.5, rel=0.1),
 ]
 
 

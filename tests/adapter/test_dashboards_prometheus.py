@@ -254,7 +254,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             for role in ("prefill", "decode"):
                 engines[role] = start(f"engine-{role}", [
                     *POOLPILOT, "engine-sim", "--host", "127.0.0.1", "--port", "0",
-                    "--role", role, "--served-name", "sim"],
+                    "--role", role, "--served-name", "sim",
+                    # the prefill engine keeps a CPU offload tier (its hit-rate panel's series)
+                    *(("--kv-offloading-size", "1") if role == "prefill" else ())],
                     r"listening on (http://127\.0\.0\.1:\d+)")
                 procs.append(engines[role])
                 targets.append(Target(engines[role].url.removeprefix("http://"),

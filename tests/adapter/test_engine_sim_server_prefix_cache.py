@@ -135,3 +135,39 @@ def test_caching_off_hits_nothing() -> None:
         for _ in range(2):
             send(sim, "/v1/completions", {"prompt": prompt_text((1, 2), 1000)})
         assert counters(sim).get(HITS, 0.0) == 0.0
+
+
+def test_a_cpu_offload_tier_serves_a_prefix_the_gpu_evicted() -> None:
+    """`--kv-offloading-size` (vLLM's flag): a GPU that holds ~4,800 tokens evicts most of a
+    3,000-token prompt's blocks when a 4,500-token one comes; the same prompt again loads them
+    back from host memory (vLLM's external prefix-cache counters on /metrics) and its first
+    token comes sooner than the first time; without the tier it is computed again."""
+    a, b = prompt_text((1, 2, 3, 4, 5, 6), 3000), prompt_text((7, 8, 9, 10, 11, 12), 4500)
+    ext = m.VLLM_EXTERNAL_PREFIX_CACHE_HITS
+    seen = {}
+    for gib in ("0", "1"):
+        with EngineSimProcess(role="engine", speed=float("inf"), served_name=NAME,
+                              extra_args=["--gpu-memory-utilization", "0.125",
+                                          "--kv-offloading-size", gib]) as sim:
+            first = send(sim, "/v1/completions", {"prompt": a})["usage"]["prompt_tokens"]
+            cold = last_ttft(sim)
+            send(sim, "/v1/completions", {"prompt": b})
+            before = _counter(sim, ext), counters(sim)[HITS]
+            send(sim, "/v1/completions", {"prompt": a})
+            after = _counter(sim, ext)
+            loaded = None if after is None else after - (before[0] or 0.0)
+            seen[gib] = (last_ttft(sim) / cold, loaded, counters(sim)[HITS] - before[1], first)
+    (cold_ratio, cold_ext, cold_hit, n), (warm_ratio, warm_ext, warm_hit, _) = seen["0"], seen["1"]
+    assert cold_ext is None  # no connector, no external series (as vLLM)
+    assert cold_hit < n // 2 and cold_ratio > 0.5  # mostly recomputed
+    assert warm_ext is not None and warm_ext > n // 2  # most of it came back from host
+    assert warm_ext + warm_hit >= n - 16 - 512  # all but a partial block (and the last token)
+    assert warm_ratio < cold_ratio / 2
+
+
+def _counter(sim: EngineSimProcess, name: str) -> float | None:
+    for fam in text_string_to_metric_families(httpx.get(sim.url + "/metrics").text):
+        for s in fam.samples:
+            if s.name == name:
+                return float(s.value)
+    return None

@@ -63,6 +63,18 @@ CMD_CASES = [
                "--dtype", "bfloat16"]),
     CmdCase("served name and tensor parallel",
             spec("engine", served_name="llama", tensor_parallel=4, port=9000), None),
+    # The CPU offload tier: vLLM's OffloadingConnector, alone on an aggregated engine ...
+    CmdCase("aggregated with a cpu offload tier", spec("engine", kv_offload_bytes=2**38),
+            {"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
+             "kv_connector_extra_config": {"cpu_bytes_to_use": 2**38}}),
+    # ... beside NIXL on a prefill engine, under MultiConnector (NIXL first: it hands over)
+    CmdCase("prefill nixl with a cpu offload tier", spec("prefill", kv_offload_bytes=2**30),
+            {"kv_connector": "MultiConnector", "kv_role": "kv_both",
+             "kv_connector_extra_config": {"connectors": [
+                 {"kv_connector": "NixlConnector", "kv_role": "kv_producer",
+                  "kv_connector_extra_config": {"kv_lease_duration": 25}},
+                 {"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
+                  "kv_connector_extra_config": {"cpu_bytes_to_use": 2**30}}]}}),
 ]
 
 
@@ -213,6 +225,13 @@ ERR_CASES = [
             "--prestop-seconds: only with --grace-seconds"),
     ErrCase("negative preStop", spec("decode", grace_seconds=60, prestop_seconds=-1),
             "--prestop-seconds -1: must be >= 0"),
+    ErrCase("offload on a decode engine", spec("decode", kv_offload_bytes=2**30),
+            "--kv-offload-bytes: a decode engine receives each prompt's KV"),
+    ErrCase("offload of no bytes", spec("engine", kv_offload_bytes=0),
+            "--kv-offload-bytes 0: must be >= 1"),
+    # vLLM's own flag would replace the P/D connector with the offloading one
+    ErrCase("vllm's offloading flag", spec("prefill", engine_args=["kvOffloadingSize=64"]),
+            "--engine-arg kvOffloadingSize: set by the launcher; use --kv-offload-bytes"),
     ErrCase("shutdown timeout twice",
             spec("decode", grace_seconds=60, engine_args=["shutdownTimeout=30"]),
             "--engine-arg shutdownTimeout: set by the launcher; use --grace-seconds"),

@@ -217,11 +217,15 @@ def test_queries_are_grouped_and_tolerate_renames() -> None:
         "vllm:gpu_cache_usage_perc", "vllm_gpu_cache_usage_perc"]
     assert "vllm:time_per_output_token_seconds_bucket" in qs["itl@0.9"]
     # hits over queries, each name form divided by its own (never escaped by unescaped)
+    # (the offload tier's external hits added where exported, never at decode)
     hit = qs["prefix_hit_rate"]
-    assert hit.count(" or ") == 1
-    assert ("rate(vllm:prefix_cache_hits_total{" in hit.split(" or ")[0]
-            and "rate(vllm:prefix_cache_queries_total{" in hit.split(" or ")[0])
-    assert "vllm_prefix_cache_hits_total" in hit.split(" or ")[1]
+    colon, escaped = hit.split(") or ((")
+    for name in ("hits", "queries"):
+        assert f"rate(vllm:prefix_cache_{name}_total{{" in colon
+        assert f"rate(vllm_prefix_cache_{name}_total{{" in escaped
+    assert 'rate(vllm:external_prefix_cache_hits_total{pool!="", role!="decode"}' in colon
+    assert 'rate(vllm_external_prefix_cache_hits_total{pool!="", role!="decode"}' in escaped
+    assert "vllm_" not in colon and "vllm:" not in escaped
 
 
 @pytest.mark.parametrize(("router", "ready"), [

@@ -126,3 +126,32 @@ def test_rate_scale_copies_share_prefixes_only_among_themselves(
     kinds = [{h // span for h in r.hash_ids} for r in doubled if r.hash_ids]
     assert all(len(k) == 1 for k in kinds)  # each request's blocks are all of one copy
     assert sum(k == {1} for k in kinds) == sum(k == {0} for k in kinds)
+
+
+def test_a_cpu_offload_tier_serves_what_a_small_gpu_cache_evicts(
+        chat: list[TraceRequest]) -> None:
+    """GPUs whose KV cache holds a few prompts (8B at 14% of an H200: ~40k tokens) evict each
+    conversation's history before its next turn; a host tier of 8 GiB (64k tokens) per prefill
+    engine keeps it, so more of each prompt is served from a cache, the JSON says how much
+    came from the tier, and the engines' counters (the autoscaler's input) count it too."""
+    from poolpilot.bench.policies.static_peak import StaticPool
+    from poolpilot.engine_sim.engine import EngineConfig
+
+    small = replace(CFG, engine=EngineConfig(gpu_memory_utilization=0.14))
+    res = {}
+    for gib in (0.0, 8.0):
+        cfg = replace(small, kv_offloading_gib=gib)
+        res[gib] = replay(chat, StaticPool({"prefill": 2, "decode": 1}), cfg).as_json()
+    assert "host_hit_rate" not in res[0.0]
+    assert res[8.0]["host_hit_rate"] > 0.05
+    assert res[8.0]["prefix_hit_rate"] > res[0.0]["prefix_hit_rate"] + 0.05
+    # the tier's hits are in the prefill engines' own hit rate (GPU + external hits)
+    assert res[8.0]["prefix_hit_rate_by_role"]["prefill"] == pytest.approx(
+        res[8.0]["prefix_hit_rate"], abs=0.02)
+
+
+def test_bench_refuses_a_negative_offload_tier(tmp_path: Path, capsys) -> None:
+    path = tmp_path / "t.csv"
+    write_csv([TraceRequest(0.0, 100, 10)], path)
+    assert cli_main(["bench", "--trace", str(path), "--kv-offload-gib", "-1"]) == 2
+    assert "--kv-offload-gib must be a number >= 0" in capsys.readouterr().err

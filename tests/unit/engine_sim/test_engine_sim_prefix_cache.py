@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from poolpilot.engine_sim.des import HASH_BLOCK_TOKENS, PoolSim, SimRequest
 from poolpilot.engine_sim.engine import EngineConfig, EngineCore
 from poolpilot.engine_sim.hardware import make_step_model
-from poolpilot.engine_sim.prefix_cache import PrefixCache, chain_hashes
+from poolpilot.engine_sim.prefix_cache import HostTier, PrefixCache, chain_hashes
 from poolpilot.engine_sim.scheduler import Scheduler, Seq, SeqState
 
 from poolpilot import metrics as m
@@ -304,3 +304,92 @@ def test_a_pool_under_kv_pressure_serves_everyone_and_gives_every_block_back(req
         assert sched.free_blocks == sched.num_blocks and sched.cache.pinned_blocks == 0
         assert sched.cache.evictable_blocks <= sched.num_blocks
         assert sched.prefix_hits <= sched.prefix_queries
+
+
+# ---- the CPU offload tier (vLLM's --kv-offloading-size) --------------------------------------
+
+
+def test_host_tier_is_an_lru_bounded_by_its_blocks() -> None:
+    tier = HostTier(10)
+    for h in (1, 2, 3):
+        tier.store(h, 4)  # 12 blocks > 10: the least recent (1) goes
+    assert (1 in tier, tier.used_blocks, tier.evicted) == (False, 8, 1)
+    tier.touch([2])  # loaded back: now the most recent
+    tier.store(4, 4)
+    assert (2 in tier, 3 in tier, 4 in tier) == (True, False, True)
+    tier.store(5, 11)  # larger than the tier: not kept, nothing evicted for it
+    assert 5 not in tier and tier.used_blocks == 8
+    assert tier.match([2, 4, 9, 4]) == 2
+    with pytest.raises(ValueError, match="capacity_blocks"):
+        HostTier(0)
+
+
+def _run_one(eng: EngineCore, seq: Seq) -> Seq:
+    eng.add(seq)
+    now = eng.busy_until
+    while eng.has_work() or eng.sched.loading:
+        # (no chunk: only a load in flight, and the clock goes to its end)
+        now = eng.commit().end if eng.plan(now) is not None else eng.next_load_at() or now
+    return seq
+
+
+def test_a_prefix_evicted_from_the_gpu_is_loaded_back_from_the_host_tier() -> None:
+    """A prompt whose blocks the GPU cache evicted but host memory kept is loaded back over
+    PCIe, not recomputed: vLLM's external prefix-cache counters say so, its first token comes
+    sooner than a recompute's, and without the tier the same prompt is computed again."""
+    def engine(offload_gib: float) -> EngineCore:
+        eng = EngineCore(SM, "engine", EngineConfig(kv_offloading_gib=offload_gib))
+        eng.sched = Scheduler(300, 16, 8192, 8, True,
+                              SM.host_tier_blocks(offload_gib * 2**30))
+        return eng
+
+    ids = chain_hashes(list(range(4096)), 16)  # 256 blocks
+    other = chain_hashes(list(range(10**6, 10**6 + 4096)), 16)
+    seen = {}
+    for gib in (0.0, 1.0):  # 1 GiB: 8192 tokens of an 8B model's KV
+        eng = engine(gib)
+        _run_one(eng, Seq("a", 4100, 2, 0.0, block_hashes=ids))
+        _run_one(eng, Seq("b", 4100, 2, 0.0, block_hashes=other))  # evicts a's blocks
+        assert eng.sched.cache.match(ids) < 256
+        again = _run_one(eng, Seq("c", 4100, 2, 0.0, block_hashes=ids))
+        assert again.first_token_at is not None and again.first_scheduled_at is not None
+        seen[gib] = (again, again.first_token_at - again.first_scheduled_at, eng.snapshot())
+    cold, cold_ttft, cold_snap = seen[0.0]
+    warm, warm_ttft, warm_snap = seen[1.0]
+    assert cold.prefix_hit + cold.host_hit < 4096 and cold.host_hit == 0
+    assert warm.prefix_hit + warm.host_hit == 4096  # all but the last (partial) block
+    assert warm.host_hit > 0
+    assert warm_ttft < cold_ttft / 3  # a 4k-token copy is far cheaper than its prefill
+    assert m.VLLM_EXTERNAL_PREFIX_CACHE_HITS not in cold_snap.counters  # no connector, no series
+    assert warm_snap.counters[m.VLLM_EXTERNAL_PREFIX_CACHE_HITS] == warm.host_hit
+    # the loaded blocks are cached on the GPU again: a fourth request hits them there
+    fourth = _run_one(eng, Seq("d", 4100, 2, 0.0, block_hashes=ids))
+    assert (fourth.prefix_hit, fourth.host_hit) == (4096, 0)
+    assert eng.sched.free_blocks == 300  # every block given back
+
+
+@settings(max_examples=40, deadline=None)
+@given(reqs=reqs_st, num_blocks=st.integers(20, 60), host=st.integers(1, 80))
+def test_with_a_host_tier_the_cache_stays_inside_kv_memory_and_everyone_finishes(
+        reqs, num_blocks, host) -> None:
+    eng = EngineCore(SM, "engine", EngineConfig(max_num_seqs=4, max_chunk_steps=16))
+    eng.sched = Scheduler(num_blocks, 16, 256, 4, True, host)
+    seqs = [s for i, r in enumerate(reqs) if eng.sched.fits_ever(s := _seq(i, r))]
+    now, step, added = 0.0, 0, []
+    while step < 5000 and not (len(added) == len(seqs) and not eng.has_work()
+                               and not eng.sched.loading):
+        for s in seqs:
+            if reqs[s.rid].at_step == step and s not in added:
+                eng.add(s)
+                added.append(s)
+        ch = eng.plan(now)
+        check_memory(eng.sched, [s for s in added if s.state is not SeqState.FINISHED])
+        if ch is not None:
+            now = eng.commit().end
+        elif eng.next_load_at() is not None:
+            now = max(now, eng.next_load_at() or now)
+        step += 1
+    assert all(s.state is SeqState.FINISHED and s.generated == s.max_output for s in seqs)
+    assert eng.sched.free_blocks == num_blocks and eng.sched.cache.pinned_blocks == 0
+    assert eng.sched.host is not None and eng.sched.host.used_blocks <= host
+    assert all((s.prefix_hit + s.host_hit) <= s.prompt - 1 for s in seqs)

@@ -433,3 +433,44 @@ def test_children_are_deterministic_valid_and_uniquely_named(
         assert obj["metadata"]["name"].startswith(f"{name}-")
         if not obj["apiVersion"].startswith("monitoring.coreos.com"):
             kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+
+
+@dataclass(frozen=True)
+class OffloadCase:
+    id: str
+    spec: dict[str, Any]
+    offload: dict[str, str | None]  # role -> --kv-offload-bytes (None: absent)
+    entries: str | None  # the router's --prefix-max-entries (None: absent, its default)
+
+
+OFFLOAD_CASES = [
+    OffloadCase("none", {"model": {"name": "m"}}, {"prefill": None, "decode": None}, None),
+    # 8 prefill engines x 256 GiB at 128 KiB a token, 32 tokens a key: 524288 keys more
+    OffloadCase("prefill 256Gi", {"model": {"name": "m"}, "prefill": {"kvOffload": "256Gi"}},
+                {"prefill": str(256 * 2**30), "decode": None}, str(131072 + 524288)),
+    OffloadCase("aggregated, capped",
+                {"model": {"name": "m"}, "mode": "Aggregated",
+                 "engine": {"kvOffload": "1Ti", "maxReplicas": 32}},
+                {"engine": str(2**40)}, str(2**21)),
+    OffloadCase("entries set by the user win",
+                {"model": {"name": "m"}, "prefill": {"kvOffload": "64Gi"},
+                 "router": {"prefixIndexEntries": 300000}},
+                {"prefill": str(64 * 2**30), "decode": None}, "300000"),
+    OffloadCase("entries without offload", {"model": {"name": "m"},
+                                            "router": {"prefixIndexEntries": 5}},
+                {"prefill": None, "decode": None}, "5"),
+]
+
+
+@pytest.mark.parametrize("case", OFFLOAD_CASES, ids=[c.id for c in OFFLOAD_CASES])
+def test_a_cpu_offload_tier_reaches_the_engines_and_sizes_the_routers_record(
+        case: OffloadCase) -> None:
+    pool = _pool(case.spec)
+    for role, expected in case.offload.items():
+        cmd = _container(builders.build_engine_deployment(pool, api.Role(role)))["command"]
+        got = cmd[cmd.index("--kv-offload-bytes") + 1] if "--kv-offload-bytes" in cmd else None
+        assert got == expected, role
+    router = _container(builders.build_router_deployment(pool))["command"]
+    got = (router[router.index("--prefix-max-entries") + 1]
+           if "--prefix-max-entries" in router else None)
+    assert got == case.entries
