@@ -143,10 +143,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="host memory per prefill engine for the CPU offload tier of its prefix "
                         "cache (vLLM's --kv-offloading-size; an InferencePool's "
                         "prefill.kvOffloadGiB), the same for every policy; 0: none (0)")
-    p.add_argument("--prefix-max-entries", type=int, default=pi.DEFAULT_MAX_ENTRIES,
-                   metavar="N",
+    p.add_argument("--prefix-max-entries", type=int, default=None, metavar="N",
                    help="keys the simulated router's approximate prefix index remembers (the "
-                        f"router's --prefix-max-entries; {pi.DEFAULT_MAX_ENTRIES})")
+                        f"router's --prefix-max-entries; default {pi.DEFAULT_MAX_ENTRIES}, "
+                        "grown with --kv-offload-gib as the operator grows the router's)")
     p.add_argument("--seed", type=int, default=0, help="seed for --rate-scale copies (0)")
     p.add_argument("--jobs", type=int, default=1,
                    help="replays run in parallel processes (1)")

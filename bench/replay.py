@@ -83,20 +83,30 @@ class BenchConfig:
     warm_cold_start: float = 0.0
     routing: str = DEFAULT_ROUTING  # the router's pick of prefill engines (ROUTING)
     # GiB of host memory per prefill (or aggregated) engine for the CPU offload tier of its
-    # prefix cache (vLLM's --kv-offloading-size; the pool's kvOffloadGiB); 0: none
+    # prefix cache (vLLM's --kv-offloading-size; the pool's prefill.kvOffload); 0: none
     kv_offloading_gib: float = 0.0
-    # the router's --prefix-max-entries: keys its approximate prefix index remembers
-    prefix_max_entries: int = pi.DEFAULT_MAX_ENTRIES
+    # the router's --prefix-max-entries: keys its approximate prefix index remembers (None:
+    # as the operator sizes it, grown by max_replicas prefill engines' offload tiers)
+    prefix_max_entries: int | None = None
 
     def __post_init__(self) -> None:
         if self.routing not in ROUTING:
             raise ValueError(f"routing must be one of {', '.join(ROUTING)}, "
                              f"got {self.routing!r}")
-        if self.prefix_max_entries < 1:
+        if self.prefix_max_entries is not None and self.prefix_max_entries < 1:
             raise ValueError(f"--prefix-max-entries must be >= 1, got {self.prefix_max_entries}")
         if not 0 <= self.kv_offloading_gib < math.inf:
             raise ValueError(f"--kv-offload-gib must be a number >= 0, got "
                              f"{self.kv_offloading_gib}")
+
+
+    def record_entries(self) -> int:
+        """The simulated router's record: as given, else as the operator sizes it."""
+        if self.prefix_max_entries is not None:
+            return self.prefix_max_entries
+        if not self.kv_offloading_gib:
+            return pi.DEFAULT_MAX_ENTRIES
+        return pi.entries_for_offload(self.max_replicas * self.kv_offloading_gib * 2**30)
 
 
 def _per_role() -> dict[str, list[int]]:
@@ -146,7 +156,7 @@ def new_pool_sim(cfg: BenchConfig, sim_class: type[PoolSim] = PoolSim) -> PoolSi
     return sim_class(cfg.model, cfg.gpu, cfg.tensor_parallel, mode="disaggregated",
                      prefill_replicas=0, decode_replicas=0, config=cfg.engine,
                      prefill_config=prefill, local_prefill=local, routing=cfg.routing,
-                     prefix_max_entries=cfg.prefix_max_entries)
+                     prefix_max_entries=cfg.record_entries())
 
 
 def meets_slo(rec: Any, slo_ttft: float, slo_itl: float) -> bool:

@@ -6,7 +6,6 @@ Part of the pure builders (poolpilot.operator.builders): no I/O and no clock.
 from __future__ import annotations
 
 import json
-import math
 
 from poolpilot.operator import router_auth
 from poolpilot.operator.building_blocks import (
@@ -115,24 +114,14 @@ def build_router_role_binding(pool: Pool) -> Obj:
 
 
 # The router's --prefix-routing value for each spec.router.prefixRouting.
-# The approximate prefix record's size when spec.router.prefixIndexEntries is unset: the
-# router's default covers GPU caches; engines with a CPU offload tier hold more, so it grows by
-# their offload at an 8B model's KV size (keys of BLOCK_TOKENS tokens), within a bound that
-# keeps the record (~300 bytes a key) well inside the router's default memory limit.
-OFFLOAD_KV_BYTES_PER_TOKEN = 128 * 1024
-MAX_DERIVED_PREFIX_ENTRIES = 2**21
-
-
 def prefix_index_entries(spec: api.InferencePoolSpec) -> int | None:
-    """The router's --prefix-max-entries (None: its default)."""
+    """The router's --prefix-max-entries (None: its default): spec.router.prefixIndexEntries,
+    else grown by the engines' offload tiers at their largest (pi.entries_for_offload)."""
     if spec.router.prefix_index_entries is not None:
         return spec.router.prefix_index_entries
     offload = sum(spec.role(r).max_replicas * (kv_offload_bytes(spec.role(r)) or 0)
                   for r in spec.engine_roles() if r != Role.DECODE)
-    if not offload:
-        return None
-    keys = math.ceil(offload / OFFLOAD_KV_BYTES_PER_TOKEN / pi.BLOCK_TOKENS)
-    return min(MAX_DERIVED_PREFIX_ENTRIES, pi.DEFAULT_MAX_ENTRIES + keys)
+    return pi.entries_for_offload(offload) if offload else None
 
 
 _ROUTER_PREFIX_ROUTING = {api.PrefixRouting.APPROXIMATE: "approximate",

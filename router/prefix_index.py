@@ -70,6 +70,18 @@ DEFAULT_MAX_ENTRIES = 131072  # keys: ~4M prompt tokens of prefixes, ~45 MB (mea
 DEFAULT_TTL_S = 300.0
 DEFAULT_BALANCE = 1.25
 
+# Engines with a CPU offload tier hold more than GPU caches: the record grows by their offload
+# at an 8B model's KV size (128 KiB a token), within a bound that keeps it (~300 bytes a key)
+# well inside the router's default memory limit. The operator and the bench size it alike.
+OFFLOAD_KV_BYTES_PER_TOKEN = 128 * 1024
+MAX_OFFLOAD_ENTRIES = 2**21
+
+
+def entries_for_offload(offload_bytes: float) -> int:
+    """The record's keys for engines whose offload tiers hold `offload_bytes` in all."""
+    keys = math.ceil(offload_bytes / OFFLOAD_KV_BYTES_PER_TOKEN / BLOCK_TOKENS)
+    return min(MAX_OFFLOAD_ENTRIES, DEFAULT_MAX_ENTRIES + keys)
+
 PREFIX = "prefix"
 LOAD = "load"
 BOUND = "bound"

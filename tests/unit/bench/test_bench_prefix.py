@@ -155,3 +155,20 @@ def test_bench_refuses_a_negative_offload_tier(tmp_path: Path, capsys) -> None:
     write_csv([TraceRequest(0.0, 100, 10)], path)
     assert cli_main(["bench", "--trace", str(path), "--kv-offload-gib", "-1"]) == 2
     assert "--kv-offload-gib must be a number >= 0" in capsys.readouterr().err
+
+
+def test_the_simulated_routers_record_is_sized_as_the_operator_sizes_the_routers() -> None:
+    """Without --prefix-max-entries the bench's router remembers what the operator's would
+    for a pool of --max-replicas prefill engines with that offload tier."""
+    from poolpilot.operator.router_objects import prefix_index_entries
+    from poolpilot.router import prefix_index as pi
+
+    from poolpilot import api
+
+    for gib, replicas in ((0.0, 4), (64.0, 4), (256.0, 8), (1024.0, 32)):
+        cfg = replace(CFG, kv_offloading_gib=gib, max_replicas=replicas)
+        spec = api.InferencePoolSpec.model_validate({
+            "model": {"name": "m"}, "prefill": {
+                "maxReplicas": replicas, **({"kvOffload": f"{gib:g}Gi"} if gib else {})}})
+        assert cfg.record_entries() == (prefix_index_entries(spec) or pi.DEFAULT_MAX_ENTRIES)
+    assert replace(CFG, kv_offloading_gib=256.0, prefix_max_entries=7).record_entries() == 7
