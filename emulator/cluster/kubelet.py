@@ -3,8 +3,11 @@
 - Each pod gets its own loopback address 127.B.N.M (AddressPool) and runs its command
   (pods.pod_command) there on its container port, in a folder of its own with its volumes as
   local folders, env from values, the downward API, Secrets and ConfigMaps.
-- Readiness from the pod's readinessProbe (HTTP GET, polled), gated for simulator engines by a
-  cold start (weight loading) divided by --speed.
+- Readiness from the pod's readinessProbe (HTTP GET, polled; its period divided by --speed,
+  at most 1 s), as the kubelet counts it: ready after successThreshold successes, not ready
+  after failureThreshold failures in a row (each try given timeoutSeconds), not ready at once
+  when the process is gone; gated for simulator engines by a cold start (weight loading)
+  divided by --speed.
 - A process that exits is restarted with back-off and reported as CrashLoopBackOff.
 - Deleting a pod is graceful: its endpoint turns not-ready, the preStop sleep runs, then
   SIGTERM, then SIGKILL after terminationGracePeriodSeconds (all divided by --speed); a
@@ -321,18 +324,22 @@ class Kubelet:
     async def _probe_loop(self, rt: PodRuntime) -> None:
         url = P.probe_url(rt.container, rt.ip)
         probe = rt.container.get("readinessProbe") or {}
+        rule = P.ProbeRule.of(rt.container)
         period = max(0.2, min(1.0, float(probe.get("periodSeconds", 5)) / self.cfg.speed))
+        streak = 0
         while not rt.terminating:
             ok = False
-            if rt.child is not None and rt.child.alive():
+            running = rt.child is not None and rt.child.alive()
+            if running:
                 if url is None:
                     ok = True
                 else:
                     with contextlib.suppress(httpx.HTTPError):
-                        r = await self._http.get(url)
+                        r = await self._http.get(url, timeout=rule.timeout_s)
                         ok = r.status_code == 200
-            rt.probe_ok = ok
-            rt.ready = ok and time.monotonic() - rt.started_at >= self._cold_start(rt)
+            # (a restart reset probe_ok: the new process must pass its probe again)
+            rt.probe_ok, streak = rule.next(rt.probe_ok, streak, ok, running)
+            rt.ready = rt.probe_ok and time.monotonic() - rt.started_at >= self._cold_start(rt)
             await asyncio.sleep(period)
 
     async def _supervise(self, rt: PodRuntime, pod: Obj) -> None:

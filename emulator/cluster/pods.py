@@ -412,6 +412,38 @@ def probe_url(container: Mapping[str, Any], ip: str, kind: str = "readinessProbe
     return f"http://{ip}:{port}{get.get('path', '/')}"
 
 
+@dataclass(frozen=True)
+class ProbeRule:
+    """How a readinessProbe's results turn into readiness, as the kubelet does: ready after
+    `success_threshold` successes in a row, not ready after `failure_threshold` failures in
+    a row (one slow answer does not pull a pod out of its Service), each try given
+    `timeout_s`; a container that is not running is not ready at once."""
+
+    failure_threshold: int = 3
+    success_threshold: int = 1
+    timeout_s: float = 1.0
+
+    @classmethod
+    def of(cls, container: Mapping[str, Any], kind: str = "readinessProbe") -> ProbeRule:
+        probe = container.get(kind) or {}
+        return cls(max(1, int(probe.get("failureThreshold", 3))),
+                   max(1, int(probe.get("successThreshold", 1))),
+                   max(0.1, float(probe.get("timeoutSeconds", 1))))
+
+    def next(self, ready: bool, streak: int, ok: bool, running: bool = True
+             ) -> tuple[bool, int]:
+        """(ready, streak) after one probe: `streak` counts the results in a row that
+        disagree with `ready` (successes while not ready, failures while ready)."""
+        if not running:
+            return False, 0
+        if ok == ready:
+            return ready, 0
+        streak += 1
+        if streak >= (self.success_threshold if ok else self.failure_threshold):
+            return ok, 0
+        return ready, streak
+
+
 def prestop_seconds(container: Mapping[str, Any]) -> float:
     """A preStop `sleep N` hook's N (the operator's way to let endpoint removal propagate)."""
     cmd = (((container.get("lifecycle") or {}).get("preStop") or {}).get("exec") or {}).get(

@@ -321,3 +321,23 @@ def test_a_conditions_transition_time_moves_only_when_its_status_does() -> None:
     assert back["Ready"] < killed["Ready"] < restarted["Ready"]
     times.forget(("ns", "p"))  # a new pod of the same name starts afresh
     assert ready("True")["PodScheduled"] > restarted["PodScheduled"]
+
+
+def test_readiness_follows_the_probes_thresholds_as_the_kubelet_does() -> None:
+    """One slow answer does not pull a ready pod out of its Service: it takes
+    failureThreshold failures in a row (3 by default), and successThreshold successes to come
+    back; a process that is gone is not ready at once."""
+    rule = P.ProbeRule.of({"readinessProbe": {"httpGet": {"path": "/health"},
+                                              "failureThreshold": 3, "timeoutSeconds": 3}})
+    assert (rule.failure_threshold, rule.success_threshold, rule.timeout_s) == (3, 1, 3.0)
+    ready, streak = False, 0
+    seen = []
+    for ok in (True, False, False, True, False, False, False, True):
+        ready, streak = rule.next(ready, streak, ok)
+        seen.append(ready)
+    assert seen == [True, True, True, True, True, True, False, True]
+    assert rule.next(True, 0, True, running=False) == (False, 0)
+    # Kubernetes' defaults when the probe sets none
+    assert P.ProbeRule.of({"readinessProbe": {"httpGet": {}}}) == P.ProbeRule(3, 1, 1.0)
+    two = P.ProbeRule.of({"readinessProbe": {"successThreshold": 2}})
+    assert two.next(False, 0, True) == (False, 1) and two.next(False, 1, True) == (True, 0)
