@@ -99,7 +99,6 @@ class BenchConfig:
             raise ValueError(f"--kv-offload-gib must be a number >= 0, got "
                              f"{self.kv_offloading_gib}")
 
-
     def record_entries(self) -> int:
         """The simulated router's record: as given, else as the operator sizes it."""
         if self.prefix_max_entries is not None:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import hashlib
 from array import array
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Container, Iterable, Sequence
 from dataclasses import dataclass
 
 # The parent of a prompt's first block (vLLM seeds it with a random or fixed NONE_HASH).
@@ -49,6 +49,16 @@ def chain_hashes(token_ids: Sequence[int], block_size: int, parent: int = ROOT_H
         parent = block_hash(parent, token_ids[start:start + block_size])
         out.append(parent)
     return tuple(out)
+
+
+def leading_run(hashes: Sequence[int], held: Container[int]) -> int:
+    """How many of the leading `hashes` are in `held` (a chain's cached prefix)."""
+    n = 0
+    for h in hashes:
+        if h not in held:
+            break
+        n += 1
+    return n
 
 
 @dataclass(slots=True)
@@ -94,13 +104,7 @@ class PrefixCache:
 
     def match(self, hashes: Sequence[int]) -> int:
         """How many of the leading `hashes` are cached (the longest cached prefix)."""
-        n = 0
-        entries = self._entries
-        for h in hashes:
-            if h not in entries:
-                break
-            n += 1
-        return n
+        return leading_run(hashes, self._entries)
 
     def acquire(self, hashes: Iterable[int]) -> int:
         """A sequence starts using these cached units; returns the blocks that stopped being
@@ -180,12 +184,7 @@ class HostTier:
 
     def match(self, hashes: Sequence[int]) -> int:
         """How many of the leading `hashes` the tier holds."""
-        n = 0
-        for h in hashes:
-            if h not in self._lru:
-                break
-            n += 1
-        return n
+        return leading_run(hashes, self._lru)
 
     def touch(self, hashes: Iterable[int]) -> None:
         """These units were loaded back: they become the most recent."""
