@@ -40,7 +40,7 @@ from poolpilot.bench.profile import SimCapacity
 from poolpilot.bench.replay import DEFAULT_ROUTING, BenchConfig, RunResult, replay
 from poolpilot.bench.static_min import PASS_GOAL, Probe, search_static_min
 from poolpilot.bench.sweeps import parse_policy_spec, split_specs, variant_name, with_sweeps
-from poolpilot.bench.workload import first_seconds, scale_load
+from poolpilot.bench.workload import block_tokens, first_seconds, scale_load
 from poolpilot.engine_sim.des import ROUTING
 from poolpilot.engine_sim.hardware import GPUS
 from poolpilot.engine_sim.traces import (
@@ -75,7 +75,8 @@ class Options:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--trace", help="trace file (Azure CSV, Mooncake JSONL, CSV)")
+    p.add_argument("--trace", help="trace file (Azure CSV, Mooncake or Qwen-Bailian JSONL, "
+                   "BurstGPT CSV, CSV)")
     p.add_argument("--format", choices=FORMATS, default=None,
                    help="trace format (default: detected from the file)")
     p.add_argument("--model", default="llama-3.1-8b", help="model shape (engine simulator)")
@@ -462,6 +463,7 @@ def run(args: argparse.Namespace) -> int:
                           routing=args.routing,
                           kv_offloading_gib=args.kv_offload_gib,
                           prefix_max_entries=args.prefix_max_entries,
+                          hash_block_tokens=block_tokens(trace),
                           # the SLO the autoscaler is given is the one the bench scores:
                           # --goal of the requests within the targets
                           quantile=args.goal)

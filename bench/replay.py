@@ -41,7 +41,7 @@ import numpy as np
 from poolpilot.bench.accounting import Ledger, ReplayedRequest, ScaleEvent, Span, Summary, summarize
 from poolpilot.bench.policies.base import PoolView, RolePods, ScalingPolicy
 from poolpilot.bench.scrape import Labels, PromView, labels_of
-from poolpilot.engine_sim.des import ROUTING, LocalPrefill, PoolSim, SimRequest
+from poolpilot.engine_sim.des import HASH_BLOCK_TOKENS, ROUTING, LocalPrefill, PoolSim, SimRequest
 from poolpilot.engine_sim.engine import EngineConfig
 from poolpilot.engine_sim.traces import TraceRequest
 from poolpilot.router import prefix_index as pi
@@ -88,6 +88,9 @@ class BenchConfig:
     # the router's --prefix-max-entries: keys its approximate prefix index remembers (None:
     # as the operator sizes it, grown by max_replicas prefill engines' offload tiers)
     prefix_max_entries: int | None = None
+    # the tokens one of the trace's hash ids stands for (Mooncake's 512, Bailian's 16): the
+    # simulated router's record holds as many tokens whatever the trace's block size
+    hash_block_tokens: int = HASH_BLOCK_TOKENS
 
     def __post_init__(self) -> None:
         if self.routing not in ROUTING:
@@ -155,7 +158,8 @@ def new_pool_sim(cfg: BenchConfig, sim_class: type[PoolSim] = PoolSim) -> PoolSi
     return sim_class(cfg.model, cfg.gpu, cfg.tensor_parallel, mode="disaggregated",
                      prefill_replicas=0, decode_replicas=0, config=cfg.engine,
                      prefill_config=prefill, local_prefill=local, routing=cfg.routing,
-                     prefix_max_entries=cfg.record_entries())
+                     prefix_max_entries=cfg.record_entries(),
+                     hash_block_tokens=cfg.hash_block_tokens)
 
 
 def meets_slo(rec: Any, slo_ttft: float, slo_itl: float) -> bool:
@@ -168,7 +172,8 @@ def meets_slo(rec: Any, slo_ttft: float, slo_itl: float) -> bool:
 
 
 def to_sim_requests(trace: Sequence[TraceRequest]) -> list[SimRequest]:
-    return [SimRequest(i, r.arrival_s, r.input_tokens, r.output_tokens, r.hash_ids)
+    return [SimRequest(i, r.arrival_s, r.input_tokens, r.output_tokens, r.hash_ids,
+                       r.block_tokens)
             for i, r in enumerate(trace)]
 
 

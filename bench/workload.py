@@ -13,9 +13,10 @@ after the first shares prefixes only with its own kind (see scale_load).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 import numpy as np
-from poolpilot.engine_sim.traces import TraceRequest
+from poolpilot.engine_sim.traces import MOONCAKE_BLOCK_TOKENS, TraceRequest
 
 
 def scale_load(trace: Sequence[TraceRequest], x: float, seed: int = 0) -> list[TraceRequest]:
@@ -31,10 +32,18 @@ def scale_load(trace: Sequence[TraceRequest], x: float, seed: int = 0) -> list[T
         copies = whole + (1 if frac and rng.random() < frac else 0)
         for k in range(copies):
             t = r.arrival_s if k == 0 else max(0.0, r.arrival_s + float(rng.random()) - 0.5)
-            out.append(TraceRequest(round(t, 6), r.input_tokens, r.output_tokens,
-                                    tuple(h + k * span for h in r.hash_ids)))
+            out.append(replace(r, arrival_s=round(t, 6),
+                               hash_ids=tuple(h + k * span for h in r.hash_ids)))
     out.sort()
     return out
+
+
+def block_tokens(trace: Sequence[TraceRequest]) -> int:
+    """The tokens one of the trace's hash ids stands for (a trace without ids: Mooncake's)."""
+    sizes = {r.block_tokens for r in trace if r.hash_ids}
+    if len(sizes) > 1:
+        raise ValueError(f"the trace mixes hash blocks of {sorted(sizes)} tokens")
+    return sizes.pop() if sizes else MOONCAKE_BLOCK_TOKENS
 
 
 def first_seconds(trace: Sequence[TraceRequest], duration: float | None) -> list[TraceRequest]:

@@ -34,7 +34,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     b.add_argument("--seed", type=int, default=3, help="numpy default_rng seed (default 3)")
     b.add_argument("--json", action="store_true", help="print JSON")
     t = sub.add_parser("trace", help="replay a trace through a simulated pool")
-    t.add_argument("--trace", required=True, help="trace file (azure CSV, mooncake JSONL, csv)")
+    t.add_argument("--trace", required=True,
+                   help="trace file (azure CSV, mooncake or bailian JSONL, csv)")
     t.add_argument("--copies", type=int, default=1,
                    help="overlay N copies of the trace (copy i shifted by i/N s): N x the rate")
     t.add_argument("--limit-seconds", type=float, default=None,
@@ -113,7 +114,7 @@ def _trace(args: argparse.Namespace) -> int:
     span = 1 + max((h for r in trace for h in r.hash_ids), default=-1)
     reqs = sorted(
         (SimRequest(i * len(trace) + j, r.arrival_s + i / args.copies, r.input_tokens,
-                    r.output_tokens, tuple(h + i * span for h in r.hash_ids))
+                    r.output_tokens, tuple(h + i * span for h in r.hash_ids), r.block_tokens)
          for i in range(args.copies) for j, r in enumerate(trace)),
         key=lambda r: r.arrival,
     )

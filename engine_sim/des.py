@@ -73,8 +73,9 @@ from .hardware import StepModel, make_step_model
 from .scheduler import Seq
 from .stats import MetricsSnapshot, sum_snapshots
 
-# Prompt tokens one of SimRequest.hash_ids stands for: a Mooncake trace's hash block
-# (poolpilot.engine_sim.traces.MOONCAKE_BLOCK_TOKENS), 32 of the engines' 16-token KV blocks.
+# Prompt tokens one of SimRequest.hash_ids stands for unless it says otherwise: a Mooncake
+# trace's hash block (poolpilot.engine_sim.traces.MOONCAKE_BLOCK_TOKENS), 32 of the engines'
+# 16-token KV blocks (a Qwen-Bailian trace's blocks are 16 tokens, one KV block).
 HASH_BLOCK_TOKENS = 512
 
 
@@ -84,10 +85,11 @@ class SimRequest:
     arrival: float  # seconds
     prompt_tokens: int
     output_tokens: int
-    # The prompt's blocks of HASH_BLOCK_TOKENS tokens (the last possibly partial), each id
+    # The prompt's blocks of `hash_block_tokens` tokens (the last possibly partial), each id
     # standing for its block and the prefix before it: what every engine's prefix cache looks
     # up and keeps. (): nothing shared with any other request.
     hash_ids: tuple[int, ...] = ()
+    hash_block_tokens: int = HASH_BLOCK_TOKENS
 
 
 @dataclass
@@ -239,6 +241,7 @@ class PoolSim:
         routing: str = "least-loaded",
         prefix_balance: float = pi.DEFAULT_BALANCE,
         prefix_max_entries: int = pi.DEFAULT_MAX_ENTRIES,
+        hash_block_tokens: int = HASH_BLOCK_TOKENS,
     ) -> None:
         pool_mode = _MODES.get(str(mode).lower())
         if pool_mode is None:
@@ -249,11 +252,12 @@ class PoolSim:
         # least-loaded, or the router's prefix-aware rule over its own record of what it sent
         # where (router/prefix_index.py), keyed by the requests' hash_ids. Its LRU holds as
         # many prompt tokens as the router's with `prefix_max_entries` (its
-        # --prefix-max-entries) and forgets after its default TTL.
+        # --prefix-max-entries) and forgets after its default TTL (`hash_block_tokens`: the
+        # tokens one of the requests' hash ids stands for).
         self.routing = routing
         self.prefix_balance = prefix_balance
         self._prefix = pi.ApproximateIndex(
-            max(1, prefix_max_entries * pi.BLOCK_TOKENS // HASH_BLOCK_TOKENS),
+            max(1, prefix_max_entries * pi.BLOCK_TOKENS // hash_block_tokens),
             pi.DEFAULT_TTL_S)
         self.prefix_choices: dict[str, int] = {}  # the router's counter, by reason
         self.mode = pool_mode
@@ -452,7 +456,7 @@ class PoolSim:
         ready = [r for r in self._live.values() if r.role == role and r.is_ready(self.now)]
         if not ready:
             return None
-        keys = PromptKeys(req.hash_ids, HASH_BLOCK_TOKENS)
+        keys = PromptKeys(req.hash_ids, req.hash_block_tokens)
         matched = self._matched(keys, req.prompt_tokens, ready)
         # turn 0: ties go to the first, as _pick's do (no match: exactly _pick's choice)
         c = pi.choose([r.router_load() for r in ready], matched, req.prompt_tokens,
@@ -507,7 +511,7 @@ class PoolSim:
         policy = lp.LocalPrefillPolicy(
             lpc.ttft_s, lpc.itl_s, cost, lpc.enter, lpc.exit,
             max_chunk_tokens=self.configs[Role.DECODE].max_num_batched_tokens)
-        keys = PromptKeys(req.hash_ids, HASH_BLOCK_TOKENS)
+        keys = PromptKeys(req.hash_ids, req.hash_block_tokens)
         aware = self.routing == "prefix-aware"
         held_p = self._matched(keys, req.prompt_tokens, prefill) if aware else [0] * len(prefill)
         held_d = self._matched(keys, req.prompt_tokens, decode) if aware else [0] * len(decode)
@@ -551,24 +555,24 @@ class PoolSim:
         if rep.role == Role.PREFILL:
             job.prefill_replica = rep.id
             seq = Seq(req.id, req.prompt_tokens, 1, self.now, payload=job,
-                      block_hashes=req.hash_ids, hash_block_tokens=HASH_BLOCK_TOKENS)
+                      block_hashes=req.hash_ids, hash_block_tokens=req.hash_block_tokens)
             rep.queued_tokens += req.prompt_tokens
             job.sent_at, job.queued_at_send = self.now, rep.queued_tokens
         elif job.local:  # the router's fallback: a plain request, prefilled here
             job.decode_replica = rep.id
             seq = Seq(req.id, req.prompt_tokens, req.output_tokens, self.now, payload=job,
-                      block_hashes=req.hash_ids, hash_block_tokens=HASH_BLOCK_TOKENS)
+                      block_hashes=req.hash_ids, hash_block_tokens=req.hash_block_tokens)
             rep.queued_tokens += req.prompt_tokens
         elif rep.role == Role.DECODE:
             job.decode_replica = rep.id
             # its own cache serves what it holds; the blocks it receives are cached
             seq = Seq(req.id, req.prompt_tokens, req.output_tokens, self.now,
                       remote_prefill=True, payload=job, block_hashes=req.hash_ids,
-                      hash_block_tokens=HASH_BLOCK_TOKENS)
+                      hash_block_tokens=req.hash_block_tokens)
         else:
             job.decode_replica = rep.id
             seq = Seq(req.id, req.prompt_tokens, req.output_tokens, self.now, payload=job,
-                      block_hashes=req.hash_ids, hash_block_tokens=HASH_BLOCK_TOKENS)
+                      block_hashes=req.hash_ids, hash_block_tokens=req.hash_block_tokens)
         eng.add(seq)
         rep.note_load(self.now)
         if eng.chunk is None:

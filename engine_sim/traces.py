@@ -10,6 +10,13 @@ Formats (see ../shared/traces/README.md):
   "input_length": N, "output_length": M, "hash_ids": [...]}`` object a line. ``hash_ids``
   (optional) names the prompt's blocks of MOONCAKE_BLOCK_TOKENS tokens: equal leading ids
   mean a shared prefix (see TraceRequest).
+- ``bailian``: Alibaba's Qwen-Bailian traces (ATC 2025, alibaba-edu/qwen-bailian-usagetraces-
+  anon) JSONL, one ``{"chat_id", "parent_chat_id", "timestamp": <s since start>,
+  "input_length", "output_length", "type", "turn", "hash_ids": [...]}`` object a line, the
+  ids naming blocks of BAILIAN_BLOCK_TOKENS tokens. Told from Mooncake's by its session
+  fields (``chat_id``, ``parent_chat_id``, ``turn``): the same keys otherwise, but seconds
+  instead of milliseconds and 16-token blocks instead of 512, so read as Mooncake a two-hour
+  trace would replay in seven seconds.
 - ``csv``: a plain CSV ``arrival_s,input_tokens,output_tokens`` (header optional).
 
 Every loader returns requests sorted by arrival, arrivals relative to the first request, and
@@ -33,13 +40,20 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 
-FORMATS = ("azure", "mooncake", "burstgpt", "csv")
+FORMATS = ("azure", "mooncake", "bailian", "burstgpt", "csv")
 log = logging.getLogger(__name__)
 
 # Prompt tokens one Mooncake hash id stands for. Mooncake's FAST'25 traces hash each prompt in
 # blocks of 512 tokens (their README: "the block size is 512"; a 6,955-token prompt carries 14
 # ids, the last for a partial block of 299 tokens), so this is not a choice but the format's.
 MOONCAKE_BLOCK_TOKENS = 512
+# The Qwen-Bailian traces hash blocks of 16 tokens (their README: "Salted SipHash blocks (16
+# tokens per block)"; vLLM's own KV block size), each block on its own content: the loader
+# chains each id on the ids before it, so that an id stands for its whole prefix as a
+# Mooncake id does (a block equal to another's at a different prefix is not a prefix hit).
+BAILIAN_BLOCK_TOKENS = 16
+# Keys of a Bailian trace that Mooncake's lack (any one tells the format).
+_BAILIAN_KEYS = ("chat_id", "parent_chat_id", "turn")
 
 
 class TraceError(ValueError):
@@ -48,15 +62,17 @@ class TraceError(ValueError):
 
 @dataclass(frozen=True, order=True)
 class TraceRequest:
-    """One request. `hash_ids`: its prompt's blocks of MOONCAKE_BLOCK_TOKENS tokens (the last
+    """One request. `hash_ids`: its prompt's blocks of `block_tokens` tokens (the last
     possibly partial), each id standing for its block and the whole prefix before it, so two
     requests share their first k blocks exactly when their first k ids are equal. Empty when
-    the format carries no prefix information (Azure, plain CSV): no reuse."""
+    the format carries no prefix information (Azure, plain CSV): no reuse. `block_tokens` is
+    the format's (Mooncake's 512, Bailian's 16)."""
 
     arrival_s: float
     input_tokens: int
     output_tokens: int
     hash_ids: tuple[int, ...] = ()
+    block_tokens: int = MOONCAKE_BLOCK_TOKENS
 
 
 def load_trace(path: str | Path, format: str | None = None) -> list[TraceRequest]:
@@ -72,7 +88,9 @@ def load_trace(path: str | Path, format: str | None = None) -> list[TraceRequest
     if fmt not in FORMATS:
         raise TraceError(f"{path}: unknown trace format {fmt!r}; use one of {', '.join(FORMATS)}")
     rows = _PARSERS[fmt](str(path), text)
-    trace = normalize(rows, where=str(path))
+    trace = normalize(rows, where=str(path),
+                      block_tokens=BAILIAN_BLOCK_TOKENS if fmt == "bailian" else
+                      MOONCAKE_BLOCK_TOKENS)
     empty = sum(1 for r in trace if r.input_tokens == 0)
     silent = sum(1 for r in trace if r.output_tokens == 0)
     if empty or silent:
@@ -88,7 +106,12 @@ def load_trace(path: str | Path, format: str | None = None) -> list[TraceRequest
 def detect_format(path: Path, text: str) -> str:
     first = next((line.strip() for line in text.splitlines() if line.strip()), "")
     if first.startswith("{") or path.suffix in (".jsonl", ".json"):
-        return "mooncake"
+        try:
+            obj = json.loads(first)
+        except json.JSONDecodeError:
+            obj = None  # (the parser names the line)
+        bailian = isinstance(obj, dict) and any(k in obj for k in _BAILIAN_KEYS)
+        return "bailian" if bailian else "mooncake"
     header = [c.strip().lower() for c in first.split(",")]
     if "timestamp" in header and "contexttokens" in header:
         return "azure"
@@ -105,15 +128,17 @@ def detect_format(path: Path, text: str) -> str:
 Row = tuple[int, float, int, int] | tuple[int, float, int, int, tuple[int, ...]]
 
 
-def normalize(rows: Iterable[Row], where: str) -> list[TraceRequest]:
+def normalize(rows: Iterable[Row], where: str,
+              block_tokens: int = MOONCAKE_BLOCK_TOKENS) -> list[TraceRequest]:
     """(line, arrival, input, output[, hash_ids]) rows -> sorted requests with arrivals from
-    zero."""
+    zero, their ids naming blocks of `block_tokens`."""
     items = list(rows)
     if not items:
         raise TraceError(f"{where}: the trace has no requests")
     items.sort(key=lambda r: (r[1], r[0]))
     t0 = items[0][1]
-    return [TraceRequest(round(r[1] - t0, 6), r[2], r[3], r[4] if len(r) > 4 else ())
+    return [TraceRequest(round(r[1] - t0, 6), r[2], r[3], r[4] if len(r) > 4 else (),
+                         block_tokens)
             for r in items]
 
 
@@ -235,7 +260,37 @@ def _hash_ids(where: str, lineno: int, raw: object) -> tuple[int, ...]:
 
 
 def _parse_mooncake(where: str, text: str) -> list[Row]:
-    out: list[Row] = []
+    return list(_json_lines(where, text, ms=True))
+
+
+def _parse_bailian(where: str, text: str) -> list[Row]:
+    rows = _json_lines(where, text, ms=False)
+    chained = chain_ids([row[4] for row in rows])
+    return [(row[0], row[1], row[2], row[3], ids)
+            for row, ids in zip(rows, chained, strict=True)]
+
+
+def chain_ids(prompts: Sequence[Sequence[int]]) -> list[tuple[int, ...]]:
+    """Per-block ids made prefix ids: a block's new id names it and the new id before it
+    (numbered from 0 in order of appearance), so two prompts share their first k new ids
+    exactly when they share their first k old ones, and a block equal to another at a
+    different prefix gets its own."""
+    labels: dict[tuple[int, int], int] = {}
+    out = []
+    for ids in prompts:
+        parent = -1
+        chain = []
+        for h in ids:
+            parent = labels.setdefault((parent, h), len(labels))
+            chain.append(parent)
+        out.append(tuple(chain))
+    return out
+
+
+def _json_lines(where: str, text: str, ms: bool) -> list[tuple[int, float, int, int,
+                                                                 tuple[int, ...]]]:
+    """The JSONL formats' rows: `timestamp` in ms (Mooncake) or seconds (Bailian)."""
+    out: list[tuple[int, float, int, int, tuple[int, ...]]] = []
     for lineno, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
@@ -250,7 +305,7 @@ def _parse_mooncake(where: str, text: str) -> list[Row]:
                 raise TraceError(f"{where}:{lineno}: missing {key!r}")
         out.append((
             lineno,
-            _seconds(where, lineno, "timestamp", obj["timestamp"]) / 1000.0,
+            _seconds(where, lineno, "timestamp", obj["timestamp"]) / (1000.0 if ms else 1.0),
             _tokens(where, lineno, "input_length", str(obj["input_length"]), 0),
             _tokens(where, lineno, "output_length", str(obj["output_length"]), 0),
             _hash_ids(where, lineno, obj.get("hash_ids", [])),
@@ -258,8 +313,8 @@ def _parse_mooncake(where: str, text: str) -> list[Row]:
     return out
 
 
-_PARSERS = {"azure": _parse_azure, "mooncake": _parse_mooncake, "burstgpt": _parse_burstgpt,
-            "csv": _parse_plain_csv}
+_PARSERS = {"azure": _parse_azure, "mooncake": _parse_mooncake, "bailian": _parse_bailian,
+            "burstgpt": _parse_burstgpt, "csv": _parse_plain_csv}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -313,7 +368,8 @@ def clamp_tokens(
         n = max(1, min(r.input_tokens, max_input))
         out.append(replace(r, input_tokens=n, output_tokens=max(1, min(r.output_tokens,
                                                                         max_output)),
-                           hash_ids=truncate_hash_ids(r.hash_ids, r.input_tokens, n)))
+                           hash_ids=truncate_hash_ids(r.hash_ids, r.input_tokens, n,
+                                                      r.block_tokens)))
     return out
 
 
@@ -339,8 +395,7 @@ def block_tokens_of(input_tokens: int, block: int,
     return max(0, min(block_tokens, input_tokens - block * block_tokens))
 
 
-def prefix_hit_tokens(trace: Iterable[TraceRequest],
-                      block_tokens: int = MOONCAKE_BLOCK_TOKENS) -> list[int]:
+def prefix_hit_tokens(trace: Iterable[TraceRequest]) -> list[int]:
     """Per request, the prompt tokens an infinite prefix cache reachable from anywhere would
     serve: its leading blocks whose ids some earlier request already had (an id stands for its
     whole prefix, so a cache holds a leading run), at most input_tokens - 1 (vLLM always
@@ -353,24 +408,22 @@ def prefix_hit_tokens(trace: Iterable[TraceRequest],
         for b, h in enumerate(ids):
             if h not in seen:
                 break
-            hit += block_tokens_of(r.input_tokens, b, block_tokens)
+            hit += block_tokens_of(r.input_tokens, b, r.block_tokens)
         seen.update(ids)
         out.append(min(hit, r.input_tokens - 1))
     return out
 
 
-def ideal_prefix_hit_tokens(trace: Iterable[TraceRequest],
-                            block_tokens: int = MOONCAKE_BLOCK_TOKENS) -> int:
+def ideal_prefix_hit_tokens(trace: Iterable[TraceRequest]) -> int:
     """All prompt tokens an infinite cache reachable from anywhere would serve (the sum of
     prefix_hit_tokens)."""
-    return sum(prefix_hit_tokens(trace, block_tokens))
+    return sum(prefix_hit_tokens(trace))
 
 
-def ideal_prefix_hit_rate(trace: Sequence[TraceRequest],
-                          block_tokens: int = MOONCAKE_BLOCK_TOKENS) -> float:
+def ideal_prefix_hit_rate(trace: Sequence[TraceRequest]) -> float:
     """ideal_prefix_hit_tokens over all prompt tokens (0.0 for a trace without hash ids)."""
     total = sum(r.input_tokens for r in trace)
-    return ideal_prefix_hit_tokens(trace, block_tokens) / total if total else 0.0
+    return ideal_prefix_hit_tokens(trace) / total if total else 0.0
 
 
 def rate_per_bin(trace: Sequence[TraceRequest], bin_s: float) -> list[int]:
@@ -394,10 +447,35 @@ def write_csv(trace: Iterable[TraceRequest], path: str | Path) -> None:
 
 def write_mooncake(trace: Iterable[TraceRequest], path: str | Path) -> None:
     """Write Mooncake JSONL (timestamp in ms, input_length, output_length, hash_ids), readable
-    back with load_trace; the ms timestamps keep microseconds (3 decimals)."""
+    back with load_trace; the ms timestamps keep microseconds (3 decimals). Its ids must name
+    Mooncake's 512-token blocks (write_bailian writes 16-token ones)."""
+    trace = list(trace)
+    _same_blocks(trace, MOONCAKE_BLOCK_TOKENS, "write_bailian")
     with open(path, "w", encoding="utf-8") as f:
         for r in trace:
             f.write(json.dumps({"timestamp": round(r.arrival_s * 1000.0, 3),
                                 "input_length": r.input_tokens,
                                 "output_length": r.output_tokens,
                                 "hash_ids": list(r.hash_ids)}, separators=(",", ":")) + "\n")
+
+
+def write_bailian(trace: Iterable[TraceRequest], path: str | Path) -> None:
+    """Write the Qwen-Bailian JSONL (timestamp in seconds, 16-token blocks), readable back with
+    load_trace. The trace keeps no sessions, so every request is written as its own
+    (`chat_id` its index, `parent_chat_id` -1, `turn` 1): the ids still carry what is shared."""
+    trace = list(trace)
+    _same_blocks(trace, BAILIAN_BLOCK_TOKENS, "write_mooncake")
+    with open(path, "w", encoding="utf-8") as f:
+        for i, r in enumerate(trace):
+            f.write(json.dumps({"chat_id": i, "parent_chat_id": -1,
+                                "timestamp": round(r.arrival_s, 6),
+                                "input_length": r.input_tokens,
+                                "output_length": r.output_tokens, "type": "text", "turn": 1,
+                                "hash_ids": list(r.hash_ids)}, separators=(",", ":")) + "\n")
+
+
+def _same_blocks(trace: Sequence[TraceRequest], block_tokens: int, other: str) -> None:
+    wrong = next((r for r in trace if r.hash_ids and r.block_tokens != block_tokens), None)
+    if wrong is not None:
+        raise ValueError(f"this format's hash ids name {block_tokens}-token blocks, the trace's "
+                         f"{wrong.block_tokens}-token ones; write it with {other}")

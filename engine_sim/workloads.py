@@ -47,9 +47,11 @@ from pathlib import Path
 
 import numpy as np
 from poolpilot.engine_sim.traces import (
+    BAILIAN_BLOCK_TOKENS,
     MOONCAKE_BLOCK_TOKENS,
     TraceRequest,
     ideal_prefix_hit_rate,
+    write_bailian,
     write_mooncake,
 )
 
@@ -147,11 +149,13 @@ def _turns(rng: np.random.Generator, mean: float, most: int) -> int:
     return int(min(most, rng.geometric(1.0 / max(mean, 1.0))))
 
 
-def generate_sessions(params: SessionParams) -> list[TraceRequest]:
-    """The workload's requests, sorted by arrival (deterministic for a given params)."""
+def generate_sessions(params: SessionParams,
+                      block_tokens: int = MOONCAKE_BLOCK_TOKENS) -> list[TraceRequest]:
+    """The workload's requests, sorted by arrival (deterministic for a given params), their
+    prompts hashed in blocks of `block_tokens` (the same requests whatever the block size)."""
     p = params
     rng = np.random.default_rng(p.seed)
-    ids = _Ids(MOONCAKE_BLOCK_TOKENS)
+    ids = _Ids(block_tokens)
     systems = {
         "chat": [_lengths(rng, p.chat_system_tokens, p.sigma)
                  for _ in range(p.chat_system_prompts)],
@@ -191,7 +195,7 @@ def generate_sessions(params: SessionParams) -> list[TraceRequest]:
                 break
             if arrival >= 0:  # (before the trace: the warm-up's, dropped)
                 out.append(TraceRequest(round(arrival, 6), prompt, output,
-                                        ids.chain(context, prompt)))
+                                        ids.chain(context, prompt), block_tokens))
             context.append(((s, "output", turn), output))
             # the next turn comes after this answer (at ~ 30 tokens/s a user reads) and a gap
             arrival += output / 30.0 + rng.exponential(gap) if kind == "chat" else \
@@ -239,7 +243,7 @@ def prompt_text(hash_ids: Sequence[int], input_length: int, *, salt: int = 0,
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="workload", metavar="WORKLOAD", required=True)
     s = sub.add_parser("sessions", help="multi-turn chat and agent sessions sharing prefixes "
-                       "(Mooncake JSONL with hash_ids)")
+                       "(Mooncake or Qwen-Bailian JSONL with hash_ids)")
     d = SessionParams()
     s.add_argument("--kind", choices=KINDS, default=d.kind,
                    help="chat turns, agent loops, or both (default chat)")
@@ -260,6 +264,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="any other parameter of SessionParams (engine_sim/workloads.py), e.g. "
                         "--set think_s=10 --set chat_system_prompts=4")
     s.add_argument("--out", required=True, type=Path, help="the JSONL file to write")
+    s.add_argument("--format", choices=("mooncake", "bailian"), default="mooncake",
+                   help="Mooncake's JSONL with 512-token hash blocks (default), or the "
+                        "Qwen-Bailian traces' with 16-token blocks (vLLM's KV block size)")
     s.add_argument("--json", action="store_true", help="print the summary as JSON")
 
 
@@ -302,12 +309,13 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"poolpilot workload sessions: {exc}", file=sys.stderr)
         return 2
-    trace = generate_sessions(params)
+    bailian = args.format == "bailian"
+    trace = generate_sessions(params, BAILIAN_BLOCK_TOKENS if bailian else MOONCAKE_BLOCK_TOKENS)
     if not trace:
         print("poolpilot workload sessions: no request arrives within --duration",
               file=sys.stderr)
         return 2
-    write_mooncake(trace, args.out)
+    (write_bailian if bailian else write_mooncake)(trace, args.out)
     info = summary(trace, params)
     if args.json:
         print(json.dumps(info))

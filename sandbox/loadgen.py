@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from poolpilot.engine_sim.traces import TraceRequest, prefix_hit_tokens
+from poolpilot.engine_sim.traces import MOONCAKE_BLOCK_TOKENS, TraceRequest, prefix_hit_tokens
 from poolpilot.engine_sim.workloads import prompt_text
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -48,6 +48,7 @@ class RequestResult:
     ok: bool = False
     error: str | None = None
     hash_ids: tuple[int, ...] = ()  # the trace's block ids: sent as text sharing their prefix
+    block_tokens: int = MOONCAKE_BLOCK_TOKENS  # the tokens one of them stands for
     reusable_tokens: int = 0  # prompt tokens in blocks an earlier request of the trace had
 
     def reusable_share(self) -> float:
@@ -91,7 +92,8 @@ def request_prompt(r: RequestResult) -> str | list[int]:
     """What is sent as the request's prompt: text whose shared blocks are shared text when the
     trace names its blocks, else token ids of its own."""
     if r.hash_ids:
-        return prompt_text(r.hash_ids, r.input_tokens, salt=r.index)
+        return prompt_text(r.hash_ids, r.input_tokens, salt=r.index,
+                           block_tokens=r.block_tokens)
     return prompt_tokens(r.input_tokens, r.index)
 
 
@@ -99,6 +101,7 @@ def results_for(trace: Sequence[TraceRequest]) -> list[RequestResult]:
     """One empty result per trace request, in order, with what the trace says of its prefix."""
     reusable = prefix_hit_tokens(trace)
     return [RequestResult(i, r.arrival_s, r.input_tokens, r.output_tokens, hash_ids=r.hash_ids,
+                          block_tokens=r.block_tokens,
                           reusable_tokens=reusable[i])
             for i, r in enumerate(trace)]
 

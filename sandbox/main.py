@@ -82,7 +82,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "decode engine, autoscaling off)")
     load = p.add_mutually_exclusive_group()
     load.add_argument("--trace", type=Path, default=DEFAULT_TRACE,
-                      help="trace file: Azure CSV, Mooncake JSONL (its hash_ids replayed as "
+                      help="trace file: Azure CSV, Mooncake or Qwen-Bailian JSONL (their "
+                      "hash_ids replayed as "
                       "prompts that share text) or arrival_s,input_tokens,output_tokens CSV "
                       "(default: the Azure code trace's longest busy period)")
     load.add_argument("--workload", choices=tuple(WORKLOADS), default=None,

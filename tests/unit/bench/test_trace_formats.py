@@ -1,14 +1,14 @@
 """The trace formats the benchmark reads (engine_sim.traces), through `poolpilot bench`.
 
 The same requests written as Azure CSV (2023's and 2024's timestamps), Mooncake JSONL,
-BurstGPT CSV and plain CSV must replay as the same workload; a malformed line must stop the
-benchmark with exit code 2 and FILE:LINE.
+Qwen-Bailian JSONL, BurstGPT CSV and plain CSV must replay as the same workload; a malformed
+line must stop the benchmark with exit code 2 and FILE:LINE.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -53,13 +53,24 @@ def write_mooncake(path: Path, reqs: list[TraceRequest]) -> None:
         for r in reqs))
 
 
+def write_bailian(path: Path, reqs: list[TraceRequest]) -> None:
+    # seconds, where Mooncake's are milliseconds: read as Mooncake's, this would replay 1000x
+    # faster
+    path.write_text("".join(
+        json.dumps({"chat_id": i, "parent_chat_id": -1, "timestamp": r.arrival_s,
+                    "input_length": r.input_tokens, "output_length": r.output_tokens,
+                    "type": "text", "turn": 1, "hash_ids": []}) + "\n"
+        for i, r in enumerate(reqs)))
+
+
 def write_csv(path: Path, reqs: list[TraceRequest]) -> None:
     path.write_text("arrival_s,input_tokens,output_tokens\n" + "".join(
         f"{r.arrival_s},{r.input_tokens},{r.output_tokens}\n" for r in reqs))
 
 
 WRITERS = {"azure": (write_azure, ".csv"), "azure-2024": (write_azure_2024, ".csv"),
-           "mooncake": (write_mooncake, ".jsonl"), "burstgpt": (write_burstgpt, ".csv"),
+           "mooncake": (write_mooncake, ".jsonl"), "bailian": (write_bailian, ".jsonl"),
+           "burstgpt": (write_burstgpt, ".csv"),
            "csv": (write_csv, ".csv")}
 
 
@@ -72,8 +83,10 @@ def test_each_format_reads_back_the_same_requests(tmp_path: Path, fmt: str) -> N
     writer, ext = WRITERS[fmt]
     path = tmp_path / f"trace{ext}"
     writer(path, REQS)
-    assert load_trace(path, fmt_name(fmt)) == REQS
-    assert load_trace(path) == REQS  # detected from the content
+    # (a Bailian trace's hash ids, had it any, would name 16-token blocks)
+    expected = [replace(r, block_tokens=16) for r in REQS] if fmt == "bailian" else REQS
+    assert load_trace(path, fmt_name(fmt)) == expected
+    assert load_trace(path) == expected  # detected from the content
 
 
 @dataclass(frozen=True)
@@ -100,6 +113,13 @@ MALFORMED = [
               2, "JSON"),
     Malformed("mooncake missing field", "mooncake",
               '{"timestamp": 0, "input_length": 5}\n', 1, "output_length"),
+    Malformed("bailian hash ids not integers", "bailian",
+              '{"chat_id": 0, "timestamp": 0.5, "input_length": 5, "output_length": 1, '
+              '"hash_ids": [1, 2]}\n{"chat_id": 1, "timestamp": 1.5, "input_length": 5, '
+              '"output_length": 1, "hash_ids": ["a"]}\n', 2, "hash_ids"),
+    Malformed("bailian negative timestamp", "bailian",
+              '{"chat_id": 0, "timestamp": -2, "input_length": 5, "output_length": 1}\n',
+              1, "timestamp"),
     Malformed("csv text in number", "csv", "arrival_s,input_tokens,output_tokens\n0,5,1\n1,x,1\n",
               3, "input_tokens"),
     Malformed("csv negative arrival", "csv", "0,5,1\n-1,5,1\n", 2, "arrival_s"),
@@ -108,7 +128,7 @@ MALFORMED = [
 
 @pytest.mark.parametrize("case", MALFORMED, ids=[c.name for c in MALFORMED])
 def test_malformed_line_is_named(tmp_path: Path, case: Malformed) -> None:
-    path = tmp_path / ("t.jsonl" if case.fmt == "mooncake" else "t.csv")
+    path = tmp_path / ("t.jsonl" if case.fmt in ("mooncake", "bailian") else "t.csv")
     path.write_text(case.text)
     with pytest.raises(TraceError) as err:
         load_trace(path, case.fmt)
