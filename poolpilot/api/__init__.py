@@ -9,7 +9,7 @@ This module does no I/O (enforced by import-linter).
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -102,6 +102,7 @@ from poolpilot.apitypes import (
     TrimmedString,
     cel_string,
     collecting_rule_failures,
+    quantity_value,
     spellings,
 )
 from poolpilot.roles import DISAGGREGATED_ROLES, Role
@@ -185,6 +186,51 @@ CATEGORIES = ["poolpilot"]
 
 # ---------------------------------------------------------------------------------------------
 # Roles
+
+
+# The role each mode runs its engines in (the other role's fields are unused).
+_ROLE_MODE: dict[str, Mode] = {Role.PREFILL: Mode.DISAGGREGATED, Role.ENGINE: Mode.AGGREGATED}
+
+
+def _memory_limit(spec: Any, role: str) -> Quantity | None:
+    """The engine container's memory limit: the role's resources over the runtime's."""
+    limits = spec.role(role).resources.limits
+    return limits.get("memory", spec.runtime.resources.limits.get("memory"))
+
+
+def _offload_fits(spec: Any, role: str) -> bool:
+    offload, limit = spec.role(role).kv_offload, _memory_limit(spec, role)
+    if offload is None or limit is None or spec.mode != _ROLE_MODE[role]:
+        return True
+    want, cap = quantity_value(offload), quantity_value(limit)
+    return want is None or cap is None or cap > want
+
+
+def _offload_within_memory_limit(role: str) -> Rule:
+    """A role's kvOffload is pinned host memory in its engine container: a memory limit at or
+    below it would have the engine killed (or its allocation fail) at start, every pod in a
+    crash loop; refused instead, for the role the mode runs. Without a limit the node's memory
+    bounds it."""
+    r = f"self.{role}"
+    offload = f"quantity(string({r}.kvOffload))"
+    role_limit = (f"has({r}.resources) && has({r}.resources.limits) && "
+                  f"'memory' in {r}.resources.limits")
+    runtime_limit = ("has(self.runtime) && has(self.runtime.resources) && "
+                     "has(self.runtime.resources.limits) && "
+                     "'memory' in self.runtime.resources.limits")
+    return Rule(
+        field=f"{role}.kvOffload",
+        cel=f"!has({r}.kvOffload) || self.mode != '{_ROLE_MODE[role].value}' || "
+            f"({role_limit} ? "
+            f"quantity(string({r}.resources.limits['memory'])).isGreaterThan({offload}) : "
+            f"(!({runtime_limit}) || "
+            f"quantity(string(self.runtime.resources.limits['memory'])).isGreaterThan({offload})))",
+        message="must be below the engine container's memory limit (the role's "
+        "resources.limits.memory, else runtime.resources.limits.memory): the offload tier is "
+        "pinned host memory inside that limit; raise the limit to kvOffload plus the engine's "
+        "own memory, or lower kvOffload",
+        check=lambda s: _offload_fits(s, role),
+    )
 
 
 def _replica_rules() -> tuple[Rule, ...]:
@@ -271,8 +317,9 @@ class EngineRoleSpec(ApiModel):
         "(vLLM's native CPU offloading), e.g. 256Gi: blocks the GPU cache evicts stay there "
         "and are copied back over PCIe instead of recomputed, which lifts the hit rate of "
         "long conversations whose history outgrows the GPUs. Pinned host memory: the pod's "
-        "memory request and limit must hold it. Prefill and aggregated engines (GPU engines "
-        "only; vLLM's CPU backend has no offloading); unset: none.",
+        "memory request and limit must hold it (a limit at or below it is refused). Prefill "
+        "and aggregated engines (GPU engines only; vLLM's CPU backend has no offloading); "
+        "unset: none.",
     )
     termination_grace_period_seconds: Int32 = Field(
         default=120, ge=MIN_ENGINE_GRACE_SECONDS,
@@ -417,6 +464,7 @@ class InferencePoolSpec(ApiModel):
             or s.kv_transfer.connector != Connector.NIXL
             or s.prefill.termination_grace_period_seconds >= MIN_PREFILL_NIXL_GRACE_SECONDS,
         ),
+        *(_offload_within_memory_limit(r) for r in (Role.PREFILL, Role.ENGINE)),
         Rule(
             field="decode.kvOffload",
             cel="self.mode != 'Disaggregated' || !has(self.decode.kvOffload)",
