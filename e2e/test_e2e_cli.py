@@ -101,6 +101,12 @@ def graph_links(output: str) -> dict[str, str]:
     return links
 
 
+def kept_help_printed(output: str) -> bool:
+    """The kept sandbox's instructions are out, to the last panel's whole link."""
+    _, said, kept = output.partition("Ctrl-C stops it")
+    return bool(said) and output.endswith("\n") and set(graph_links(kept)) >= set(PANEL_SERIES)
+
+
 def graphs_show_the_pool(links: dict[str, str]) -> bool:
     """Every key panel's link, loaded in headless Chromium, draws series of the pool."""
     drawn = browser.graph_series([links[label] for label in PANEL_SERIES])
@@ -153,8 +159,8 @@ def test_links_work_mid_run_ctrl_c_stops_all_then_a_kept_run_serves(tmp_path: Pa
                              "--keep"], cwd=elsewhere, stdout=second_log.open("w"),
                             stderr=subprocess.STDOUT, preexec_fn=ctrl_c_reaches_it)
     try:
-        wait_for(lambda: "Ctrl-C stops it" in second_log.read_text() or proc.poll() is not None,
-                 timeout=180, what="the kept sandbox's instructions")
+        wait_for(lambda: kept_help_printed(second_log.read_text()) or proc.poll() is not None,
+                 timeout=180, what="the kept sandbox's instructions, its graph links last")
         out = second_log.read_text()
         assert proc.poll() is None, out
         report = json.loads((second / "report.json").read_text())

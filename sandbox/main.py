@@ -45,6 +45,7 @@ from poolpilot.engine_sim.traces import (
 )
 from poolpilot.engine_sim.workloads import SessionParams, generate_sessions
 from rich.console import Console
+from rich.markup import escape
 
 from poolpilot import cli
 
@@ -305,9 +306,13 @@ def graph_links(sandbox: Sandbox, pool: AppliedPool, duration: float) -> list[li
 
 def print_graph_links(sandbox: Sandbox, pool: AppliedPool, duration: float,
                       heading: str) -> None:
-    console.print(f"  {heading}:")
-    for link in graph_links(sandbox, pool, duration):
-        console.print(f"    {link.label}: {link.url}", highlight=False)
+    console.print(escape(graph_links_text(sandbox, pool, duration, heading)), highlight=False)
+
+
+def graph_links_text(sandbox: Sandbox, pool: AppliedPool, duration: float, heading: str) -> str:
+    lines = [f"  {heading}:"]
+    lines += [f"    {link.label}: {link.url}" for link in graph_links(sandbox, pool, duration)]
+    return "\n".join(lines)
 
 
 def print_keep_help(sandbox: Sandbox, pool: AppliedPool, duration: float) -> None:
@@ -323,10 +328,11 @@ def print_keep_help(sandbox: Sandbox, pool: AppliedPool, duration: float) -> Non
         f"  OpenAI API:       {router}\n"
         f"  stream a completion: curl -N {router}/completions -H 'Content-Type: "
         f"application/json' -d '{body}'\n"
-        f"  Prometheus:       {sandbox.prometheus.url if sandbox.prometheus else '-'}",
+        f"  Prometheus:       {sandbox.prometheus.url if sandbox.prometheus else '-'}\n"
+        # (one print: a reader of the output sees the links with the rest, or none of it)
+        + escape(graph_links_text(sandbox, pool, duration, "graphs (the dashboards' panels)")),
         highlight=False, markup=True,
     )
-    print_graph_links(sandbox, pool, duration, "graphs (the dashboards' panels)")
 
 
 async def wait_for_stop(sandbox: Sandbox) -> None:
