@@ -14,7 +14,8 @@ Formats (see ../shared/traces/README.md):
   anon) JSONL, one ``{"chat_id", "parent_chat_id", "timestamp": <s since start>,
   "input_length", "output_length", "type", "turn", "hash_ids": [...]}`` object a line, the
   ids naming blocks of BAILIAN_BLOCK_TOKENS tokens. Told from Mooncake's by its session
-  fields (``chat_id``, ``parent_chat_id``, ``turn``): the same keys otherwise, but seconds
+  fields (``chat_id``, ``parent_chat_id``, ``turn``) or its file name (``..._blksz_N.jsonl``,
+  N the block size: 16 in every published one): the same keys otherwise, but seconds
   instead of milliseconds and 16-token blocks instead of 512, so read as Mooncake a two-hour
   trace would replay in seven seconds.
 - ``csv``: a plain CSV ``arrival_s,input_tokens,output_tokens`` (header optional).
@@ -52,8 +53,18 @@ MOONCAKE_BLOCK_TOKENS = 512
 # chains each id on the ids before it, so that an id stands for its whole prefix as a
 # Mooncake id does (a block equal to another's at a different prefix is not a prefix hit).
 BAILIAN_BLOCK_TOKENS = 16
-# Keys of a Bailian trace that Mooncake's lack (any one tells the format).
+# Keys of a Bailian trace that Mooncake's lack (any one tells the format), and its files'
+# names, which state the block size (qwen_traceA_blksz_16.jsonl).
 _BAILIAN_KEYS = ("chat_id", "parent_chat_id", "turn")
+_BAILIAN_NAME = re.compile(r"blksz_(\d+)")
+# Requests a second above which a trace read in milliseconds was more likely in seconds.
+MOST_PLAUSIBLE_RATE = 1000.0
+
+
+def _bailian_block_tokens(path: Path) -> int:
+    """A Bailian trace's block size: the one its file name states, else 16."""
+    m = _BAILIAN_NAME.search(path.name)
+    return int(m[1]) if m and int(m[1]) > 0 else BAILIAN_BLOCK_TOKENS
 
 
 class TraceError(ValueError):
@@ -89,8 +100,13 @@ def load_trace(path: str | Path, format: str | None = None) -> list[TraceRequest
         raise TraceError(f"{path}: unknown trace format {fmt!r}; use one of {', '.join(FORMATS)}")
     rows = _PARSERS[fmt](str(path), text)
     trace = normalize(rows, where=str(path),
-                      block_tokens=BAILIAN_BLOCK_TOKENS if fmt == "bailian" else
+                      block_tokens=_bailian_block_tokens(path) if fmt == "bailian" else
                       MOONCAKE_BLOCK_TOKENS)
+    span = trace[-1].arrival_s
+    if fmt == "mooncake" and len(trace) > 1000 and len(trace) > MOST_PLAUSIBLE_RATE * span:
+        log.warning("%s: %d requests in %.3g s read as Mooncake's milliseconds; if its "
+                    "timestamps are seconds (a Qwen-Bailian trace), pass format bailian "
+                    "(--format bailian)", path, len(trace), span)
     empty = sum(1 for r in trace if r.input_tokens == 0)
     silent = sum(1 for r in trace if r.output_tokens == 0)
     if empty or silent:
@@ -111,7 +127,7 @@ def detect_format(path: Path, text: str) -> str:
         except json.JSONDecodeError:
             obj = None  # (the parser names the line)
         bailian = isinstance(obj, dict) and any(k in obj for k in _BAILIAN_KEYS)
-        return "bailian" if bailian else "mooncake"
+        return "bailian" if bailian or _BAILIAN_NAME.search(path.name) else "mooncake"
     header = [c.strip().lower() for c in first.split(",")]
     if "timestamp" in header and "contexttokens" in header:
         return "azure"

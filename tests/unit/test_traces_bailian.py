@@ -146,3 +146,27 @@ def test_the_load_generator_sends_shared_16_token_blocks_as_shared_text() -> Non
     assert len(a) == len(b) == 49  # a BOS and a word a token
     assert a[:31] == b[:31]  # the BOS and two shared blocks: 1 + 15 + 16 words
     assert a[31:] != b[31:]
+
+
+def test_the_file_name_states_the_block_size_when_the_records_have_no_session_keys(
+        tmp_path: Path) -> None:
+    path = tmp_path / "qwen_traceX_blksz_32.jsonl"
+    path.write_text("".join(json.dumps({"timestamp": t, "input_length": 64, "output_length": 2,
+                                        "hash_ids": [1, 2]}) + "\n" for t in (0.0, 30.0)))
+    trace = load_trace(path)
+    assert [r.arrival_s for r in trace] == [0.0, 30.0]
+    assert [r.block_tokens for r in trace] == [32, 32]
+    assert prefix_hit_tokens(trace) == [0, 63]
+
+
+def test_seconds_read_as_milliseconds_are_warned_of(tmp_path: Path,
+                                                    caplog: pytest.LogCaptureFixture) -> None:
+    path = tmp_path / "trace.jsonl"  # no session keys, no telling name: read as Mooncake's
+    path.write_text("".join(json.dumps({"timestamp": i * 0.5, "input_length": 64,
+                                        "output_length": 2}) + "\n" for i in range(2000)))
+    trace = load_trace(path)
+    assert trace[-1].arrival_s == pytest.approx(0.9995)
+    assert "--format bailian" in caplog.text
+    caplog.clear()
+    assert load_trace(path, "bailian")[-1].arrival_s == pytest.approx(999.5)
+    assert "--format bailian" not in caplog.text
