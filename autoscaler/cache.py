@@ -1,5 +1,5 @@
 """A watch-fed view of what the autoscaler reads every cycle: pools, their Deployments, and
-pods the scheduler cannot place.
+their pods' readiness and placement.
 
 Listing every pool and Deployment each cycle costs the API server and the autoscaler time that
 grows with the fleet (1,000 pools: one LIST of 1,000 pools and one of 2,000 Deployments per
@@ -14,8 +14,10 @@ replaced; writes are the same.
   refused (`list_pools` raises `KubeError`), as a failed LIST would fail the cycle: a cycle
   never decides on a view it knows may be stale.
 - Only what the autoscaler reads is kept: pools without managedFields, Deployments' sizes and
-  counts, and only Pending pods the scheduler marked Unschedulable (a field selector on
-  `status.phase=Pending`; the rest are dropped on arrival).
+  counts, and of each pod its name, labels, deletion mark and two conditions: Ready (with its
+  transition time: since when each role of the request path has been serving, for the hold
+  after a restart) and PodScheduled (whether the scheduler cannot place it). A pod slimmed so
+  is a few hundred bytes; its other changes (container statuses, IPs) replace it in place.
 - The pool status the autoscaler writes is computed against the cached pool and written with
   its resourceVersion: no read per pool and cycle, nothing sent when nothing changed; a 409
   (the cache was behind) reads the pool and retries as before. The written object replaces
@@ -39,7 +41,6 @@ from poolpilot.autoscaler.kube import (
     Obj,
     Workloads,
     status_patch,
-    unschedulable,
 )
 from poolpilot.kubeclient import KubeClient as SharedClient
 
@@ -73,14 +74,18 @@ def slim_deployment(obj: Obj) -> Obj:
     }
 
 
-def stuck_pod(obj: Obj) -> Obj | None:
-    """A pod the scheduler cannot place (kept, slimmed), else None (dropped)."""
-    if unschedulable(obj) is None:
-        return None
+# The pod conditions the cycle reads: `kube.ready_since` and `kube.unschedulable`.
+POD_CONDITIONS = ("Ready", "PodScheduled")
+
+
+def slim_pod(obj: Obj) -> Obj:
+    """What `Workloads.role_state` reads of a pod: its identity, labels, deletion mark, and
+    its Ready and PodScheduled conditions."""
     meta = obj.get("metadata") or {}
     conds = [c for c in (obj.get("status") or {}).get("conditions") or []
-             if c.get("type") == "PodScheduled"]
-    return {"metadata": {k: meta[k] for k in ("name", "namespace", "labels") if k in meta},
+             if c.get("type") in POD_CONDITIONS]
+    return {"metadata": {k: meta[k] for k in ("name", "namespace", "labels",
+                                              "deletionTimestamp") if k in meta},
             "status": {"conditions": conds}}
 
 
@@ -159,8 +164,8 @@ class Informer:
 
 
 class WatchedKube(KubeScaler):
-    """The autoscaler's adapter with pools, Deployments and unschedulable pods read from
-    watches. `start()` begins watching; reads wait up to `sync_timeout` for the first list."""
+    """The autoscaler's adapter with pools, Deployments and pods read from watches.
+    `start()` begins watching; reads wait up to `sync_timeout` for the first list."""
 
     def __init__(self, kube: SharedClient, namespaces: Iterable[str] = (), *,
                  watch_timeout: int = 300, retry_delay: float = 1.0,
@@ -175,8 +180,7 @@ class WatchedKube(KubeScaler):
             Informer(kube, "apps/v1", "Deployment", ns, label_selector=managed,
                      keep=slim_deployment, **opts) for ns in scopes]
         self.pod_informers = [
-            Informer(kube, "v1", "Pod", ns, label_selector=managed,
-                     field_selector="status.phase=Pending", keep=stuck_pod, **opts)
+            Informer(kube, "v1", "Pod", ns, label_selector=managed, keep=slim_pod, **opts)
             for ns in scopes]
         self.sync_timeout = sync_timeout if sync_timeout is not None else 3 * kube.timeout
         self._informer_options = opts

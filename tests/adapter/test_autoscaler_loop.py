@@ -52,6 +52,7 @@ class Pool:
     replicas: int = 1
     load: str = "busy"  # busy | idle | none
     up_cooldown: int = 0
+    down_window: int | None = None  # the scale-down window; None: the API's default
 
 
 PLAN = [
@@ -64,6 +65,7 @@ PLAN = [
     Pool("as-fail", "flaky", up_cooldown=30),
     Pool("as-watch", "watched", mode="Advisory"),
     Pool("as-external", "keda", mode="External"),
+    Pool("as-restart", "whole", replicas=3, load="idle", down_window=60),
 ]
 
 
@@ -104,7 +106,10 @@ def pool_manifest(p: Pool) -> dict[str, Any]:
             "model": {"name": "tiny"}, "prefill": role, "decode": role,
             "autoscaling": {"mode": p.mode, "intervalSeconds": 1,
                             "scaleUp": {"stabilizationWindowSeconds": 0, "maxStep": 4,
-                                        "cooldownSeconds": p.up_cooldown}},
+                                        "cooldownSeconds": p.up_cooldown},
+                            **({"scaleDown": {"stabilizationWindowSeconds": p.down_window,
+                                              "maxStep": 1, "cooldownSeconds": 0}}
+                               if p.down_window is not None else {})},
         },
     }
 
@@ -399,6 +404,72 @@ def test_watched_view_decides_without_reading_the_api_each_cycle(env: Env) -> No
         assert reads == []  # no LIST, no GET: pools and Deployments came from the watches
     # kubectl scale by someone else: the next cycle sees it through the watch.
     assert after.decisions[("as-watch", "watched")].roles["prefill"].current == 3
+
+
+def rfc3339(unix: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(unix))
+
+
+async def ready_pod(kube: WatchedKube, ns: str, pool: str, role: str, name: str,
+                    since: float) -> None:
+    """A pod of the role, Ready since `since` (Unix seconds), as a kubelet would report it."""
+    await kube.kube.request("POST", f"/api/v1/namespaces/{ns}/pods", body={
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": ns, "labels": names.labels(pool, role)},
+        "spec": {"containers": [{"name": "engine", "image": "registry.k8s.io/pause:3.9"}]}})
+    at = rfc3339(since)
+    await kube.kube.merge_patch("v1", "Pod", ns, name, {"status": {
+        "phase": "Running",
+        "conditions": [{"type": "PodScheduled", "status": "True", "lastTransitionTime": at},
+                       {"type": "Ready", "status": "True", "lastTransitionTime": at}]}},
+        subresource="status")
+
+
+async def restarted_path_cycles(env: Env) -> list[CycleResult]:
+    """`whole` (idle, 3 replicas a role, pods ready for an hour) on the watch-fed view: a first
+    cycle, then the sole prefill pod replaced by one ready 5 s before the second cycle, which
+    comes after the autoscaler's own restart window; a third a window later."""
+    ns, pool = "as-restart", "whole"
+    kube = await WatchedKube.connect(str(env.kubeconfig), [ns])
+    start = float(int(time.time()))  # whole seconds, as the conditions' times are
+    now = [start]
+    try:
+        await ready_pod(kube, ns, pool, "prefill", "whole-prefill-a", start - 3600)
+        for i in range(3):
+            await ready_pod(kube, ns, pool, "decode", f"whole-decode-{i}", start - 3600)
+        scaler = Autoscaler(kube, PrometheusSource(env.prom.url, q.QuerySet(WINDOW)),
+                            Options(), clock=Clock(monotonic=lambda: now[0]))
+        results = [await scaler.cycle()]
+        now[0] += 65
+        # The prefill engine restarted between two decisions: no cycle saw it unready.
+        await kube.kube.request("DELETE", f"/api/v1/namespaces/{ns}/pods/whole-prefill-a")
+        await ready_pod(kube, ns, pool, "prefill", "whole-prefill-b", now[0] - 5)
+        deadline = time.monotonic() + 10
+        while getattr((await kube.workloads()).role_state(ns, pool, "prefill"),
+                      "ready_since", None) != now[0] - 5 + 1:
+            assert time.monotonic() < deadline, "the new pod never reached the watched view"
+            await asyncio.sleep(0.05)
+        results.append(await scaler.cycle())
+        now[0] += 60
+        results.append(await scaler.cycle())
+        return results
+    finally:
+        await kube.close()
+
+
+def test_no_scale_down_until_a_window_after_a_restarted_pod_is_back(env: Env) -> None:
+    """The hold for a restart that hid the demand, in the running (watch-fed) autoscaler: it
+    reads since when each role has had a ready pod from the pods' Ready conditions."""
+    if env.emu is None:
+        pytest.skip("forges pods' Ready conditions, which a real cluster's kubelet owns")
+    first, back, later = run(restarted_path_cycles(env))
+    key = ("as-restart", "whole")
+    assert first.decisions[key].roles["decode"].reason == "StabilizationWindowFilling"
+    held = back.decisions[key].roles["decode"]
+    assert (held.current, held.replicas, held.reason) == (3, 3, "StabilizationWindowFilling")
+    assert "whole again for only 4s" in held.message, held.message
+    down = later.decisions[key].roles["decode"]
+    assert (down.current, down.replicas) == (3, 2), down.message
 
 
 def test_dry_run_writes_nothing(env: Env) -> None:

@@ -23,6 +23,15 @@ NS = "team"
 KINDS = {"InferencePool", "Deployment", "Pod"}
 
 
+def selected(obj: Obj, field_selector: str | None) -> bool:
+    """The one field selector a pod watch could use: `status.phase=PHASE`."""
+    if not field_selector:
+        return True
+    field, _, value = field_selector.partition("=")
+    assert field == "status.phase", field_selector
+    return bool((obj.get("status") or {}).get("phase") == value)
+
+
 class FakeApi:
     """What WatchedKube uses of the shared client, over dicts: `emit()` changes an object and
     streams the event to open watches; `end_watches()` closes them as the server's timeout
@@ -33,7 +42,8 @@ class FakeApi:
     def __init__(self) -> None:
         self.rv = 100
         self.objects: dict[str, dict[str, Obj]] = {k: {} for k in KINDS}
-        self.watches: dict[str, list[asyncio.Queue[Any]]] = {k: [] for k in KINDS}
+        self.watches: dict[str, list[tuple[asyncio.Queue[Any], str | None]]] = {
+            k: [] for k in KINDS}
         self.lists: Counter[str] = Counter()
         self.watched_from: list[tuple[str, str]] = []
         self.calls: list[tuple[str, str]] = []  # (verb, kind) of reads and writes by name
@@ -50,15 +60,15 @@ class FakeApi:
             self.objects[kind].pop(name, None)
         else:
             self.objects[kind][name] = obj
-        if kind == "Pod" and (obj.get("status") or {}).get("phase") != "Pending":
-            event = "DELETED"  # it left the watch's field selector
-        for q in self.watches[kind]:
-            q.put_nowait((event, copy.deepcopy(obj)))
+        for q, selector in self.watches[kind]:
+            # An object that left a watch's field selector reaches it as DELETED.
+            seen = event if selected(obj, selector) else "DELETED"
+            q.put_nowait((seen, copy.deepcopy(obj)))
         return obj
 
     def end_watches(self, error: Exception | None = None) -> None:
         for qs in self.watches.values():
-            for q in qs:
+            for q, _ in qs:
                 q.put_nowait(error)
 
     async def list_with_version(self, api_version: str | None, kind: str,
@@ -68,7 +78,7 @@ class FakeApi:
         if self.list_error is not None:
             raise self.list_error
         items = [copy.deepcopy(o) for o in self.objects[kind].values()
-                 if kind != "Pod" or o["status"].get("phase") == "Pending"]
+                 if selected(o, field_selector)]
         return items, str(self.rv)
 
     async def watch(self, api_version: str, kind: str, namespace: str | None = None, *,
@@ -78,7 +88,8 @@ class FakeApi:
         assert bookmarks
         self.watched_from.append((kind, resource_version))
         q: asyncio.Queue[Any] = asyncio.Queue()
-        self.watches[kind].append(q)
+        entry = (q, field_selector)
+        self.watches[kind].append(entry)
         try:
             while True:
                 item = await q.get()
@@ -88,7 +99,7 @@ class FakeApi:
                     raise item
                 yield item
         finally:
-            self.watches[kind].remove(q)
+            self.watches[kind].remove(entry)
 
     async def serves(self, api_version: str, kind: str) -> bool:
         return kind in KINDS
@@ -139,13 +150,21 @@ def deployment(pool_name: str, role: str, replicas: int, ready: int) -> Obj:
             "status": {"replicas": replicas, "readyReplicas": ready, "observedGeneration": 1}}
 
 
-def pod(name: str, pool_name: str, role: str, phase: str, stuck: bool) -> Obj:
+def pod(name: str, pool_name: str, role: str, phase: str, stuck: bool,
+        ready_at: str | None = None) -> Obj:
+    """A pod; `ready_at`: Ready since this RFC 3339 time (a Running pod's conditions)."""
     conds = [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
               "message": "0/4 nodes: insufficient nvidia.com/gpu"}] if stuck else []
+    if ready_at is not None:
+        conds = [{"type": "PodScheduled", "status": "True"},
+                 {"type": "Initialized", "status": "True", "lastTransitionTime": ready_at},
+                 {"type": "Ready", "status": "True", "lastTransitionTime": ready_at}]
     return {"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": name, "namespace": NS, "labels": names.labels(pool_name, role)},
+            "metadata": {"name": name, "namespace": NS, "labels": names.labels(pool_name, role),
+                         "managedFields": [{"manager": "kubelet"}]},
             "spec": {"containers": [{"name": "engine"}]},
-            "status": {"phase": phase, "conditions": conds}}
+            "status": {"phase": phase, "conditions": conds,
+                       "containerStatuses": [{"name": "engine", "ready": True}]}}
 
 
 @dataclass
@@ -195,7 +214,7 @@ async def test_events_update_the_view_without_listing_again(env: Env) -> None:
     assert env.api.lists == Counter({"InferencePool": 1, "Deployment": 1, "Pod": 1})
 
 
-async def test_only_pods_the_scheduler_cannot_place_are_kept(env: Env) -> None:
+async def test_pods_the_scheduler_cannot_place_are_counted(env: Env) -> None:
     await env.kube.list_pools()
     env.api.emit("ADDED", pod("p1", "alpha", "decode", "Pending", stuck=True))
     env.api.emit("ADDED", pod("p2", "alpha", "decode", "Pending", stuck=False))
@@ -203,11 +222,39 @@ async def test_only_pods_the_scheduler_cannot_place_are_kept(env: Env) -> None:
     st = (await env.kube.workloads()).role_state(NS, "alpha", "decode")
     assert st is not None and st.unschedulable == 1
     assert "insufficient nvidia.com/gpu" in st.unschedulable_message
-    assert [k[1] for inf in env.kube.pod_informers for k in inf.objects] == ["p1"]
-    env.api.emit("MODIFIED", pod("p1", "alpha", "decode", "Running", stuck=False))
+    env.api.emit("MODIFIED", pod("p1", "alpha", "decode", "Running", stuck=False,
+                                 ready_at="2026-12-07T10:00:00Z"))
     await settle()
     st = (await env.kube.workloads()).role_state(NS, "alpha", "decode")
     assert st is not None and st.unschedulable == 0
+
+
+async def test_ready_pods_tell_since_when_a_role_has_served(env: Env) -> None:
+    """The hold after a restart reads the Ready transitions of running pods: the watch keeps
+    them (slimmed), and a restarted role's new pod moves the time on."""
+    env.api.emit("ADDED", pod("r1", "alpha", "router", "Running", False,
+                              ready_at="2026-12-07T10:00:00Z"))
+    env.api.emit("ADDED", deployment("alpha", "router", 1, 1))
+    st = (await env.kube.workloads()).role_state(NS, "alpha", "router")
+    first = 1796637600.0  # 2026-12-07T10:00:00Z
+    assert st is not None and st.ready_since == first + 1.0
+    kept = next(o for inf in env.kube.pod_informers for o in inf.objects.values())
+    assert "managedFields" not in kept["metadata"] and "containerStatuses" not in kept["status"]
+    assert [c["type"] for c in kept["status"]["conditions"]] == ["PodScheduled", "Ready"]
+    # The router pod is killed and its replacement is ready 40 s later.
+    env.api.emit("DELETED", pod("r1", "alpha", "router", "Running", False))
+    env.api.emit("ADDED", pod("r2", "alpha", "router", "Running", False,
+                              ready_at="2026-12-07T10:00:40Z"))
+    await settle()
+    st = (await env.kube.workloads()).role_state(NS, "alpha", "router")
+    assert st is not None and st.ready_since == first + 41.0
+    # A pod being deleted no longer serves, though its condition still says Ready.
+    leaving = pod("r2", "alpha", "router", "Running", False, ready_at="2026-12-07T10:00:40Z")
+    leaving["metadata"]["deletionTimestamp"] = "2026-12-07T10:01:00Z"
+    env.api.emit("MODIFIED", leaving)
+    await settle()
+    st = (await env.kube.workloads()).role_state(NS, "alpha", "router")
+    assert st is not None and st.ready_since is None
 
 
 async def test_a_closed_watch_resumes_from_the_last_version(env: Env) -> None:
