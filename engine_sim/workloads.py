@@ -15,6 +15,12 @@ What a session is (every length in tokens, drawn from the seeded generator):
 - sessions arrive as a Poisson process at `rate` per second, at most `sessions` of them, and
   only requests arriving before `duration` are kept; a session ends at its drawn number of
   turns or before its context would exceed `max_context`;
+- `rate_profile` (empty by default): the session rate follows it instead of staying constant,
+  one relative value per `profile_bin_s` seconds from the trace's start (scaled so that their
+  mean is `rate`; the profile repeats past its end, and the warm-up takes its first value).
+  `--arrivals-from TRACE` takes it from a real trace's request counts per bin, so a session
+  workload rises and falls as real traffic did (sessions start as an inhomogeneous Poisson
+  process, drawn by thinning);
 - `warmup` seconds (0 by default): sessions start arriving that long before the trace begins
   and the requests before it are dropped, so the trace opens on traffic already in its steady
   state, as a window cut from a production trace does (sessions in progress, their earlier
@@ -51,6 +57,8 @@ from poolpilot.engine_sim.traces import (
     MOONCAKE_BLOCK_TOKENS,
     TraceRequest,
     ideal_prefix_hit_rate,
+    load_trace,
+    rate_per_bin,
     write_bailian,
     write_mooncake,
 )
@@ -94,6 +102,9 @@ class SessionParams:
     tool_s: float = 2.0
     chat_share: float = 0.5  # mixed: the share of sessions that are chats
     sigma: float = 0.6  # lognormal spread of every drawn length
+    # the session rate over time: relative values per bin (empty: constant `rate`)
+    rate_profile: tuple[float, ...] = ()
+    profile_bin_s: float = 60.0
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -106,6 +117,19 @@ class SessionParams:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
         if not self.warmup >= 0:
             raise ValueError(f"warmup must be >= 0, got {self.warmup}")
+        if self.rate_profile:
+            if not all(v >= 0 for v in self.rate_profile) or not max(self.rate_profile) > 0:
+                raise ValueError("rate_profile must hold values >= 0, one of them > 0")
+            if not self.profile_bin_s > 0:
+                raise ValueError(f"profile_bin_s must be > 0, got {self.profile_bin_s}")
+
+    def rate_at(self, t: float) -> float:
+        """Sessions arriving per second at `t` (seconds from the trace's start)."""
+        if not self.rate_profile:
+            return self.rate
+        prof = self.rate_profile
+        i = int(max(0.0, t) // self.profile_bin_s) % len(prof)
+        return self.rate * prof[i] * len(prof) / sum(prof)
 
 
 # A segment of a session's context: (its key, its length). Keys are unique per content, so
@@ -170,8 +194,14 @@ def generate_sessions(params: SessionParams,
     weights = {k: popularity(len(v)) for k, v in systems.items()}
     out: list[TraceRequest] = []
     t = -p.warmup
+    peak = max(p.rate_at(b * p.profile_bin_s) for b in range(len(p.rate_profile) or 1))
     for s in range(p.sessions):
-        t += rng.exponential(1.0 / p.rate)
+        if p.rate_profile:  # thinning: candidates at the peak rate, kept at the rate then
+            t += rng.exponential(1.0 / peak)
+            while rng.random() * peak > p.rate_at(t):
+                t += rng.exponential(1.0 / peak)
+        else:
+            t += rng.exponential(1.0 / p.rate)
         if t >= p.duration:
             break
         kind = p.kind if p.kind != "mixed" else (
@@ -202,6 +232,17 @@ def generate_sessions(params: SessionParams,
                 rng.exponential(gap) + 0.5
     out.sort()
     return out
+
+
+def arrival_profile(trace: Sequence[TraceRequest], bin_s: float) -> tuple[float, ...]:
+    """A trace's requests per `bin_s` seconds, as a rate profile (`SessionParams`); a last bin
+    the trace only began is left out (its count would read as a fall)."""
+    counts = rate_per_bin(trace, bin_s)
+    if len(counts) > 1 and trace[-1].arrival_s % bin_s < bin_s / 2:
+        counts = counts[:-1]
+    if not any(counts):
+        raise ValueError("the arrivals trace has no request")
+    return tuple(float(c) for c in counts)
 
 
 def defaults(kind: str) -> SessionParams:
@@ -258,6 +299,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="seconds of sessions before the trace begins, their requests dropped: "
                         "the trace opens in its steady state, as a window of a production "
                         f"trace does (default {d.warmup:g}: it ramps up from no sessions)")
+    s.add_argument("--arrivals-from", type=Path, metavar="TRACE",
+                   help="sessions arrive at a rate that follows this trace's request rate "
+                        "(any format the bench reads), per --arrivals-bin seconds, scaled so "
+                        "that its mean is --rate (default: a constant --rate)")
+    s.add_argument("--arrivals-bin", type=float, default=d.profile_bin_s, metavar="SECONDS",
+                   help=f"the bin of --arrivals-from (default {d.profile_bin_s:g})")
     s.add_argument("--max-context", type=int, default=d.max_context,
                    help=f"prompt + output of a request at most (default {d.max_context})")
     s.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
@@ -274,7 +321,13 @@ def _params(args: argparse.Namespace) -> SessionParams:
     p = SessionParams(kind=args.kind, sessions=args.sessions, rate=args.rate,
                       duration=args.duration, seed=args.seed, warmup=args.warmup,
                       max_context=args.max_context)
-    types = {f.name: type(getattr(p, f.name)) for f in fields(p)}
+    if args.arrivals_from is not None:
+        if not args.arrivals_bin > 0:
+            raise ValueError(f"--arrivals-bin must be > 0, got {args.arrivals_bin:g}")
+        p = replace(p, rate_profile=arrival_profile(load_trace(args.arrivals_from),
+                                                    args.arrivals_bin),
+                    profile_bin_s=args.arrivals_bin)
+    types = {f.name: type(getattr(p, f.name)) for f in fields(p) if f.name != "rate_profile"}
     changes: dict[str, object] = {}
     for item in args.set:
         name, eq, value = item.partition("=")

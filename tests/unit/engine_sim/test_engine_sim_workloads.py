@@ -98,6 +98,51 @@ def test_a_warmup_opens_the_trace_in_its_steady_state(capsys: pytest.CaptureFixt
     assert "warmup must be >= 0" in capsys.readouterr().err
 
 
+def test_sessions_arrive_as_the_rate_profile_rises_and_falls() -> None:
+    """A profile of a quiet, a busy and a silent minute: the sessions' first turns arrive in
+    proportion (their later turns spill over, so the first turns are counted); the mean stays
+    `rate`."""
+    params = SessionParams(kind="agent", sessions=100_000, rate=2.0, duration=180.0, seed=7,
+                           agent_steps=1.0, agent_max_steps=1, rate_profile=(1.0, 2.0, 0.0),
+                           profile_bin_s=60.0)
+    # the warm-up takes the first value; the profile repeats past its end
+    assert [params.rate_at(t) for t in (-5.0, 30.0, 90.0, 150.0, 200.0)] == [2.0, 2.0, 4.0,
+                                                                               0.0, 2.0]
+    trace = generate_sessions(params)
+    counts = [0, 0, 0]
+    for r in trace:
+        counts[int(r.arrival_s // 60)] += 1
+    assert counts[2] == 0  # silent
+    assert 1.6 < counts[1] / counts[0] < 2.5  # 120 and 240 expected
+    assert 0.8 < len(trace) / (2.0 * 180.0) < 1.2
+    assert generate_sessions(params) == trace  # still seeded
+    with pytest.raises(ValueError, match="rate_profile"):
+        SessionParams(rate_profile=(0.0, 0.0))
+    with pytest.raises(ValueError, match="rate_profile"):
+        SessionParams(rate_profile=(1.0, -1.0))
+
+
+def test_cli_takes_the_rate_profile_from_a_trace(tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """`--arrivals-from`: the profile is the trace's requests per bin (its last, partial bin
+    left out), whatever its format."""
+    arrivals = tmp_path / "arrivals.csv"
+    stamps = [0.5, 1.0, 1.5, 2.0, 12.0, 24.0, 25.0]  # bins of 10 s: 4, 1, 2 (partial: 5 s)
+    arrivals.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(
+        f"2023-11-16 18:00:{t:09.6f},100,10\n" for t in stamps))
+    out = tmp_path / "s.jsonl"
+    assert cli_main(["workload", "sessions", "--arrivals-from", str(arrivals),
+                     "--arrivals-bin", "10", "--sessions", "50", "--json",
+                     "--out", str(out)]) == 0
+    assert '"rate_profile": [4.0, 1.0]' in capsys.readouterr().out
+    assert cli_main(["workload", "sessions", "--arrivals-from", str(tmp_path / "none.csv"),
+                     "--out", str(out)]) == 2
+    assert "no such trace file" in capsys.readouterr().err
+    assert cli_main(["workload", "sessions", "--arrivals-from", str(arrivals),
+                     "--arrivals-bin", "0", "--out", str(out)]) == 2
+    assert "--arrivals-bin must be > 0" in capsys.readouterr().err
+
+
 def test_cli_writes_mooncake_that_loads_back(tmp_path: Path,
                                              capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "s.jsonl"
