@@ -118,8 +118,9 @@ class SessionParams:
         if not self.warmup >= 0:
             raise ValueError(f"warmup must be >= 0, got {self.warmup}")
         if self.rate_profile:
-            if not all(v >= 0 for v in self.rate_profile) or not max(self.rate_profile) > 0:
-                raise ValueError("rate_profile must hold values >= 0, one of them > 0")
+            if not all(0 <= v < float("inf") for v in self.rate_profile) \
+                    or not max(self.rate_profile) > 0:
+                raise ValueError("rate_profile must hold finite values >= 0, one of them > 0")
             if not self.profile_bin_s > 0:
                 raise ValueError(f"profile_bin_s must be > 0, got {self.profile_bin_s}")
 

@@ -118,8 +118,9 @@ def test_sessions_arrive_as_the_rate_profile_rises_and_falls() -> None:
     assert generate_sessions(params) == trace  # still seeded
     with pytest.raises(ValueError, match="rate_profile"):
         SessionParams(rate_profile=(0.0, 0.0))
-    with pytest.raises(ValueError, match="rate_profile"):
-        SessionParams(rate_profile=(1.0, -1.0))
+    for bad in ((1.0, -1.0), (1.0, float("nan")), (1.0, float("inf"))):
+        with pytest.raises(ValueError, match="rate_profile"):
+            SessionParams(rate_profile=bad)
 
 
 def test_cli_takes_the_rate_profile_from_a_trace(tmp_path: Path,
