@@ -9,7 +9,7 @@ This module does no I/O (enforced by import-linter).
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from pydantic import (
     BaseModel,
@@ -192,13 +192,13 @@ CATEGORIES = ["poolpilot"]
 _ROLE_MODE: dict[str, Mode] = {Role.PREFILL: Mode.DISAGGREGATED, Role.ENGINE: Mode.AGGREGATED}
 
 
-def _memory_limit(spec: Any, role: str) -> Quantity | None:
+def _memory_limit(spec: InferencePoolSpec, role: str) -> Quantity | None:
     """The engine container's memory limit: the role's resources over the runtime's."""
     limits = spec.role(role).resources.limits
     return limits.get("memory", spec.runtime.resources.limits.get("memory"))
 
 
-def _offload_fits(spec: Any, role: str) -> bool:
+def _offload_fits(spec: InferencePoolSpec, role: str) -> bool:
     offload, limit = spec.role(role).kv_offload, _memory_limit(spec, role)
     if offload is None or limit is None or spec.mode != _ROLE_MODE[role]:
         return True
