@@ -24,6 +24,7 @@ from poolpilot.autoscaler.promaccess import PrometheusAccess
 
 from poolpilot.clock import REAL_TIME, Clock
 from poolpilot.metrics import COLD_START_PHASES, COLD_START_TOTAL
+from poolpilot.roles import Role
 
 if TYPE_CHECKING:  # (kube loads the Kubernetes client: this adapter needs only the type)
     from poolpilot.autoscaler.kube import RoleState
@@ -413,6 +414,15 @@ def path_whole_since(parts: Iterable[RoleState], clock: Clock) -> float | None:
     return clock.simulated(max(since)) if since else None
 
 
+def with_held(waiting: float | None, held: float | None) -> float | None:
+    """The prefill role's waiting requests: its engines' and those the router holds for them
+    (late binding, router/prefill_hold.py). The router's alone is no reading of the engines:
+    with theirs missing, the role's stays missing."""
+    if waiting is None or held is None or not math.isfinite(held) or held <= 0:
+        return waiting
+    return waiting + held
+
+
 def observation(
     namespace: str,
     pool: str,
@@ -441,7 +451,9 @@ def observation(
             starting=st.starting,
             unschedulable=st.unschedulable,
             unschedulable_message=st.unschedulable_message,
-            waiting=snap.get(q.WAITING, g),
+            waiting=with_held(snap.get(q.WAITING, g),
+                              snap.get(q.ROUTER_HELD_PREFILL, (namespace, pool, ""))
+                              if role == Role.PREFILL else None),
             running=snap.get(q.RUNNING, g),
             kv_usage=snap.get(q.KV_USAGE, g),
             ttft=snap.get(q.ttft_key(ttft_quantile), g),

@@ -41,6 +41,7 @@ ROUTER_INFLIGHT = "router_inflight"
 ROUTER_REQUEST_RATE = "router_request_rate"
 REQUEST_RATE = "request_rate"
 LOCAL_PREFILL_RATE = "local_prefill_rate"
+ROUTER_HELD_PREFILL = "router_held_prefill"
 KV_FAILURE_RATE = "kv_failure_rate"
 PREFIX_HIT_RATE = "prefix_hit_rate"
 # Per-pod keys (QuerySet.pod_queries), for the choice of a scale-down's victims.
@@ -189,6 +190,10 @@ class QuerySet:
                 f"sum by (namespace, pool) (rate({m.ROUTER_LOCAL_PREFILL}"
                 f"{s[:-1]}, reason=\"{m.LOCAL_PREFILL_REASONS[0]}\"}}[{w}]))"
             ),
+            # Prompts the router holds for a prefill engine (late binding): prefill requests
+            # waiting, at the router instead of at an engine. (Its only role is prefill, and
+            # in a cluster its `role` label is the router pod's: not selected on.)
+            ROUTER_HELD_PREFILL: f"sum by (namespace, pool) ({m.ROUTER_HELD}{s})",
             # Share of prompt tokens the engines found in their prefix cache (token counters:
             # hits / queries over the window; NaN when nothing was looked up, no series when
             # the engines keep no such counters). The prefill model sizes for the rest.

@@ -51,6 +51,7 @@ from poolpilot.engine_sim.traces import (
     load_trace,
 )
 from poolpilot.router import prefix_index as pi
+from poolpilot.router.prefill_hold import DEFAULT_PREFILL_HOLD_S
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -140,6 +141,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="how the simulated router picks prefill engines: prefix-aware (the "
                         "router's default: its approximate prefix index, bounded load) or "
                         "least-loaded; the same for every policy")
+    p.add_argument("--prefill-hold", type=float, default=DEFAULT_PREFILL_HOLD_S,
+                   metavar="SECONDS",
+                   help="the simulated router's late binding (its --prefill-hold): a prompt "
+                        "waits at the router while every prefill engine has more than this "
+                        f"many seconds of queued work (default {DEFAULT_PREFILL_HOLD_S:g}; 0: "
+                        "off), the same for every policy")
     p.add_argument("--kv-offload-gib", type=float, default=0.0, metavar="GIB",
                    help="host memory per prefill engine for the CPU offload tier of its prefix "
                         "cache (vLLM's --kv-offloading-size; an InferencePool's "
@@ -461,6 +468,7 @@ def run(args: argparse.Namespace) -> int:
                           max_replicas=args.max_replicas,
                           local_prefill=args.local_prefill == "on",
                           routing=args.routing,
+                          prefill_hold_s=args.prefill_hold or None,
                           kv_offloading_gib=args.kv_offload_gib,
                           prefix_max_entries=args.prefix_max_entries,
                           hash_block_tokens=block_tokens(trace),

@@ -45,9 +45,10 @@ from poolpilot.engine_sim.des import HASH_BLOCK_TOKENS, ROUTING, LocalPrefill, P
 from poolpilot.engine_sim.engine import EngineConfig
 from poolpilot.engine_sim.traces import TraceRequest
 from poolpilot.router import prefix_index as pi
+from poolpilot.router.prefill_hold import DEFAULT_PREFILL_HOLD_S
 
 from poolpilot import metrics as m
-from poolpilot.roles import DISAGGREGATED_ROLES
+from poolpilot.roles import DISAGGREGATED_ROLES, Role
 
 DEFAULT_ROUTING = "prefix-aware"  # the router's default (approximate prefix index)
 # The load imbalance reported: this percentile over the run of busiest / mean per role, the
@@ -91,6 +92,8 @@ class BenchConfig:
     # the tokens one of the trace's hash ids stands for (Mooncake's 512, Bailian's 16): the
     # simulated router's record holds as many tokens whatever the trace's block size
     hash_block_tokens: int = HASH_BLOCK_TOKENS
+    # the router's --prefill-hold (late binding, router/prefill_hold.py); None: off
+    prefill_hold_s: float | None = DEFAULT_PREFILL_HOLD_S
 
     def __post_init__(self) -> None:
         if self.routing not in ROUTING:
@@ -98,6 +101,8 @@ class BenchConfig:
                              f"got {self.routing!r}")
         if self.prefix_max_entries is not None and self.prefix_max_entries < 1:
             raise ValueError(f"--prefix-max-entries must be >= 1, got {self.prefix_max_entries}")
+        if self.prefill_hold_s is not None and not 0 <= self.prefill_hold_s < math.inf:
+            raise ValueError(f"--prefill-hold must be >= 0 seconds, got {self.prefill_hold_s}")
         if not 0 <= self.kv_offloading_gib < math.inf:
             raise ValueError(f"--kv-offload-gib must be a number >= 0, got "
                              f"{self.kv_offloading_gib}")
@@ -159,7 +164,8 @@ def new_pool_sim(cfg: BenchConfig, sim_class: type[PoolSim] = PoolSim) -> PoolSi
                      prefill_replicas=0, decode_replicas=0, config=cfg.engine,
                      prefill_config=prefill, local_prefill=local, routing=cfg.routing,
                      prefix_max_entries=cfg.record_entries(),
-                     hash_block_tokens=cfg.hash_block_tokens)
+                     hash_block_tokens=cfg.hash_block_tokens,
+                     prefill_hold_s=cfg.prefill_hold_s)
 
 
 def meets_slo(rec: Any, slo_ttft: float, slo_itl: float) -> bool:
@@ -283,6 +289,10 @@ class Replay:
             n = self.samples.get(rid, 0)
             util = 100.0 * self.busy.get(rid, 0) / n if n else 0.0
             samples.append((m.DCGM_GPU_UTIL, labels_of(labels), util))
+        # the router's gauge: prompts it holds for a prefill engine (late binding, and none
+        # ready yet)
+        samples.append((m.ROUTER_HELD, labels_of({"role": Role.PREFILL}),
+                        float(self.sim.pending(Role.PREFILL))))
         for reason, n in self.sim.local_prefill_total.items():  # the router's counter
             samples.append((m.ROUTER_LOCAL_PREFILL, labels_of({"reason": reason}), float(n)))
         started = bisect.bisect_right(self._arrivals, t)
@@ -454,6 +464,7 @@ class Replay:
                 r: weighted_percentile(xs, IMBALANCE_PERCENTILE)
                 for r, xs in self.imbalance.items()},
             "routing": self.cfg.routing,
+            "prefill_hold_s": self.cfg.prefill_hold_s,
         }
         if self.cfg.kv_offloading_gib:
             out["host_hit_rate"] = round(host / prompt, 6) if prompt else None

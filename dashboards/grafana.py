@@ -325,7 +325,10 @@ def pool_dashboard() -> Json:
         Row("Load"),
         _timeseries("Queue depth per role", [
             Query(_by("sum", BY_ROLE, m.VLLM_WAITING, *f), "{{pool}} {{role}} waiting"),
-        ], description="Requests waiting for a slot: which role is the bottleneck."),
+            Query(_by("sum", BY_POOL, m.ROUTER_HELD, *f), "{{pool}} prefill held at the router"),
+        ], description="Requests waiting for a slot: which role is the bottleneck. Held at the "
+                       "router: prompts waiting while every prefill engine is saturated (late "
+                       "binding); the autoscaler counts them as prefill waiting."),
         _timeseries("Running requests per role", [
             Query(_by("sum", BY_ROLE, m.VLLM_RUNNING, *f), "{{pool}} {{role}} running"),
         ], description="Sequences in the running batch (continuous batching)."),

@@ -64,6 +64,7 @@ from typing import Any, NamedTuple
 
 from poolpilot.router import local_prefill as lp
 from poolpilot.router import prefix_index as pi
+from poolpilot.router.prefill_hold import DEFAULT_PREFILL_HOLD_S
 from poolpilot.router.prefix_source import PromptKeys
 
 from poolpilot.roles import DISAGGREGATED_ROLES, Mode, Role
@@ -242,6 +243,7 @@ class PoolSim:
         prefix_balance: float = pi.DEFAULT_BALANCE,
         prefix_max_entries: int = pi.DEFAULT_MAX_ENTRIES,
         hash_block_tokens: int = HASH_BLOCK_TOKENS,
+        prefill_hold_s: float | None = DEFAULT_PREFILL_HOLD_S,
     ) -> None:
         pool_mode = _MODES.get(str(mode).lower())
         if pool_mode is None:
@@ -260,6 +262,10 @@ class PoolSim:
             max(1, prefix_max_entries * pi.BLOCK_TOKENS // hash_block_tokens),
             pi.DEFAULT_TTL_S)
         self.prefix_choices: dict[str, int] = {}  # the router's counter, by reason
+        # The router's late binding (router/prefill_hold.py): a prompt waits in `_pending`
+        # while every ready prefill engine has more than this much queued work at the
+        # learned rate. None: off.
+        self.prefill_hold_s = prefill_hold_s or None
         self.mode = pool_mode
         self.step_model: StepModel = make_step_model(model, gpu, tensor_parallel)
         base = config or EngineConfig()
@@ -474,6 +480,15 @@ class PoolSim:
         blocks = self._prefix.matched_blocks(keys, [str(r.id) for r in reps], self.now)
         return [min(prompt_tokens, keys.tokens(b)) for b in blocks]
 
+    def _saturated(self, role: str) -> bool:
+        """The router's late binding: every ready prefill engine has more than the hold's
+        worth of queued prompt tokens at the learned prefill rate (False with none ready)."""
+        if self.prefill_hold_s is None or role != Role.PREFILL:
+            return False
+        limit = self.prefill_hold_s * self._prefill_rate.tokens_per_s
+        ready = [r for r in self._live.values() if r.role == role and r.is_ready(self.now)]
+        return bool(ready) and all(r.queued_tokens > limit for r in ready)
+
     def _route(self, job: _Job, role: str, seq: Seq | None) -> None:
         if role == Role.PREFILL and self.local_prefill is not None:
             local = self._local_target(job.req)
@@ -481,6 +496,10 @@ class PoolSim:
                 job.local = True
                 self._assign(local, job, None)
                 return
+        if self.prefill_hold_s is not None and role == Role.PREFILL and (
+                self._pending[role] or self._saturated(role)):
+            self._pending[role].append((job, seq))  # held, behind those held before it
+            return
         chosen = self._choose(role, job.req)
         if chosen is None:
             self._pending[role].append((job, seq))
@@ -532,7 +551,7 @@ class PoolSim:
 
     def _dispatch_pending(self, role: str) -> None:
         q = self._pending[role]
-        while q:
+        while q and not self._saturated(role):
             job, seq = q[0]
             chosen = self._choose(role, job.req)
             if chosen is None:
@@ -621,6 +640,8 @@ class PoolSim:
                 rep.queued_tokens -= s.prompt
                 self._prefill_rate.observe(job.queued_at_send, out.end - job.sent_at)
                 self._push(out.end + self.router_overhead, _HANDOFF, (job, s))
+                if self._pending[Role.PREFILL]:  # its queue shrank: a held prompt may go
+                    self._push(out.end, _READY, rep.id)
                 continue
             times = eng.token_times(s)
             req = job.req

@@ -75,6 +75,9 @@ ROUTER_ITL = "poolpilot_router_inter_token_latency_seconds"  # histogram
 ROUTER_E2E = "poolpilot_router_e2e_latency_seconds"  # histogram
 ROUTER_REQUESTS = "poolpilot_router_requests_total"  # counter {code}
 ROUTER_INFLIGHT = "poolpilot_router_inflight"  # gauge {role}
+# Prompts the router holds while every prefill engine is saturated (router/prefill_hold.py):
+# prefill demand the engines' waiting gauges do not show; the autoscaler adds it to theirs.
+ROUTER_HELD = "poolpilot_router_held_requests"  # gauge {role}
 ROUTER_KV_TRANSFER_FAILURES = "poolpilot_router_kv_transfer_failures_total"  # counter
 # Requests served aggregated on a decode engine (local prefill, no KV transfer), by reason:
 # "prefill_behind" (the prefill role would break the TTFT target), "kv_transfer_failed"

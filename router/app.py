@@ -42,6 +42,7 @@ from poolpilot.router.metrics import (
     HandoffCounters,
     RouterMetrics,
 )
+from poolpilot.router.prefill_hold import PrefillHold
 from poolpilot.router.prefix_index import ApproximateIndex
 from poolpilot.router.prefix_source import PrefixSource, PromptKeys
 from poolpilot.router.relay import Attempt, FirstTokenStalled, Progress, StreamRelay
@@ -112,6 +113,10 @@ class Router(HealthChecks, EngineChoice, StreamRelay):
         # Per engine: the max_model_len its GET /v1/models reported (learned on health
         # checks and on /v1/models calls), for refusing requests that cannot fit.
         self.max_model_len: dict[str, int] = {}
+        # Late binding: prompts wait here while every prefill engine is saturated.
+        self.hold: PrefillHold | None = None
+        if config.mode == Mode.DISAGGREGATED and config.prefill_hold_s:
+            self.hold = PrefillHold(self._prefill_saturated, self.metrics.held_prefill.set)
 
     # -- membership (called by discovery) ----------------------------------------------------
 
@@ -123,6 +128,8 @@ class Router(HealthChecks, EngineChoice, StreamRelay):
         for url in removed:
             if not self.balancer.by_url(url):  # gone from every role: its cache is gone
                 self._forget(url)
+        if self.hold is not None and role == Role.PREFILL:
+            self.hold.release()  # a new engine takes held prompts at once
 
     def _forget(self, url: str) -> None:
         """Nothing is known to be cached at `url` any more (removed, or ejected: it may be
@@ -539,6 +546,16 @@ class Router(HealthChecks, EngineChoice, StreamRelay):
         """Run the prefill step; a failure (before or while reading the answer) is retried on
         another prefill engine. Returns the prefill's JSON answer; `progress.lease`: the KV
         lease it started (from its status line)."""
+        waited = self.hold is not None and await self.hold.enter()
+        try:
+            return await self._prefill_attempts(path, body, tokens, prompt, progress)
+        finally:
+            if waited and self.hold is not None:  # (if no attempt took an engine)
+                self.hold.passed()
+
+    async def _prefill_attempts(self, path: str, body: dict[str, Any], tokens: int,
+                                prompt: PromptKeys | None,
+                                progress: Progress | None) -> dict[str, Any]:
         failed: list[str] = []
         last: UpstreamError | None = None
         for _ in range(self.config.max_attempts):
@@ -623,6 +640,8 @@ class Router(HealthChecks, EngineChoice, StreamRelay):
             local = max(0, local_tokens - matched) if local_tokens else 0
             self.balancer.acquire(endpoint.url, charged)
             self.balancer.add_local_tokens(endpoint.url, local)
+            if role == Role.PREFILL and self.hold is not None:
+                self.hold.passed()  # it has its engine: the next held prompt may go
             queued = endpoint.inflight_tokens
             gauge.inc()
             att: Attempt | None = None
@@ -690,6 +709,8 @@ class Router(HealthChecks, EngineChoice, StreamRelay):
             finally:
                 gauge.dec()
                 self.balancer.release(endpoint.url, charged)
+                if role == Role.PREFILL and self.hold is not None:
+                    self.hold.release()  # its engine's queue shrank
                 if att is not None:
                     self._settle_local(att)
                 elif local:

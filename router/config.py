@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from poolpilot.router import local_prefill as lp
 from poolpilot.router.auth import ApiKeys
 from poolpilot.router.balancer import BalancerConfig
+from poolpilot.router.prefill_hold import DEFAULT_PREFILL_HOLD_S
 from poolpilot.router.prefix_index import DEFAULT_BALANCE, DEFAULT_MAX_ENTRIES, DEFAULT_TTL_S
 
 from poolpilot import handoff
@@ -56,6 +57,10 @@ class RouterConfig:
     # mixed-step profile known for the model); a failed KV handoff is retried locally anyway.
     local_prefill: lp.LocalPrefillPolicy | None = None
     prefill_tokens_per_s: float = 0.0  # seed of the learned prefill rate (0: none measured)
+    # Late binding (router/prefill_hold.py): a prompt waits at the router while every prefill
+    # engine has more than this much queued work (simulated seconds at the learned prefill
+    # rate). None: off, each prompt joins an engine's queue at once.
+    prefill_hold_s: float | None = DEFAULT_PREFILL_HOLD_S
     api_keys: ApiKeys | None = None  # None: no authentication
     max_concurrent_per_client: int = 0  # 0: no limit; a client is its API key, else its IP
     release_timeout_s: float = 60.0  # a KV release (a one-token decode) may take this long

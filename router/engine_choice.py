@@ -71,6 +71,18 @@ class EngineChoice:
         self.local_active = d.active
         return decodes[d.engine] if d.local and d.engine is not None else None
 
+    def _prefill_saturated(self) -> bool:
+        """Every admitted prefill engine has more than the hold's worth of work this router
+        queued there (x its workers) at the learned prefill rate; False with none admitted
+        (the path for no prefill engine applies) or no rate known."""
+        hold_s = self.config.prefill_hold_s
+        rate = self.prefill_rate.tokens_per_s
+        if hold_s is None or not rate > 0:
+            return False
+        limit = hold_s * rate / self.config.workers
+        engines = [e for e in self.balancer.role_endpoints(Role.PREFILL) if not e.ejected()]
+        return bool(engines) and all(e.inflight_tokens > limit for e in engines)
+
     def _prefill_deadline(self, queued_tokens: int,
                           left_s: float | None = None) -> aiohttp.ClientTimeout | None:
         """How long a prefill engine may take to answer before it counts as hung: N TTFT

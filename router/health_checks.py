@@ -21,6 +21,7 @@ from poolpilot.router.metrics import (
     parse_handoff_counters,
     parse_waiting,
 )
+from poolpilot.router.prefill_hold import PrefillHold
 from poolpilot.router.prefix_source import PrefixSource
 
 from poolpilot.clock import Clock
@@ -41,11 +42,14 @@ class HealthChecks:
     _handoff_seen: dict[str, HandoffCounters]
     _prefills_since: dict[str, int]
     given_up: GivenUp
+    hold: PrefillHold | None
 
     async def _health_loop(self) -> None:
         while True:
             urls = self.balancer.urls()
             await asyncio.gather(*(self._check(url) for url in urls), return_exceptions=True)
+            if self.hold is not None:  # ejections and re-admissions change who can take one
+                self.hold.release()
             await asyncio.sleep(self.config.health_interval_s)
 
     async def _check(self, url: str) -> None:

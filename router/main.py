@@ -31,6 +31,7 @@ from poolpilot.router.balancer import BalancerConfig
 from poolpilot.router.config import MIN_DEADLINE_S, MODES, PREFIX_ROUTING, RouterConfig
 from poolpilot.router.discovery import KubernetesDiscovery, parse_urls
 from poolpilot.router.http_guard import GuardedRunner, ServerLimits
+from poolpilot.router.prefill_hold import DEFAULT_PREFILL_HOLD_S
 from poolpilot.router.prefix_index import DEFAULT_BALANCE, DEFAULT_MAX_ENTRIES, DEFAULT_TTL_S
 from poolpilot.router.prefix_source import PrefixSource
 from poolpilot.router.workers import run_workers
@@ -122,6 +123,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     bal.add_argument("--eject-after", type=int, default=2, help="consecutive failures to eject")
     bal.add_argument("--ramp-seconds", type=float, default=10.0,
                      help="how long a new endpoint takes to reach full weight")
+    bal.add_argument("--prefill-hold", type=float, default=DEFAULT_PREFILL_HOLD_S,
+                     metavar="SECONDS",
+                     help="late binding (disaggregated): a prompt waits at the router, in "
+                     "arrival order, while every prefill engine has more than this many seconds "
+                     "of queued work at the learned prefill rate, and goes to the first engine "
+                     "that can start on it, a newly joined one included (default "
+                     f"{DEFAULT_PREFILL_HOLD_S:g}; 0: off, each prompt joins an engine's queue "
+                     "at once)")
     pre = parser.add_argument_group(
         "prefix-aware routing: prefill, aggregated and local-prefill engines are chosen by the "
         "prompt prefix they are expected to hold, against their load"
@@ -264,6 +273,8 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
     if not (args.prefix_balance >= 1 and args.prefix_balance < float("inf")):
         raise UsageError(f"--prefix-balance {args.prefix_balance}: must be >= 1 (1: strictly "
                          "balanced; larger lets a prefix pull more work onto its engine)")
+    if not 0 <= args.prefill_hold < float("inf"):
+        raise UsageError(f"--prefill-hold {args.prefill_hold}: must be >= 0 seconds (0: off)")
     if args.prefix_max_entries < 1:
         raise UsageError(f"--prefix-max-entries {args.prefix_max_entries}: must be >= 1")
     if not args.prefix_ttl > 0:
@@ -293,6 +304,7 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
         workers=args.workers,
         local_prefill=local_prefill_policy(args),
         prefill_tokens_per_s=prefill_seed(args),
+        prefill_hold_s=args.prefill_hold or None,
         mode=mode,
         pool=args.pool or "default",
         max_request_bytes=args.max_request_bytes,

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from poolpilot import metrics as names
-from poolpilot.roles import ENGINE_ROLES
+from poolpilot.roles import ENGINE_ROLES, Role
 
 E2E_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0)
 
@@ -61,6 +61,14 @@ class RouterMetrics:
             ["pool", "role"],
             registry=r,
             multiprocess_mode="livesum",  # with --workers: the live workers' sum
+        )
+        self.held = Gauge(
+            names.ROUTER_HELD,
+            "Prompts held at the router, in arrival order, while every engine of the role is "
+            "saturated (late binding: each goes to the first engine that can start on it).",
+            ["pool", "role"],
+            registry=r,
+            multiprocess_mode="livesum",
         )
         self.kv_failures = Counter(
             _base(names.ROUTER_KV_TRANSFER_FAILURES),
@@ -118,6 +126,7 @@ class RouterMetrics:
         self.inflight_role = {
             role: self.inflight.labels(pool, role) for role in ENGINE_ROLES
         }
+        self.held_prefill = self.held.labels(pool, Role.PREFILL)  # exported as 0 from the start
         self.local_prefill_reason = {  # exported as 0 from the start
             reason: self.local_prefill.labels(pool, reason)
             for reason in names.LOCAL_PREFILL_REASONS

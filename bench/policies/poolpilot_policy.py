@@ -149,6 +149,8 @@ class PoolpilotPolicy:
             q.LOCAL_PREFILL_RATE: per_pool(prom.rate(
                 m.ROUTER_LOCAL_PREFILL, w, match={"reason": m.LOCAL_PREFILL_REASONS[0]})),
             q.KV_FAILURE_RATE: per_pool(prom.rate(m.ROUTER_KV_TRANSFER_FAILURES, w)),
+            # prompts it holds for a prefill engine (late binding)
+            q.ROUTER_HELD_PREFILL: per_pool(prom.gauge(m.ROUTER_HELD)),
             # max(timestamp(waiting)): every series of a scrape carries the scrape's time
             q.SAMPLE_TIME: {(NAMESPACE, POOL, g[0]): prom.now
                             for g in prom.gauge(m.VLLM_WAITING, by=by)},

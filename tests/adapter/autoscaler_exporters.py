@@ -148,10 +148,10 @@ def engine(waiting: float = 0, running: float = 0, kv: float | None = 0.0,
 
 
 def router(pool: str, inflight: float = 0, request_rate: float = 0,
-           ttft: Hist | None = None) -> FakeExporter:
+           ttft: Hist | None = None, held: float = 0) -> FakeExporter:
     """The router's page; its own `pool` label clashes with the target's (as in a cluster)."""
     return FakeExporter(
-        gauges={m.ROUTER_INFLIGHT: inflight},
+        gauges={m.ROUTER_INFLIGHT: inflight, m.ROUTER_HELD: held},
         counters={m.ROUTER_REQUESTS: request_rate},
         histograms={m.ROUTER_TTFT: ttft} if ttft else {},
         labels={"pool": pool},

@@ -65,6 +65,8 @@ EXPORTERS: dict[tuple[str, str, str, int], FakeExporter] = {
     ("team-b", "epsilon", "prefill", 0): engine(prefix=(100, 30, 10), text_only=True),
     ("team-b", "epsilon", "prefill", 1): engine(prefix=(100, 30, 10), text_only=True),
     ("team-b", "epsilon", "decode", 0): engine(prefix=(100, 10, 80), text_only=True),
+    # its router holds 3 prompts while both prefill engines are saturated (late binding)
+    ("team-b", "epsilon", "router", 0): router("epsilon", held=3),
     ("team-b", "delta", "decode", 0): engine(running=1, kv=0.1),
 }
 
@@ -172,6 +174,8 @@ EXPECTED = [
     Expect("local-prefill-when-prefill-is-behind-only", q.LOCAL_PREFILL_RATE, A_POOL, 0.5,
            rel=0.2),
     Expect("kv-handoff-failures", q.KV_FAILURE_RATE, A_POOL, 0.25, rel=0.2),
+    Expect("prompts-the-router-holds-for-prefill", q.ROUTER_HELD_PREFILL,
+           ("team-b", "epsilon", ""), 3),
     Expect("no-series-for-a-role-without-engines", q.WAITING, ("team-a", "alpha", "engine"),
            None),
     Expect("no-ttft-where-no-histogram", q.ttft_key(0.9), G_PRE, None),
@@ -277,6 +281,17 @@ def test_observation_feeds_the_decision(snapshot: Snapshot) -> None:
     assert (d.replicas["prefill"], d.roles["prefill"].reason) == (4, "QueueAboveTarget")
     assert (d.replicas["decode"], d.roles["decode"].reason) == (3, "ITLAboveTarget")
     assert d.metrics_available.status
+
+
+def test_prompts_the_router_holds_are_prefill_requests_waiting(snapshot: Snapshot) -> None:
+    """Late binding moves a saturated prefill role's queue from its engines to the router:
+    the autoscaler reads both (pool epsilon's engines have none waiting, its router holds
+    3); a pool whose router holds none reads its engines' alone."""
+    roles = {"prefill": RoleState(2, 2), "decode": RoleState(1, 1)}
+    eps = observation("team-b", "epsilon", roles, snapshot, 0.9, 0.9)
+    assert (eps.roles["prefill"].waiting, eps.roles["decode"].waiting) == (3, 0)
+    alpha = observation("team-a", "alpha", roles, snapshot, 0.9, 0.9)
+    assert alpha.roles["prefill"].waiting == 7
 
 
 def test_observation_feeds_the_capacity_model(snapshot: Snapshot) -> None:

@@ -208,7 +208,7 @@ def test_own_metrics_follow_a_changing_limit_and_leadership() -> None:
 
 def test_queries_are_grouped_and_tolerate_renames() -> None:
     qs = QuerySet(window_seconds=30).build(ttft_quantiles=(0.9, 0.99), itl_quantiles=(0.9,))
-    assert len(qs) == 17  # 12 signals + 2 TTFT quantiles x (engines, router) + 1 ITL
+    assert len(qs) == 18  # 13 signals + 2 TTFT quantiles x (engines, router) + 1 ITL
     for key, promql in qs.items():
         assert "by (namespace, pool" in promql, key
         assert "[30s]" in promql or "rate(" not in promql, key

@@ -9,17 +9,16 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import aiohttp
 import pytest
 from aiohttp import web
-from aiohttp.test_utils import TestServer
 from poolpilot.router import config as router_config
 from poolpilot.router.app import Router
 from poolpilot.router.balancer import BalancerConfig
 from poolpilot.router.config import RouterConfig
+from poolpilot.testkit.aiohttp_apps import serve, url_of
 from poolpilot.testkit.prometheus import free_port
 
 from poolpilot.roles import Mode, Role
@@ -100,19 +99,6 @@ def prefill_app() -> web.Application:
 def fast_deadlines(monkeypatch: pytest.MonkeyPatch) -> None:
     # Deadlines in tenths of a second (the floor is for busy machines, not these fakes).
     monkeypatch.setattr(router_config, "MIN_DEADLINE_S", 0.05)
-
-
-async def serve(app: web.Application) -> AsyncIterator[TestServer]:
-    server = TestServer(app, host="127.0.0.1")
-    await server.start_server()
-    try:
-        yield server
-    finally:
-        await server.close()
-
-
-def url_of(server: TestServer) -> str:
-    return str(server.make_url("")).rstrip("/")
 
 
 def router_for(prefill_url: str, decode_url: str, health_interval_s: float = 0.02) -> Router:
