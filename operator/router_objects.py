@@ -44,7 +44,7 @@ from poolpilot.router import prefix_index as pi
 
 from poolpilot import api, names
 from poolpilot.apitypes import Obj
-from poolpilot.roles import Role
+from poolpilot.roles import Mode, Role
 
 # ---------------------------------------------------------------------------------------------
 # Router
@@ -145,6 +145,8 @@ def build_router_deployment(pool: Pool, caps: Capabilities | None = None) -> Obj
             *(("--pool-uid", pool.uid) if pool.uid else ()),  # discovery's pod selector
             *(("--api-key-file", f"{ROUTER_KEYS_DIR}/{ROUTER_KEYS_FILE}")
               if keys is not None else ()),
+            *(("--prefill-hold", f"{spec.router.prefill_hold_seconds:g}")
+              if spec.mode == Mode.DISAGGREGATED else ()),
             "--prefix-routing", _ROUTER_PREFIX_ROUTING[spec.router.prefix_routing],
             *(("--prefix-max-entries", str(entries))
               if (entries := prefix_index_entries(spec)) is not None else ()),

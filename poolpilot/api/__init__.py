@@ -106,6 +106,7 @@ from poolpilot.apitypes import (
     spellings,
 )
 from poolpilot.roles import DISAGGREGATED_ROLES, Role
+from poolpilot.router.prefill_hold import DEFAULT_PREFILL_HOLD_S
 
 __all__ = [
     "CONDITION_REASON",
@@ -388,6 +389,14 @@ class RouterSpec(ApiModel):
         "(works with any engine). Precise: from the engines' own KV-cache events (the "
         "engines are started publishing them on ports 5557 and 5558; the router tokenizes "
         "each prompt with an engine's /tokenize). Disabled: by load only.",
+    )
+    prefill_hold_seconds: float = Field(
+        default=DEFAULT_PREFILL_HOLD_S, ge=0, le=3600,
+        description="Late binding (disaggregated): a prompt waits at the router, in arrival "
+        "order, while every prefill engine has more than this many seconds of queued work, "
+        "and goes to the first engine that can start on it, a newly added replica included. "
+        "The autoscaler counts held prompts as prefill requests waiting. 0: off, each prompt "
+        "joins an engine's queue at once.",
     )
     prefix_index_entries: Int32 | None = Field(
         default=None, ge=1,

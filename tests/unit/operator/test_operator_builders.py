@@ -319,7 +319,7 @@ def test_router_pod_contract() -> None:
         "poolpilot", "router", "--host", "0.0.0.0", "--port", "8000", "--metrics-port", "8090",
         "--discover", "kubernetes", "--namespace", "ns", "--pool", "p",
         *(("--pool-uid", pool.uid) if pool.uid else ()),  # the pods' selector in discovery
-        "--prefix-routing", "approximate",
+        "--prefill-hold", "1", "--prefix-routing", "approximate",
     ]  # fmt: skip
     config = json.loads(builders.build_router_configmap(pool)["data"]["router.json"])
     assert config["mode"] == "Disaggregated" and config["model"] == "m"
@@ -460,6 +460,18 @@ OFFLOAD_CASES = [
                                             "router": {"prefixIndexEntries": 5}},
                 {"prefill": None, "decode": None}, "5"),
 ]
+
+
+@pytest.mark.parametrize(("router", "flag"), [({}, "1"), ({"prefillHoldSeconds": 2.5}, "2.5"),
+                                              ({"prefillHoldSeconds": 0}, "0")],
+                         ids=["default", "set", "off"])
+def test_the_routers_late_binding_comes_from_the_spec(router: dict, flag: str) -> None:
+    pool = _pool({"model": {"name": "m"}, "router": router})
+    cmd = _container(builders.build_router_deployment(pool))["command"]
+    assert cmd[cmd.index("--prefill-hold") + 1] == flag
+    aggregated = _pool({"model": {"name": "m"}, "mode": "Aggregated", "router": router})
+    assert "--prefill-hold" not in _container(
+        builders.build_router_deployment(aggregated))["command"]  # no prefill engines
 
 
 @pytest.mark.parametrize("case", OFFLOAD_CASES, ids=[c.id for c in OFFLOAD_CASES])
