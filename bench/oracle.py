@@ -124,9 +124,10 @@ class _Trial:
 
 
 def _queued(sim: PoolSim, role: str) -> int:
-    """Requests waiting to be scheduled on the role's engines (KV loads in flight excluded)."""
-    return sum(len(r.engine.sched.waiting) for r in sim.replicas.values()
-               if r.role == role and r.removed_at is None)
+    """Requests waiting to be scheduled on the role's engines (KV loads in flight excluded),
+    and those the router holds for them (late binding, or none ready)."""
+    return sim.pending(role) + sum(len(r.engine.sched.waiting) for r in sim.replicas.values()
+                                   if r.role == role and r.removed_at is None)
 
 
 def _resize(sim: PoolSim, role: str, n: int) -> None:

@@ -9,7 +9,9 @@ How the pieces act, and how they are replayed here:
 - KEDA creates an HPA whose External metric is the scaler's query with an AverageValue target
   of `threshold` per pod. The HPA controller asks KEDA's metrics server on every sync (15 s),
   which runs the PromQL instant query then (`sum(vllm:num_requests_waiting{role="R"})` here,
-  one ScaledObject per role), so `desired = ceil(total / threshold)` outside the 10%
+  one ScaledObject per role; prefill's adds `sum(poolpilot_router_held_requests)`, the prompts
+  poolpilot's router holds while every prefill engine is saturated, which a user of that
+  router would count as queue too), so `desired = ceil(total / threshold)` outside the 10%
   tolerance, with the HPA's default behavior (scale-up: +100% or +4 pods per 15 s, no window;
   scale-down: 300 s stabilization).
 - KEDA's own loop (every pollingInterval, 30 s) only activates and deactivates: it scales
@@ -27,7 +29,7 @@ from poolpilot.bench.policies.base import Bounds, PoolView, ScalingDecision
 from poolpilot.bench.policies.hpa_core import SYNC_PERIOD_S, HPAController, external_metric_replicas
 
 from poolpilot import metrics as m
-from poolpilot.roles import DISAGGREGATED_ROLES
+from poolpilot.roles import DISAGGREGATED_ROLES, Role
 
 POLLING_INTERVAL_S = 30.0
 COOLDOWN_PERIOD_S = 300.0
@@ -71,6 +73,8 @@ class KedaQueue:
         for role in DISAGGREGATED_ROLES:
             st = view.roles[role]
             q = view.prom.gauge(m.VLLM_WAITING, {"role": role}).get((), math.nan)
+            if role == Role.PREFILL and not math.isnan(q):  # and the router's held prompts
+                q += view.prom.gauge(m.ROUTER_HELD).get((), 0.0)
             if poll and not math.isnan(q) and q > 0:
                 self._last_active[role] = view.now
             if st.target == 0:

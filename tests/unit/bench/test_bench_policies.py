@@ -69,6 +69,17 @@ def test_keda_scales_to_queue_over_threshold() -> None:
     assert d.replicas == {"prefill": 5, "decode": 1}
 
 
+def test_keda_counts_the_prompts_the_router_holds_as_prefill_queue() -> None:
+    # With late binding a saturated prefill role's queue is at the router: 3 at the engine
+    # and 20 held are 23 waiting, as above (the decode ScaledObject reads its engines alone)
+    view = PromView()
+    view.scrape(15, [(m.VLLM_WAITING, labels_of({"role": "prefill", "pod": "p0"}), 3.0),
+                     (m.VLLM_WAITING, labels_of({"role": "decode", "pod": "d0"}), 0.0),
+                     (m.ROUTER_HELD, labels_of({"role": "prefill", "pod": "router"}), 20.0)])
+    k = KedaQueue(BOUNDS, {"prefill": 1, "decode": 1})
+    assert k.decide(PoolView(15, view, roles())).replicas == {"prefill": 5, "decode": 1}
+
+
 def test_hpa_uses_ready_pods_gpu_utilization() -> None:
     view = PromView()
     gauges(view, 15, {(m.DCGM_GPU_UTIL, "prefill"): {"p0": 100.0, "p1": 100.0, "old": 0.0},
