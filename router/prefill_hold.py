@@ -24,11 +24,9 @@ import asyncio
 from collections import deque
 from collections.abc import Callable
 
-# The threshold: enough queued work to keep a prefill engine busy between the router's
-# releases (each within milliseconds of a prefill's end), little enough that a burst's queue
-# stays at the router for the replicas that join while it lasts. Simulated seconds; the
-# simulated router (engine_sim/des.py) uses the same.
-DEFAULT_PREFILL_HOLD_S = 1.0
+from poolpilot.routing_defaults import DEFAULT_PREFILL_HOLD_S
+
+__all__ = ["DEFAULT_PREFILL_HOLD_S", "PrefillHold"]
 
 
 class PrefillHold:

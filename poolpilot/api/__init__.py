@@ -106,7 +106,7 @@ from poolpilot.apitypes import (
     spellings,
 )
 from poolpilot.roles import DISAGGREGATED_ROLES, Role
-from poolpilot.router.prefill_hold import DEFAULT_PREFILL_HOLD_S
+from poolpilot.routing_defaults import DEFAULT_PREFILL_HOLD_S
 
 __all__ = [
     "CONDITION_REASON",
