@@ -468,15 +468,23 @@ def cpu_list(text: str) -> set[int]:
 
 def split_cpus(router: str | None, available: set[int]) -> tuple[set[int] | None, set[int] | None]:
     """(the router's CPUs, everyone else's) for --router-cpus; (None, None) without it."""
-    if router is None:
+    mine = pinned_to(router, available, "--router-cpus")
+    if mine is None:
         return None, None
-    mine = cpu_list(router)
-    if not mine or not mine <= available:
-        raise ValueError(f"--router-cpus {router}: must name CPUs among {sorted(available)}")
     rest = available - mine
     if not rest:
         raise ValueError(f"--router-cpus {router}: leaves no CPU for the engines and clients")
     return mine, rest
+
+
+def pinned_to(cpus: str | None, available: set[int], flag: str) -> set[int] | None:
+    """The CPUs a flag names, all among `available`; None without the flag."""
+    if cpus is None:
+        return None
+    mine = cpu_list(cpus)
+    if not mine or not mine <= available:
+        raise ValueError(f"{flag} {cpus}: must name CPUs among {sorted(available)}")
+    return mine
 
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:
@@ -510,6 +518,11 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
                    help="pin the router (and its workers) to these CPUs, e.g. 1 or 2-5, and the "
                    "engines and clients to the others: the router on cores of its own, as on a "
                    "node where its pod has its own CPU request (default: no pinning)")
+    p.add_argument("--prefill-cpus", metavar="LIST",
+                   help="pin the P/D prefill engine to these CPUs (they may be the router's): "
+                   "its request intake then shares no core with the clients and the decode "
+                   "engine that streams to them, as on a cluster where each engine has a node "
+                   "of its own (default: with the other engines)")
     p.add_argument("--json", metavar="FILE", help="write the results as JSON to FILE")
     p.add_argument("--serve-upstream", type=int, metavar="PORT", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -523,6 +536,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
         p.error(f"--modes: unknown {sorted(bad)}; use aggregated, disaggregated")
     try:
         router_cpus, other_cpus = split_cpus(args.router_cpus, os.sched_getaffinity(0))
+        prefill_cpus = pinned_to(args.prefill_cpus, os.sched_getaffinity(0), "--prefill-cpus")
     except ValueError as exc:
         p.error(str(exc))
     if other_cpus is not None:  # the clients run in this process, the engines are its children
@@ -539,7 +553,8 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
             cmd = [poolpilot, "engine-sim", "--role", role, "--speed", str(args.engine_speed),
                    "--model", args.model, "--gpu", args.gpu, "--served-name", "bench",
                    "--port", "0", "--log-level", "WARNING"]
-        proc, port = _start(cmd, r"listening on (?:http://[\d.]+:)?(\d+)")
+        proc, port = _start(cmd, r"listening on (?:http://[\d.]+:)?(\d+)",
+                            prefill_cpus if role == Role.PREFILL else None)
         procs.append(proc)
         url = f"http://127.0.0.1:{port}"
         engine_pgids[url] = proc.pid
@@ -565,6 +580,8 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
                 routers[(mode, w)] = (f"http://127.0.0.1:{port}", proc.pid)
         pinned = ("" if router_cpus is None else f" (router on CPUs {sorted(router_cpus)}, "
                   f"engines and clients on {sorted(other_cpus or ())})")
+        if prefill_cpus is not None:
+            pinned += f" (the P/D prefill engine on CPUs {sorted(prefill_cpus)})"
         print(f"router overhead: {os.cpu_count()} cores{pinned}, load {load_before[0]:.1f}, "
               f"engine-sim {args.model}/{args.gpu} speed {args.engine_speed:g} ({args.upstream}), "
               f"{args.prompt_tokens}-token prompts, {args.output_tokens} tokens streamed, "
@@ -583,7 +600,9 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
                     url, pgid = routers[(mode, w)]
                     routed = asyncio.run(_load(Target(url), c, *run, pgid, pgids, first))
                     results.append(compare(mode, c, direct, routed) | {
-                        "workers": w, "router_cpus": sorted(os.sched_getaffinity(pgid))})
+                        "workers": w, "router_cpus": sorted(os.sched_getaffinity(pgid))}
+                        | ({"prefill_cpus": sorted(os.sched_getaffinity(
+                            engine_pgids[urls[Role.PREFILL]]))} if Role.PREFILL in urls else {}))
                     print(row(results[-1]), flush=True)
     finally:
         for proc in procs:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from poolpilot.perf.router import cpu_list, split_cpus
+from poolpilot.perf.router import cpu_list, pinned_to, split_cpus
 from router_support import FAST, POOLPILOT, metric_value, running, start_fake_engine, start_router
 
 pytestmark = pytest.mark.adapter
@@ -25,8 +25,10 @@ CPUS = sorted(os.sched_getaffinity(0))
 
 def test_perf_router_writes_its_json(tmp_path: Path) -> None:
     out = tmp_path / "router.json"
-    # With two CPUs or more, the router runs pinned to the last one, as the docs measure it.
-    pin = ["--router-cpus", str(CPUS[-1])] if len(CPUS) > 1 else []
+    # With two CPUs or more, the router runs pinned to the last one, as the docs measure it,
+    # and the P/D prefill engine beside it.
+    pin = (["--router-cpus", str(CPUS[-1]), "--prefill-cpus", str(CPUS[-1])] if len(CPUS) > 1
+           else [])
     done = subprocess.run(
         [POOLPILOT, "perf", "router", "--streams", "2", "--engine-speed", "inf", "--duration", "1",
          "--warmup", "0.5", "--output-tokens", "8", *pin, "--json", str(out)],
@@ -41,6 +43,10 @@ def test_perf_router_writes_its_json(tmp_path: Path) -> None:
         assert run["errors"] == 0 and run["routed"]["requests"] > 0
         assert run["router_cpu_seconds"] > 0
         assert run["router_cpus"] == (CPUS[-1:] if pin else CPUS)
+        if run["mode"] == "disaggregated":
+            assert run["prefill_cpus"] == (CPUS[-1:] if pin else CPUS)
+        else:
+            assert "prefill_cpus" not in run
     assert len(data["machine"]["load_before"]) == 3
 
 
@@ -56,6 +62,10 @@ def test_router_cpus_are_read_as_taskset_writes_them() -> None:
         split_cpus("0-1", {0, 1})
     with pytest.raises(ValueError, match=r"must name CPUs among \[0, 1\]"):
         split_cpus("7", {0, 1})
+    assert pinned_to(None, {0, 1}, "--prefill-cpus") is None
+    assert pinned_to("1", {0, 1}, "--prefill-cpus") == {1}
+    with pytest.raises(ValueError, match=r"--prefill-cpus 2: must name CPUs among \[0, 1\]"):
+        pinned_to("2", {0, 1}, "--prefill-cpus")
 
 
 def test_a_router_cpu_list_that_leaves_nothing_is_refused() -> None:
