@@ -180,6 +180,10 @@ class Result:
     # time spent outside the engine, i.e. in the HTTP hops (and the router, when routed)
     hops: list[float] = field(default_factory=list)
     engine_ttft_s: float | None = None  # the engines' own mean TTFT over the run (vLLM metric)
+    # the upper bound of the engine's ITL histogram bucket that holds the 99th percentile of
+    # the gaps it measured over the run (the engine that streams: aggregated or decode):
+    # what of the clients' ITL the engine's own steps account for
+    engine_itl_p99_le_s: float | None = None
 
     @property
     def elapsed(self) -> float:
@@ -227,6 +231,7 @@ class Result:
             "outside_engine_samples": len(self.hops),
             "engine_ttft_mean_ms": None if self.engine_ttft_s is None
             else self.engine_ttft_s * ms,
+            "engine_itl_p99_le_ms": _times(self.engine_itl_p99_le_s, ms),
         }
 
 
@@ -316,7 +321,8 @@ async def _one(session: aiohttp.ClientSession, target: Target, body: dict[str, A
 
 async def _load(target: Target, streams: int, duration: float, warmup: float,
                 prompt_tokens: int, output_tokens: int, router_pgid: int | None,
-                engine_pgids: list[int], engine_urls: list[str]) -> Result:
+                engine_pgids: list[int], engine_urls: list[str],
+                streamer: str | None = None) -> Result:
     start = time.monotonic() + warmup
     result = Result(start=start, stop=start + duration)
     run_id = next(_RUNS)
@@ -356,6 +362,7 @@ async def _load(target: Target, streams: int, duration: float, warmup: float,
                 result.router_cpu_s = group_cpu_seconds(router_pgid) - before
 
         ttft_before = await _engine_ttft(session, engine_urls)
+        itl_before = await _itl_buckets(session, streamer) if streamer else {}
         tasks = [asyncio.create_task(worker(w)) for w in range(streams)]
         await cpu_window()
         await asyncio.sleep(max(0.0, result.stop - time.monotonic()))
@@ -363,6 +370,9 @@ async def _load(target: Target, streams: int, duration: float, warmup: float,
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         ttft_after = await _engine_ttft(session, engine_urls)
+        if streamer:
+            result.engine_itl_p99_le_s = bucket_quantile(
+                itl_before, await _itl_buckets(session, streamer), 0.99)
         own = await _engine_ttfts(session, engine_urls)
         result.hops = [ttft - own[rid] for rid, ttft in result.first_ids.items() if rid in own]
         count = ttft_after[1] - ttft_before[1]
@@ -374,6 +384,38 @@ _RUNS = itertools.count()  # numbers each load run, so no two runs send the same
 
 TTFT_SUM = "vllm:time_to_first_token_seconds_sum"
 TTFT_COUNT = "vllm:time_to_first_token_seconds_count"
+
+
+ITL_BUCKET = "vllm:inter_token_latency_seconds_bucket"
+
+
+async def _itl_buckets(session: aiohttp.ClientSession, url: str) -> dict[float, float]:
+    """The engine's ITL histogram: bucket upper bound (s) -> cumulative count; {} when it
+    has none or does not answer."""
+    try:
+        async with session.get(url + "/metrics") as resp:
+            text = await resp.text()
+    except aiohttp.ClientError:
+        return {}
+    out: dict[float, float] = {}
+    for line in text.splitlines():
+        if line.startswith(ITL_BUCKET):
+            m = re.search(r'le="([^"]+)"', line)
+            if m:
+                le = float(m.group(1))
+                out[le] = out.get(le, 0.0) + float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def bucket_quantile(before: dict[float, float], after: dict[float, float],
+                    q: float) -> float | None:
+    """The upper bound of the first bucket whose count, between two scrapes of a cumulative
+    histogram, reaches the `q` quantile (inf: beyond the last bound); None without counts."""
+    delta = sorted((le, after[le] - before.get(le, 0.0)) for le in after)
+    total = delta[-1][1] if delta else 0.0
+    if total <= 0:
+        return None
+    return next(le for le, count in delta if count >= q * total)
 
 
 async def _engine_ttft(session: aiohttp.ClientSession, urls: list[str]) -> tuple[float, float]:
@@ -595,10 +637,13 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
                 pgids = [engine_pgids[u] for u in urls.values()]
                 # The engine that prefills: the aggregated one, or the prefill engine.
                 first = [urls.get(Role.ENGINE) or urls[Role.PREFILL]]
-                direct = asyncio.run(_load(direct_target, c, *run, None, pgids, first))
+                # The engine that streams the tokens: the aggregated one, or the decode engine.
+                streamer = urls.get(Role.ENGINE) or urls[Role.DECODE]
+                direct = asyncio.run(_load(direct_target, c, *run, None, pgids, first, streamer))
                 for w in workers:
                     url, pgid = routers[(mode, w)]
-                    routed = asyncio.run(_load(Target(url), c, *run, pgid, pgids, first))
+                    routed = asyncio.run(_load(Target(url), c, *run, pgid, pgids, first,
+                                               streamer))
                     results.append(compare(mode, c, direct, routed) | {
                         "workers": w, "router_cpus": sorted(os.sched_getaffinity(pgid))}
                         | ({"prefill_cpus": sorted(os.sched_getaffinity(

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from poolpilot.perf.router import cpu_list, pinned_to, split_cpus
+from poolpilot.perf.router import bucket_quantile, cpu_list, pinned_to, split_cpus
 from router_support import FAST, POOLPILOT, metric_value, running, start_fake_engine, start_router
 
 pytestmark = pytest.mark.adapter
@@ -43,6 +43,9 @@ def test_perf_router_writes_its_json(tmp_path: Path) -> None:
         assert run["errors"] == 0 and run["routed"]["requests"] > 0
         assert run["router_cpu_seconds"] > 0
         assert run["router_cpus"] == (CPUS[-1:] if pin else CPUS)
+        # the streaming engine's own ITL, read from its histogram (engine-sim's are instant)
+        for side in ("direct", "routed"):
+            assert run[side]["engine_itl_p99_le_ms"] == 10.0, run[side]
         if run["mode"] == "disaggregated":
             assert run["prefill_cpus"] == (CPUS[-1:] if pin else CPUS)
         else:
@@ -94,3 +97,14 @@ def test_workers_share_the_port_and_their_metrics() -> None:
         assert {metric_value(page, "poolpilot_router_requests_total", {"code": "200"})
                 for page in pages} == {20}
         assert r.stop() == 0  # SIGTERM: every worker drains and exits
+
+
+def test_the_engines_itl_quantile_is_read_between_two_scrapes_of_its_histogram() -> None:
+    before = {0.01: 90.0, 0.025: 95.0, 0.05: 100.0, float("inf"): 100.0}
+    after = {0.01: 980.0, 0.025: 1095.0, 0.05: 1100.0, float("inf"): 1100.0}
+    # 1,000 gaps in the run: 890 within 10 ms, 1,000 within 25 ms
+    assert bucket_quantile(before, after, 0.5) == 0.01
+    assert bucket_quantile(before, after, 0.99) == 0.025
+    assert bucket_quantile(before, {**after, float("inf"): 1200.0}, 0.99) == float("inf")
+    assert bucket_quantile(after, after, 0.99) is None  # nothing measured in between
+    assert bucket_quantile({}, {}, 0.99) is None  # an engine without the histogram
