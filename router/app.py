@@ -103,6 +103,8 @@ class Router(HealthChecks, EngineChoice, StreamRelay):
         self.mean_prompt_tokens = 512.0  # for turning scraped queue lengths into tokens
         self.per_client: dict[str, int] = {}  # requests in flight per client
         self.heard_from: dict[str, float] = {}  # per engine: its last streamed bytes
+        self.prefill_heard: dict[str, float] = {}  # see EngineChoice._prefill_silent
+        self.prefill_timed_out: dict[str, float] = {}
         self._releases: set[asyncio.Task[None]] = set()
         # Per prefill engine: its handoff counters at the last scrape, and this router's
         # prefills there since (to attribute expired or invalid handoffs).
@@ -638,6 +640,8 @@ class Router(HealthChecks, EngineChoice, StreamRelay):
             tried.append(endpoint.url)
             charged = tokens - matched  # the held prefix is not work for it
             local = max(0, local_tokens - matched) if local_tokens else 0
+            if role == Role.PREFILL and endpoint.inflight == 0:
+                self.prefill_heard[endpoint.url] = self.clock.now()  # busy from now
             self.balancer.acquire(endpoint.url, charged)
             self.balancer.add_local_tokens(endpoint.url, local)
             if role == Role.PREFILL and self.hold is not None:
@@ -673,6 +677,8 @@ class Router(HealthChecks, EngineChoice, StreamRelay):
                     why = repr(exc)
                     if timed_out and (deadline is not None or first_s is not None):
                         budget.missed(self.clock.now())  # hung: the request's grace starts
+                        if role == Role.PREFILL:
+                            self.prefill_timed_out[endpoint.url] = self.clock.now()
                         why = ("no answer within the prefill deadline" if role == Role.PREFILL
                                else "no status line within the first-token deadline")
                     last = UpstreamError(endpoint.url, status, f"{role} engine failed: {why}")
@@ -699,6 +705,9 @@ class Router(HealthChecks, EngineChoice, StreamRelay):
                         raise ClientError(resp.status, await resp.read(),
                                           resp.content_type or "application/json")
                     self.balancer.report_success(endpoint.url)
+                    if role == Role.PREFILL:
+                        self.prefill_heard[endpoint.url] = self.clock.now()
+                        self.prefill_timed_out.pop(endpoint.url, None)
                     if prompt is not None and self.prefix is not None:
                         self.prefix.record(prompt, endpoint.url, self.clock.monotonic())
                         self.metrics.observe_prefix(role, endpoint.url, prompt_tokens, matched)

@@ -33,6 +33,11 @@ class EngineChoice:
     prefill_rate: lp.RateEstimate
     mean_prompt_tokens: float
     local_active: bool
+    # Per prefill engine: when it last answered this router, or went from idle to busy; and
+    # since when one of its prefills ran past the deadline, if it has not answered since
+    # (clock.now(), simulated seconds).
+    prefill_heard: dict[str, float]
+    prefill_timed_out: dict[str, float]
 
     def _local_prefill_engine(self, prompt_tokens: int,
                               prompt: PromptKeys | None = None) -> Endpoint | None:
@@ -80,8 +85,27 @@ class EngineChoice:
         if hold_s is None or not rate > 0:
             return False
         limit = hold_s * rate / self.config.workers
-        engines = [e for e in self.balancer.role_endpoints(Role.PREFILL) if not e.ejected()]
+        engines = [e for e in self.balancer.role_endpoints(Role.PREFILL)
+                   if not e.ejected() and not self._prefill_silent(e)]
         return bool(engines) and all(e.inflight_tokens > limit for e in engines)
+
+    def _prefill_silent(self, e: Endpoint) -> bool:
+        """A prefill engine that is hung, not saturated: with this router's work in flight it
+        has not answered for a whole prefill deadline (its own part, N TTFT targets), or one
+        of its prefills ran past the deadline within the last such deadline and it has not
+        answered or passed a health check since. It is left out of the hold's saturation test
+        and of the prefill pick, so held prompts neither wait on it nor go to it (an ejection
+        lapses after seconds, while the requests in flight there time out one deadline after
+        each was sent); a prompt with no other prefill engine takes the local prefill."""
+        own_s = floored(self.config.prefill_deadline_s, self.clock)
+        if own_s is None:
+            return False
+        now = self.clock.now()
+        timed_out = self.prefill_timed_out.get(e.url)
+        if timed_out is not None and now - timed_out <= own_s:
+            return True
+        heard = self.prefill_heard.get(e.url)
+        return e.inflight > 0 and heard is not None and now - heard > own_s
 
     def _prefill_deadline(self, queued_tokens: int,
                           left_s: float | None = None) -> aiohttp.ClientTimeout | None:
@@ -126,6 +150,10 @@ class EngineChoice:
         """An endpoint of `role` (by prefix when there is a prompt to key) and the prompt
         tokens it is expected to hold."""
         now = self.clock.monotonic()  # the balancer's and the prefix index's: real seconds
+        if role == Role.PREFILL:
+            silent = [e.url for e in self.balancer.role_endpoints(role)
+                      if self._prefill_silent(e)]
+            exclude = [*exclude, *silent] if silent else exclude
         if prompt is None or self.prefix is None or not prompt.keys:
             return self.balancer.pick(role, now, exclude=exclude), 0
         got = self.balancer.pick_by_prefix(

@@ -43,6 +43,7 @@ class HealthChecks:
     _prefills_since: dict[str, int]
     given_up: GivenUp
     hold: PrefillHold | None
+    prefill_timed_out: dict[str, float]  # see EngineChoice._prefill_silent
 
     async def _health_loop(self) -> None:
         while True:
@@ -72,6 +73,8 @@ class HealthChecks:
                         self._learn_models(url, await resp.read())
         except (aiohttp.ClientError, TimeoutError):
             pass
+        if ok:  # answering again: a prefill engine that hung is not silent any more
+            self.prefill_timed_out.pop(url, None)
         ejected, readmitted = self.balancer.report_health(url, ok, self.clock.monotonic())
         self._log_ejections(ejected)
         for e in readmitted:

@@ -234,3 +234,58 @@ def test_prefill_hold_flag() -> None:
     add_arguments(parser)
     aggregated = Router(config_from_args(parser.parse_args(["--engine", "http://e:1"])))
     assert aggregated.hold is None  # only prefill engines are held for
+
+
+class HungPrefill:
+    """A prefill engine that stopped (SIGSTOP): it takes requests and never answers."""
+
+    def __init__(self) -> None:
+        self.received = 0
+        self.resume = asyncio.Event()
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_post("/v1/completions", self.prefill)
+        return app
+
+    async def prefill(self, request: web.Request) -> web.Response:
+        await request.read()
+        self.received += 1
+        await self.resume.wait()
+        return web.json_response({"choices": [{"text": "P"}], "kv_transfer_params": KV})
+
+
+async def test_a_prompt_held_while_the_only_prefill_engine_hangs_is_not_sent_to_it() -> None:
+    """A prompt saturates the one prefill engine, which then hangs; a second waits at the
+    router. Once the engine has been silent for a whole prefill deadline it is hung, not
+    saturated: the held prompt is let through and served by a decode engine's local prefill,
+    not sent to the hung engine to wait a deadline more (ejection is kept off here, as when
+    an ejection lapses while the engine is still stopped)."""
+    hung = HungPrefill()
+    dec = web.Application()
+    dec.router.add_post("/v1/completions", decode)
+    async for p in serve(hung.app()):
+        async for d in serve(dec):
+            router = Router(RouterConfig(
+                mode=Mode.DISAGGREGATED, health_interval_s=0, kv_lease_s=None,
+                prefix_routing="off", prefill_tokens_per_s=20_000, prefill_hold_s=0.01,
+                prefill_deadline_s=0.1,  # raised to the router's floor, MIN_DEADLINE_S (3 s)
+                balancer=BalancerConfig(ramp_s=0, eject_after=1000)))
+            router.set_endpoints(Role.PREFILL, [url_of(p)], initial=True)
+            router.set_endpoints(Role.DECODE, [url_of(d)], initial=True)
+            async for r in serve(router.build_app()):
+                async with aiohttp.ClientSession() as session:
+                    first = [asyncio.create_task(ask(session, url_of(r)))]
+                    while hung.received < 1:
+                        await asyncio.sleep(0.005)
+                    held = asyncio.create_task(ask(session, url_of(r)))
+                    while len(router.hold or []) == 0:
+                        await asyncio.sleep(0.005)
+                    sent = asyncio.get_running_loop().time()
+                    assert await held == 200
+                    waited = asyncio.get_running_loop().time() - sent
+                    assert await asyncio.gather(*first) == [200]  # a local prefill too
+                    hung.resume.set()
+            assert hung.received == 1, hung.received  # the held prompt never went to it
+            assert waited < 3.0 + 1.5, waited  # one deadline, then the decode engine
+    assert router.metrics.held_prefill._value.get() == 0
