@@ -130,6 +130,9 @@ class Router(HealthChecks, EngineChoice, StreamRelay):
         for url in removed:
             if not self.balancer.by_url(url):  # gone from every role: its cache is gone
                 self._forget(url)
+                # and whether it answered: a pod at the same address later is a new engine
+                self.prefill_heard.pop(url, None)
+                self.prefill_timed_out.pop(url, None)
         if self.hold is not None and role == Role.PREFILL:
             self.hold.release()  # a new engine takes held prompts at once
 

@@ -236,17 +236,12 @@ def test_prefill_hold_flag() -> None:
     assert aggregated.hold is None  # only prefill engines are held for
 
 
-class HungPrefill:
+class HungPrefill(FakePrefill):
     """A prefill engine that stopped (SIGSTOP): it takes requests and never answers."""
 
     def __init__(self) -> None:
-        self.received = 0
+        super().__init__()
         self.resume = asyncio.Event()
-
-    def app(self) -> web.Application:
-        app = web.Application()
-        app.router.add_post("/v1/completions", self.prefill)
-        return app
 
     async def prefill(self, request: web.Request) -> web.Response:
         await request.read()
@@ -289,3 +284,22 @@ async def test_a_prompt_held_while_the_only_prefill_engine_hangs_is_not_sent_to_
             assert hung.received == 1, hung.received  # the held prompt never went to it
             assert waited < 3.0 + 1.5, waited  # one deadline, then the decode engine
     assert router.metrics.held_prefill._value.get() == 0
+
+
+def test_an_engine_that_leaves_the_pool_and_comes_back_is_not_counted_hung() -> None:
+    """What marked a prefill engine hung (a prefill past its deadline) is dropped when it
+    leaves the pool: a new pod at the same address is picked, and a router whose engines come
+    and go keeps no record of those gone."""
+    router = Router(RouterConfig(mode=Mode.DISAGGREGATED, health_interval_s=0,
+                                 prefix_routing="off", prefill_tokens_per_s=20_000,
+                                 prefill_deadline_s=1, balancer=BalancerConfig(ramp_s=0)))
+    url = "http://p:1"
+    router.set_endpoints(Role.PREFILL, [url], initial=True)
+    router.prefill_timed_out[url] = router.clock.now()  # as a prefill past its deadline does
+    router.prefill_heard[url] = router.clock.now()
+    assert router._pick(Role.PREFILL, [], None, 100)[0] is None  # silent: not picked
+    router.set_endpoints(Role.PREFILL, [])
+    assert router.prefill_timed_out == {} and router.prefill_heard == {}
+    router.set_endpoints(Role.PREFILL, [url])
+    picked, _ = router._pick(Role.PREFILL, [], None, 100)
+    assert picked is not None and picked.url == url
