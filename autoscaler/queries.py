@@ -119,13 +119,17 @@ class QuerySet:
         decode engines, whose external hits are the prompts the prefill engines sent them."""
         s, w = self.selector(), self.window()
         ext_s = s[:-1] + ', role!="decode"}'
-        triples = zip(name_variants(m.VLLM_PREFIX_CACHE_HITS),
-                      name_variants(m.VLLM_EXTERNAL_PREFIX_CACHE_HITS),
-                      name_variants(m.VLLM_PREFIX_CACHE_QUERIES), strict=True)
-        return " or ".join(
-            f"((sum by ({BY}) (rate({h}{s}[{w}])) + (sum by ({BY}) (rate({e}{ext_s}[{w}])) "
-            f"or 0 * sum by ({BY}) (rate({h}{s}[{w}])))) / sum by ({BY}) "
-            f"(rate({qn}{s}[{w}])))" for h, e, qn in triples)
+        external = name_variants(m.VLLM_EXTERNAL_PREFIX_CACHE_HITS)
+
+        def ratio(i: int, hits: str, queries: str) -> str:
+            h = f"sum by ({BY}) (rate({hits}{s}[{w}]))"
+            if i < len(external):  # the older names had no external counterpart
+                h = f"({h} + (sum by ({BY}) (rate({external[i]}{ext_s}[{w}])) or 0 * {h}))"
+            return f"({h} / sum by ({BY}) (rate({queries}{s}[{w}])))"
+
+        pairs = zip(name_variants(m.VLLM_PREFIX_CACHE_HITS),
+                    name_variants(m.VLLM_PREFIX_CACHE_QUERIES), strict=True)
+        return " or ".join(ratio(i, h, qn) for i, (h, qn) in enumerate(pairs))
 
     def pod_queries(self, namespace: str, pool: str, role: str) -> dict[str, str]:
         """Per-pod series of one role (by `pod`; the router's by `endpoint`), asked only

@@ -57,6 +57,9 @@ DCGM_GPU_UTIL = "DCGM_FI_DEV_GPU_UTIL"  # gauge, 0..100
 VLLM_RENAMED = {
     VLLM_KV_USAGE: "vllm:gpu_cache_usage_perc",
     VLLM_ITL: "vllm:time_per_output_token_seconds",
+    # (V1 before the `gpu_` infix was dropped; the offload tier's external counters came after)
+    VLLM_PREFIX_CACHE_QUERIES: "vllm:gpu_prefix_cache_queries_total",
+    VLLM_PREFIX_CACHE_HITS: "vllm:gpu_prefix_cache_hits_total",
 }
 
 

@@ -136,7 +136,9 @@ def engine(waiting: float = 0, running: float = 0, kv: float | None = 0.0,
     counters = {m.VLLM_PROMPT_TOKENS: prompt_rate, m.VLLM_GENERATION_TOKENS: generation_rate,
                 m.VLLM_REQUEST_SUCCESS: request_rate}
     if prefix is not None:
-        counters[m.VLLM_PREFIX_CACHE_QUERIES], counters[m.VLLM_PREFIX_CACHE_HITS] = prefix[:2]
+        names = [m.VLLM_PREFIX_CACHE_QUERIES, m.VLLM_PREFIX_CACHE_HITS]
+        queries, hits = (m.VLLM_RENAMED[n] for n in names) if old_names else names
+        counters[queries], counters[hits] = prefix[:2]
         if prefix[2] is not None:
             counters[m.VLLM_EXTERNAL_PREFIX_CACHE_HITS] = prefix[2]
     return FakeExporter(

@@ -68,6 +68,8 @@ EXPORTERS: dict[tuple[str, str, str, int], FakeExporter] = {
     # its router holds 3 prompts while both prefill engines are saturated (late binding)
     ("team-b", "epsilon", "router", 0): router("epsilon", held=3),
     ("team-b", "delta", "decode", 0): engine(running=1, kv=0.1),
+    # Pool zeta (team-b): a prefix cache on current names, without an offload tier's series.
+    ("team-b", "zeta", "prefill", 0): engine(prefix=(100, 40, None)),
 }
 
 
@@ -185,8 +187,11 @@ EXPECTED = [
     # ... but not at decode, whose external hits are KV it received, not a cache's
     Expect("prefix-hit-rate-at-decode-without-nixl", q.PREFIX_HIT_RATE,
            ("team-b", "epsilon", "decode"), 0.1, rel=0.1),
-    # an engine without a connector has no external series (and escaped names here)
-    Expect("prefix-hit-rate-without-external-series", q.PREFIX_HIT_RATE, B_DEC, 0.5, rel=0.1),
+    # an engine without a connector has no external series (and escaped names here) ...
+    Expect("prefix-hit-rate-without-external-series", q.PREFIX_HIT_RATE,
+           ("team-b", "zeta", "prefill"), 0.4, rel=0.1),
+    # ... nor has an older vLLM, whose counters carried a `gpu_` infix
+    Expect("prefix-hit-rate-old-vllm-names", q.PREFIX_HIT_RATE, B_DEC, 0.5, rel=0.1),
 ]
 
 

@@ -219,13 +219,17 @@ def test_queries_are_grouped_and_tolerate_renames() -> None:
     # hits over queries, each name form divided by its own (never escaped by unescaped)
     # (the offload tier's external hits added where exported, never at decode)
     hit = qs["prefix_hit_rate"]
-    colon, escaped = hit.split(") or ((")
+    colon, escaped, old_colon, old_escaped = hit.split(") or (")
     for name in ("hits", "queries"):
         assert f"rate(vllm:prefix_cache_{name}_total{{" in colon
         assert f"rate(vllm_prefix_cache_{name}_total{{" in escaped
+        # (older vLLM V1 releases: `gpu_` infix, no offload tier)
+        assert f"rate(vllm:gpu_prefix_cache_{name}_total{{" in old_colon
+        assert f"rate(vllm_gpu_prefix_cache_{name}_total{{" in old_escaped
     assert 'rate(vllm:external_prefix_cache_hits_total{pool!="", role!="decode"}' in colon
     assert 'rate(vllm_external_prefix_cache_hits_total{pool!="", role!="decode"}' in escaped
-    assert "vllm_" not in colon and "vllm:" not in escaped
+    assert "external" not in old_colon + old_escaped
+    assert "vllm_" not in colon + old_colon and "vllm:" not in escaped + old_escaped
 
 
 @pytest.mark.parametrize(("router", "ready"), [
