@@ -38,10 +38,9 @@ ROUTER_PRESTOP_SECONDS = 5
 STARTUP_PROBE_PERIOD = 10  # its failureThreshold is the cache's budget (model_cache.py)
 # One uid for every poolpilot container: the images' USER and the chart's podSecurityContext.
 RUN_AS_USER = 65532
-# spec.router.prefixRouting Precise: each engine publishes its KV events (vLLM's ZMQ publisher)
-# on these ports of its pod IP, and the router subscribes there.
-KV_EVENTS_PORT = 5557
-KV_REPLAY_PORT = 5558
+# spec.router.prefixRouting Precise: the ports the engines publish their KV events on.
+KV_EVENTS_PORT = names.KV_EVENTS_PORT
+KV_REPLAY_PORT = names.KV_REPLAY_PORT
 MULTUS_NETWORKS = "k8s.v1.cni.cncf.io/networks"
 # Routers get these unless spec.router.resources says otherwise (a request above the user's
 # limit is lowered to it).

@@ -89,6 +89,12 @@ def _engine_ports(spec: api.InferencePoolSpec) -> list[Obj]:
     return ports
 
 
+def _option(flag: str, value: str) -> list[str]:
+    """`flag value`, or `flag=value` for a value that starts with '-': argparse would take
+    that one for an option and the launcher stop with 'expected one argument'."""
+    return [f"{flag}={value}"] if value.startswith("-") else [flag, value]
+
+
 def launch_command(spec: api.InferencePoolSpec, role: str) -> list[str]:
     """The engine container's command (the launcher contract of the runtime image)."""
     role_spec = spec.role(role)
@@ -96,10 +102,10 @@ def launch_command(spec: api.InferencePoolSpec, role: str) -> list[str]:
     cmd = [
         "poolpilot", "launch",
         "--role", str(role),
-        "--model", model_location(spec),
+        *_option("--model", model_location(spec)),
         "--port", str(names.ENGINE_PORT),
         "--metrics-port", str(names.METRICS_PORT),  # Prometheus' port (NetworkPolicies)
-        "--served-name", spec.served_name(),
+        *_option("--served-name", spec.served_name()),
         "--kv-connector", connector,
     ]  # fmt: skip
     if connector != "none" and spec.kv_transfer.extra_config:
@@ -121,8 +127,8 @@ def launch_command(spec: api.InferencePoolSpec, role: str) -> list[str]:
     # What the cache and the role imply (model_cache.engine_args), under the user's own.
     args = {**model_cache.engine_args(spec, role), **spec.runtime.engine_args,
             **role_spec.engine_args}
-    for key in sorted(args):
-        cmd += ["--engine-arg", f"{key}={_engine_args_value(args[key])}"]
+    for key in sorted(args):  # (a key may start with '-': the launcher names it)
+        cmd += _option("--engine-arg", f"{key}={_engine_args_value(args[key])}")
     return cmd
 
 

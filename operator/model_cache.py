@@ -39,7 +39,7 @@ from poolpilot.operator.building_blocks import (
 )
 
 from poolpilot import api, names
-from poolpilot.apitypes import Obj, quantity_value
+from poolpilot.apitypes import INT32_MAX, Obj, quantity_value
 from poolpilot.roles import Role
 
 CACHE_ROLE = "model-cache"  # the role label of the cache's objects and pods
@@ -161,10 +161,13 @@ def startup_seconds(spec: api.InferencePoolSpec, role: str) -> int:
     fixed = IMPORT_AND_INIT_S + VLLM_START_S
     if not _eager(spec, role):
         fixed += COMPILE_COLD_S + GRAPHS_S
-    return max(STARTUP_MIN_S, math.ceil((fixed + load_seconds(spec)) * STARTUP_MARGIN))
+    budget = max(STARTUP_MIN_S, math.ceil((fixed + load_seconds(spec)) * STARTUP_MARGIN))
+    # A model.size near 8Ei would need more: the probe's fields are int32, as startupSeconds.
+    return min(budget, INT32_MAX)
 
 
 def startup_failure_threshold(spec: api.InferencePoolSpec, role: str) -> int:
+    # (int32 too: the budget is, and the period is at least 1 s)
     return math.ceil(startup_seconds(spec, role) / STARTUP_PROBE_PERIOD)
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -19,17 +20,18 @@ from poolpilot import api, fileerrors
 from poolpilot.validate import (
     InvalidFile,
     InvalidPool,
-    load_documents,
+    duplicate_pools,
+    located_pools,
     parse_pool,
-    pool_documents,
 )
 
 
 def pools_from_file(path: Path, default_namespace: str = "default") -> list[builders.Pool]:
     """Parse every InferencePool in a manifest file; raises InvalidFile (unreadable file) or
-    InvalidPool (naming every bad field)."""
+    InvalidPool (naming every bad field, or two pools of one namespace and name)."""
     pools = []
-    for where, doc in pool_documents(load_documents(path)):
+    labels = []
+    for label, where, doc in located_pools(path):
         try:
             parsed = parse_pool(doc)
         except InvalidPool as exc:
@@ -41,17 +43,39 @@ def pools_from_file(path: Path, default_namespace: str = "default") -> list[buil
                 spec=parsed.spec,
             )
         )
+        labels.append(label)
     if not pools:
         raise InvalidPool([f"no {api.KIND} document found"])
+    # (after the default namespace: a pool that names none is in it)
+    twice = duplicate_pools([(label, p.namespace, p.name)
+                             for label, p in zip(labels, pools, strict=True)])
+    if twice:
+        raise InvalidPool(twice)
     return pools
 
 
 class _Dumper(yaml.SafeDumper):
     """Multi-line strings (the router's config) as literal blocks, readable like a manifest;
-    values used twice written out again, never as &id001 anchors."""
+    values used twice written out again, never as &id001 anchors; strings that any reader of
+    the manifest would take for something else quoted (below)."""
 
     def ignore_aliases(self, data: object) -> bool:
         return True
+
+
+# PyYAML quotes the strings that YAML 1.1 reads as other types; these are the ones it does not,
+# which YAML 1.2, kubectl's go-yaml (sigs.k8s.io/yaml) or poolpilot's own loader read as
+# numbers (1e3, 1.5e3, .5e3, 089, 0o17, 0X1F), booleans (y, n) or timestamps (2024-1-2): left
+# plain, `render | kubectl apply` would send them as such and the API server refuse them.
+_NOT_STRINGS = [
+    ("tag:yaml.org,2002:float",
+     r"[-+]?(?:\.[0-9_]+|[0-9][0-9_]*(?:\.[0-9_]*)?)(?:[eE][-+]?[0-9_]+)?", "-+.0123456789"),
+    ("tag:yaml.org,2002:int", r"[-+]?0(?:[oO][0-7_]+|[xX][0-9a-fA-F_]+|[bB][01_]+)", "-+0"),
+    ("tag:yaml.org,2002:bool", r"[yYnN]", "yYnN"),
+    ("tag:yaml.org,2002:timestamp", r"[0-9]{4}-[0-9]{1,2}-[0-9]{1,2}(?:[Tt ].*)?", "0123456789"),
+]
+for _tag, _pattern, _first in _NOT_STRINGS:
+    _Dumper.add_implicit_resolver(_tag, re.compile(f"^(?:{_pattern})$"), list(_first))
 
 
 def _str(dumper: yaml.SafeDumper, value: str) -> yaml.Node:

@@ -359,11 +359,12 @@ def _without_nulls(cls: type[BaseModel], data: dict[str, Any]) -> dict[str, Any]
 
 @functools.cache
 def _field_names(cls: type[BaseModel]) -> tuple[frozenset[str], frozenset[str]]:
-    """Names (wire and Python) of all fields, and of the fields that are maps."""
+    """Wire names of all fields, and of the fields that are maps (a null under a Python name
+    is an unknown field in a document, as at the API server)."""
     names: set[str] = set()
     maps: set[str] = set()
     for name, info in cls.model_fields.items():
-        both = {name, info.alias or name}
+        both = {info.alias or name}
         names |= both
         if typing.get_origin(info.annotation) is dict or (
             typing.get_origin(info.annotation) is Annotated

@@ -158,7 +158,8 @@ def build_crd() -> dict[str, Any]:
         "type": "object",
         "description": api.InferencePool.__doc__,
         "required": ["spec"],
-        "x-kubernetes-validations": [api.POOL_NAME_RULE],
+        "x-kubernetes-validations": [api.POOL_NAME_RULE,
+                                     *(r.to_crd() for r in api.InferencePool.rules)],
         "properties": {
             "apiVersion": {"type": "string"},
             "kind": {"type": "string"},

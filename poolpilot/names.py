@@ -27,6 +27,12 @@ ENGINE_PORT = 8000
 # Engines' and routers' /metrics for Prometheus, on a port of its own, so NetworkPolicies can
 # let the monitoring namespace reach metrics and nothing else (the serving ports take prompts).
 METRICS_PORT = 8090
+# spec.router.prefixRouting Precise: each engine publishes its KV events (vLLM's ZMQ publisher)
+# on these ports of its pod IP, and the router subscribes there.
+KV_EVENTS_PORT = 5557
+KV_REPLAY_PORT = 5558
+# The engine container's own ports, which NIXL's side channel must not take.
+ENGINE_OWN_PORTS = (ENGINE_PORT, METRICS_PORT, KV_EVENTS_PORT, KV_REPLAY_PORT)
 
 ROLES = tuple(Role)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -161,11 +162,15 @@ def _one_line(exc: yaml.YAMLError) -> str:
 def read_text(path: Path) -> str:
     """The file as text, refusing files too large for the API server or not UTF-8 (OSError
     when it cannot be read at all)."""
-    size = path.stat().st_size
-    if size > MAX_FILE_BYTES:
-        raise InvalidFile(f"{size} bytes; poolpilot reads at most {MAX_FILE_BYTES // 2**20} MiB "
+    # One byte past the limit at most: a device or a pipe (/dev/zero, <(yes)) has no size to
+    # check first, and would otherwise be read until memory runs out.
+    with path.open("rb") as file:
+        data = file.read(MAX_FILE_BYTES + 1)
+        size = os.fstat(file.fileno()).st_size
+    if len(data) > MAX_FILE_BYTES:
+        what = f"{size} bytes" if size > MAX_FILE_BYTES else f"more than {MAX_FILE_BYTES} bytes"
+        raise InvalidFile(f"{what}; poolpilot reads at most {MAX_FILE_BYTES // 2**20} MiB "
                           "(the API server takes 3 MiB per object)")
-    data = path.read_bytes()
     try:
         return data.decode("utf-8").removeprefix("\ufeff")
     except UnicodeDecodeError as exc:
@@ -178,6 +183,11 @@ def read_text(path: Path) -> str:
 
 def load_text(text: str) -> list[dict[str, Any]]:
     """Every non-empty YAML document in `text`; raises InvalidFile naming where and why."""
+    return [doc for _, doc in numbered_documents(text)]
+
+
+def numbered_documents(text: str) -> list[tuple[int, dict[str, Any]]]:
+    """load_text, each document with its number in the stream (from 1, empty ones counted)."""
     docs: list[Any] = []
     try:
         loader = _Loader(text)  # refuses control characters already
@@ -190,14 +200,14 @@ def load_text(text: str) -> list[dict[str, Any]]:
         raise InvalidFile(_one_line(exc)) from None
     except RecursionError:  # defensive: MAX_DEPTH keeps the composer far from this
         raise InvalidFile(f"nested deeper than {MAX_DEPTH} levels") from None
-    out: list[dict[str, Any]] = []
+    out: list[tuple[int, dict[str, Any]]] = []
     for i, doc in enumerate(docs, start=1):
         if doc is None:
             continue
         if not isinstance(doc, dict):
             raise InvalidFile(f"document {i}: expected a mapping (an object with apiVersion "
                               f"and kind), got {_kind(doc)}")
-        out.append(doc)
+        out.append((i, doc))
     return out
 
 
@@ -330,7 +340,8 @@ def _parse(model: type[api.ApiModel], data: Any, prefix: tuple[str, ...]) -> Any
     that parsed, each at its full path."""
     with api.collecting_rule_failures() as failed:
         try:
-            parsed = model.model_validate(data)
+            # by the wire's names only: the API server knows no snake_case spelling
+            parsed = model.model_validate(data, by_alias=True, by_name=False)
             errors = []
         except ValidationError as exc:
             parsed = None
@@ -374,21 +385,48 @@ def pool_documents(docs: list[dict[str, Any]]) -> list[tuple[str, Any]]:
     return out
 
 
+def located_pools(path: Path) -> list[tuple[str, str, Any]]:
+    """pool_documents of the file, each also with a name that tells it from the others:
+    'document 2', or 'document 1 items[0]' for an item of a List."""
+    return [(f"document {number}" + (f" {where.removesuffix(': ')}" if where else ""),
+             where, doc)
+            for number, found in numbered_documents(read_text(path))
+            for where, doc in pool_documents([found])]
+
+
+def duplicate_pools(pools: list[tuple[str, str | None, str]]) -> list[str]:
+    """A 'document: problem; fix' line for each (document, namespace, name) whose namespace
+    and name an earlier one has: kubectl would apply it over that one, render print both."""
+    first: dict[tuple[str | None, str], str] = {}
+    errors: list[str] = []
+    for where, namespace, name in pools:
+        if (namespace, name) not in first:
+            first[(namespace, name)] = where
+            continue
+        pool = f"{namespace}/{name}" if namespace else f"{name} (no namespace)"
+        errors.append(f"{where}: metadata.name: {api.KIND} {pool} again (first in "
+                      f"{first[(namespace, name)]}); kubectl would apply one over the other: "
+                      "give each pool its own metadata.name or metadata.namespace, or keep one")
+    return errors
+
+
 def validate_file(path: Path) -> list[str]:
     """Every error in the file's InferencePool documents, as 'FILE: path: message' lines."""
     try:
-        docs = load_documents(path)
+        pools = located_pools(path)
     except OSError as exc:
         return [f"{path}: {fileerrors.describe(exc)}"]
     except InvalidFile as exc:
         return [f"{path}: {exc}"]
-    pools = pool_documents(docs)
     if not pools:
         return [f"{path}: no {api.KIND} document found (nor a List holding one)"]
     errors: list[str] = []
-    for where, doc in pools:
+    parsed: list[tuple[str, str | None, str]] = []
+    for label, where, doc in pools:
         try:
-            parse_pool(doc)
+            meta = parse_pool(doc).metadata
         except InvalidPool as exc:
             errors += [f"{path}: {where}{e}" for e in exc.errors]
-    return errors
+        else:
+            parsed.append((label, meta.namespace, meta.name))
+    return errors + [f"{path}: {e}" for e in duplicate_pools(parsed)]

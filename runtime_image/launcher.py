@@ -49,15 +49,13 @@ SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 # --metrics-port: imported by vLLM from this folder (launch_env puts it on PYTHONPATH).
 METRICS_MIDDLEWARE = "engine_metrics_port.MetricsPort"
 
-# KVTransferConfig's own fields; any other --kv-config key goes to kv_connector_extra_config.
+# KVTransferConfig's own fields in the pinned vLLM (0.32; kv_buffer_size, kv_ip, kv_rank and
+# kv_parallel_size went with the V0 connectors, and vLLM refuses them at the top level); any
+# other --kv-config key goes to kv_connector_extra_config. An adapter test checks the list.
 KV_TOP_LEVEL = {
     "engine_id",
     "kv_buffer_device",
-    "kv_buffer_size",
-    "kv_ip",
     "kv_port",
-    "kv_rank",
-    "kv_parallel_size",
     "kv_connector_module_path",
     "kv_load_failure_policy",
     "enable_permute_local_kv",
@@ -153,6 +151,12 @@ def parse_value(raw: str) -> Any:
         return raw
 
 
+def option(flag: str, value: str) -> list[str]:
+    """`flag value`, or `flag=value` for a value that starts with '-' (a model, a chat
+    template, a negative number): argparse, vLLM's too, would take that one for an option."""
+    return [f"{flag}={value}"] if value.startswith("-") else [flag, value]
+
+
 def engine_arg_flags(pairs: Sequence[str],
                      own: Mapping[str, str] = OWN_FLAGS) -> list[str]:
     """['maxModelLen=512', 'enforceEager=true'] -> ['--max-model-len', '512', '--enforce-eager'].
@@ -185,7 +189,7 @@ def engine_arg_flags(pairs: Sequence[str],
         elif isinstance(value, dict | list):
             flags += [f"--{name}", json.dumps(value, separators=(",", ":"))]
         else:
-            flags += [f"--{name}", raw.strip() if isinstance(value, str) else str(value)]
+            flags += option(f"--{name}", raw.strip() if isinstance(value, str) else str(value))
     return flags
 
 
@@ -319,10 +323,10 @@ def build_command(spec: LaunchSpec) -> list[str]:
     connector = resolve_connector(role, spec.kv_connector)
     if spec.kv_config and connector is None:
         raise LaunchError("--kv-config: only for prefill/decode roles with a KV connector")
-    cmd = [spec.python, "-m", SERVER_MODULE, "--model", spec.model]
+    cmd = [spec.python, "-m", SERVER_MODULE, *option("--model", spec.model)]
     cmd += ["--host", spec.host, "--port", str(spec.port)]
     if spec.served_name:
-        cmd += ["--served-model-name", spec.served_name]
+        cmd += option("--served-model-name", spec.served_name)
     if spec.tensor_parallel != 1:
         cmd += ["--tensor-parallel-size", str(spec.tensor_parallel)]
     if spec.kv_lease_seconds < 1:

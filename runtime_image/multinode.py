@@ -130,5 +130,7 @@ def group_command(cmd: list[str], member: GroupMember, tensor_per_pod: int,
         module = out.index(server_module)
         out[module:module + 1] = [CLI_MODULE, "serve"]
         node.append("--headless")
-    model = out.index("--model") + 2
+    # after `--model M` (or `--model=M`, for a model that starts with '-')
+    model = next(i for i, part in enumerate(out) if part.split("=")[0] == "--model")
+    model += 2 if out[model] == "--model" else 1
     return out[:model] + node + out[model:]

@@ -9,13 +9,15 @@ This module does no I/O (enforced by import-linter).
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    model_validator,
 )
+from pydantic_core import PydanticCustomError
 
 from poolpilot import handoff
 from poolpilot.api.autoscaling import (
@@ -28,6 +30,7 @@ from poolpilot.api.autoscaling import (
 )
 from poolpilot.api.common import (
     GPU_RESOURCE,
+    OWNED_ENV,
     RESOURCE_NAME,
     EnvVar,
     LocalObjectReference,
@@ -46,7 +49,6 @@ from poolpilot.api.model_cache import (
 )
 from poolpilot.api.podtemplate import (
     CONTAINER_OWNED,
-    OWNED_ENV,
     OWNED_LABEL_PREFIX,
     OWNED_POD_LABELS,
     OWNED_VOLUMES,
@@ -529,6 +531,29 @@ class InferencePoolSpec(ApiModel):
         "spec.<role>.podTemplate goes over it.",
     )
 
+    @model_validator(mode="after")
+    def _precise_owns_kv_events(self) -> InferencePoolSpec:
+        # Free-form maps: no CEL twin (the API server cannot see their keys).
+        if self.router.prefix_routing != PrefixRouting.PRECISE:
+            return self
+        where = [("runtime", self.runtime.engine_args)]
+        where += [(str(r), self.role(r).engine_args) for r in self.engine_roles()]
+        for path, args in where:
+            for key, value in args.items():
+                if key in spellings("kvEventsConfig"):
+                    raise PydanticCustomError(
+                        "precise_kv_events", "{path}.engineArgs.{key}: set by poolpilot when "
+                        "router.prefixRouting is Precise (the engines publish on ports 5557 "
+                        "and 5558 for the router); remove it, or choose Approximate",
+                        {"path": path, "key": key})
+                if key in spellings("enablePrefixCaching") and value is False:
+                    raise PydanticCustomError(
+                        "precise_prefix_caching", "{path}.engineArgs.{key}: router."
+                        "prefixRouting Precise routes on the engines' prefix-cache events; "
+                        "keep prefix caching on, or choose Disabled",
+                        {"path": path, "key": key})
+        return self
+
     def engine_roles(self) -> list[Role]:
         """The engine roles this pool runs, in the order they are created."""
         return list(DISAGGREGATED_ROLES) if self.mode == Mode.DISAGGREGATED else [Role.ENGINE]
@@ -558,6 +583,39 @@ POOL_NAME_RULE = {
 }
 
 PoolName = Annotated[str, Matching(DNS1035_LABEL, POOL_NAME_MESSAGE, max_length=POOL_NAME_MAX)]
+
+
+def multinode_name_max(role: str, max_replicas: int) -> int:
+    """The longest pool name whose role can span nodes. LeaderWorkerSet runs each group's
+    workers as a StatefulSet NAME-ROLE-lws-GROUP, and the StatefulSet controller labels its
+    pods with that name and a hash of up to 10 characters (controller-revision-hash, a label
+    value of at most 63): longer, the worker pods are never created (lws#410)."""
+    group_digits = len(str(max(0, max_replicas - 1)))
+    return 63 - len("--lws--") - 10 - len(role) - group_digits
+
+
+def _multinode_name_rule(role: Role) -> Rule:
+    def fits(pool: Any) -> bool:
+        spec = pool.spec.role(role)
+        return (role not in pool.spec.engine_roles() or spec.nodes_per_replica <= 1
+                or len(pool.metadata.name) <= multinode_name_max(role, spec.max_replicas))
+
+    r = f"self.spec.{role}"
+    used = ("has(self.spec.mode) && self.spec.mode == 'Aggregated'" if role == Role.ENGINE
+            else "!has(self.spec.mode) || self.spec.mode != 'Aggregated'")
+    max_replicas = f"(has({r}.maxReplicas) ? {r}.maxReplicas : 8)"
+    return Rule(
+        field=f"spec.{role}.nodesPerReplica",
+        cel=f"!({used}) || !has({r}) || !has({r}.nodesPerReplica) || {r}.nodesPerReplica <= 1 "
+        f"|| size(self.metadata.name) + size(string({max_replicas} - 1)) <= "
+        f"{multinode_name_max(role, 1) + 1}",
+        message=f"above 1, the pool's name must be at most {multinode_name_max(role, 10)} "
+        f"characters ({multinode_name_max(role, 100)} with more than 10 {role} replicas, one "
+        "fewer per digit more): LeaderWorkerSet names each group's workers NAME-"
+        f"{role}-lws-GROUP, and their pods' revision label (that and a 10-character hash) "
+        "must fit 63 characters; shorten metadata.name",
+        check=fits,
+    )
 NamespaceName = Annotated[str, Matching(
     DNS1123_LABEL,
     "must be a namespace name: lowercase letters, digits and '-', starting and ending with a "
@@ -577,6 +635,9 @@ class ObjectMeta(BaseModel):
 
 class InferencePool(ApiModel):
     """An InferencePool: one model served by prefill and decode engines behind a router."""
+
+    # (the CRD's root validations: poolpilot/crd.py)
+    rules = tuple(_multinode_name_rule(r) for r in (Role.PREFILL, Role.DECODE, Role.ENGINE))
 
     api_version: Literal["poolpilot.dev/v1alpha1"] = "poolpilot.dev/v1alpha1"
     kind: Literal["InferencePool"] = "InferencePool"

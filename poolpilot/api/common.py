@@ -5,11 +5,12 @@ Part of the InferencePool API (poolpilot.api); no I/O.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, Protocol, TypeVar
 
 from pydantic import (
     Field,
 )
+from pydantic_core import PydanticCustomError
 
 from poolpilot import re2
 from poolpilot.apitypes import (
@@ -97,6 +98,33 @@ class ResourceRequirements(ApiModel):
         max_length=32,
         description="Maximum resources. nvidia.com/gpu is set from `gpus`; do not set it here.",
     )
+
+
+class _HasName(Protocol):
+    name: str
+
+
+_Named = TypeVar("_Named", bound=_HasName)
+
+# Environment the operator sets that nothing may replace (the launcher and the router read it).
+OWNED_ENV: dict[str, str] = {
+    "POOLPILOT_POOL": "(the pool's name)",
+    "POOLPILOT_ROLE": "(the pod's role)",
+    "POOLPILOT_ROUTER_CONFIG": "(the router's mounted config)",
+    "VLLM_NIXL_SIDE_CHANNEL_HOST": "(the pod IP, for the decode engines to reach)",
+    "VLLM_NIXL_SIDE_CHANNEL_PORT": "from spec.kvTransfer.sideChannelPort",
+}
+
+
+def refuse_owned_env(env: list[_Named]) -> list[_Named]:
+    """Refuse variables the operator sets (runtime.env and pod templates alike: either would
+    replace the operator's value on the container)."""
+    for e in env:
+        if e.name in OWNED_ENV:
+            raise PydanticCustomError(
+                "owned_env", "{name}: set by the operator {why}; remove it",
+                {"name": e.name, "why": OWNED_ENV[e.name]})
+    return env
 
 
 class EnvVar(ApiModel):

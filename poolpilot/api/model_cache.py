@@ -14,7 +14,6 @@ from pydantic import Field
 
 from poolpilot.apitypes import (
     ApiModel,
-    Int32,
     Matching,
     ObjectName,
     TrimmedString,
@@ -121,8 +120,9 @@ class ModelCacheSpec(ApiModel):
         "a second replica skips compilation. PerPod: an emptyDir per pod. EmptyDir and "
         "Streaming caches keep it per pod.",
     )
-    prefetch_backoff_limit: Int32 = Field(
-        default=3, ge=0, le=20,
+    # Not Int32: its own le (the int32 maximum) would override this one.
+    prefetch_backoff_limit: int = Field(
+        default=3, ge=0, le=20, json_schema_extra={"format": "int32"},
         description="Retries of the SharedVolume prefetch Job before ModelCached turns "
         "False with reason PrefetchFailed.",
     )

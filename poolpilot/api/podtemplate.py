@@ -5,6 +5,7 @@ Part of the InferencePool API (poolpilot.api); no I/O.
 
 from __future__ import annotations
 
+import posixpath
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
@@ -16,7 +17,12 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from poolpilot import re2
-from poolpilot.api.common import LocalObjectReference, ResourceRequirements, Toleration
+from poolpilot.api.common import (
+    LocalObjectReference,
+    ResourceRequirements,
+    Toleration,
+    refuse_owned_env,
+)
 from poolpilot.apitypes import (
     DNS1123_LABEL,
     QUALIFIED_NAME,
@@ -49,14 +55,6 @@ OWNED_VOLUMES: dict[str, str] = {
     "dshm": "/dev/shm",
     "config": "/etc/poolpilot/router",
     "api-keys": "/etc/poolpilot/router-keys",
-}
-# Environment the operator sets that nothing may replace (the launcher and the router read it).
-OWNED_ENV: dict[str, str] = {
-    "POOLPILOT_POOL": "(the pool's name)",
-    "POOLPILOT_ROLE": "(the pod's role)",
-    "POOLPILOT_ROUTER_CONFIG": "(the router's mounted config)",
-    "VLLM_NIXL_SIDE_CHANNEL_HOST": "(the pod IP, for the decode engines to reach)",
-    "VLLM_NIXL_SIDE_CHANNEL_PORT": "from spec.kvTransfer.sideChannelPort",
 }
 
 
@@ -193,15 +191,6 @@ class EnvVarOverlay(ApiModel):
         "configMapKeyRef, fieldRef, resourceFieldRef).")
 
 
-def _refuse_owned_env(env: list[EnvVarOverlay]) -> list[EnvVarOverlay]:
-    for e in env:
-        if e.name in OWNED_ENV:
-            raise PydanticCustomError(
-                "owned_env", "{name}: set by the operator {why}; remove it",
-                {"name": e.name, "why": OWNED_ENV[e.name]})
-    return env
-
-
 class VolumeMount(ApiModel):
     """A volume mounted into the container, as in a container spec."""
 
@@ -215,7 +204,8 @@ class VolumeMount(ApiModel):
 def _refuse_owned_mounts(mounts: list[VolumeMount]) -> list[VolumeMount]:
     paths = {path: name for name, path in OWNED_VOLUMES.items()}
     for m in mounts:
-        where = m.mount_path.rstrip("/") or "/"
+        # as the kernel resolves it: //tmp, /tmp/. and /x/../tmp are /tmp
+        where = posixpath.normpath("/" + m.mount_path.lstrip("/"))
         if where in paths:
             raise PydanticCustomError(
                 "owned_mount", "{path}: the operator mounts {name} there; choose another path",
@@ -264,7 +254,7 @@ class ContainerOverlay(_Overlay):
 
     name: Literal["engine", "router"] = Field(
         description="The container to overlay: engine (engine pods) or router (router pods).")
-    env: Annotated[list[EnvVarOverlay], AfterValidator(_refuse_owned_env)] = Field(
+    env: Annotated[list[EnvVarOverlay], AfterValidator(refuse_owned_env)] = Field(
         default_factory=list, max_length=128,
         description="Variables added, or replacing the operator's of the same name.")
     env_from: list[dict[str, JsonValue]] = Field(

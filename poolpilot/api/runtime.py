@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 from pydantic import (
     AfterValidator,
     Field,
+    model_validator,
 )
 from pydantic_core import PydanticCustomError
 
@@ -21,6 +22,7 @@ from poolpilot.api.common import (
     ResourceRequirements,
     SecretKeyRef,
     Toleration,
+    refuse_owned_env,
 )
 from poolpilot.api.model_cache import (
     CacheType,
@@ -28,6 +30,7 @@ from poolpilot.api.model_cache import (
     ObjectStoreSource,
 )
 from poolpilot.apitypes import (
+    INT64_MAX,
     ApiModel,
     Int32,
     JsonValue,
@@ -39,8 +42,10 @@ from poolpilot.apitypes import (
     ReservedKeys,
     Rule,
     TrimmedString,
+    quantity_value,
     spellings,
 )
+from poolpilot.names import ENGINE_OWN_PORTS
 from poolpilot.roles import Mode  # noqa: F401  (defined in the core, free of pydantic)
 
 DEFAULT_RUNTIME_IMAGE = "ghcr.io/poolpilot/runtime:0.1.0"
@@ -66,6 +71,8 @@ RESERVED_ENGINE_ARGS: dict[str, str] = {
     "nodeRank": "from the pod's index in its LeaderWorkerSet group",
     "masterAddr": "from the group's leader (LWS_LEADER_ADDRESS)",
     "headless": "(every pod of a multi-node group but the leader runs headless)",
+    # vLLM drains within the pod's grace period (the launcher's --grace-seconds).
+    "shutdownTimeout": "from the engine pods' termination grace period",
 }
 # kvTransfer.extraConfig keys the launcher sets from the connector and the role.
 RESERVED_CONNECTOR_KEYS: dict[str, str] = {
@@ -222,6 +229,18 @@ class StorageSpec(ApiModel):
         "parallel ranks and NCCL exchange tensors there; raise it for large tensorParallelSize.",
     )
 
+    @model_validator(mode="after")
+    def _disk_fits_one_quantity(self) -> StorageSpec:
+        # The disk-backed ones add up to the pod's ephemeral-storage request, itself a
+        # quantity (at most 2^63-1 bytes). No CEL twin: the CRD's quantities cannot be summed.
+        disk = (self.model_cache, self.compile_cache, self.tmp)
+        if sum(quantity_value(q) or 0 for q in disk) > INT64_MAX:
+            raise PydanticCustomError(
+                "storage_total", "modelCache, compileCache and tmp add up to more than a "
+                "Kubernetes quantity holds (8Ei, the pod's ephemeral-storage request is their "
+                "sum); lower them")
+        return self
+
 
 class RuntimeSpec(ApiModel):
     """The engine container, shared by all engine roles."""
@@ -239,7 +258,10 @@ class RuntimeSpec(ApiModel):
         "per-role engineArgs override these. Flags poolpilot sets itself (model, port, host, "
         "servedModelName, tensorParallelSize, kvTransferConfig) are refused.",
     )
-    env: list[EnvVar] = Field(default_factory=list, description="Extra environment variables.")
+    env: Annotated[list[EnvVar], AfterValidator(refuse_owned_env)] = Field(
+        default_factory=list, description="Extra environment variables (not those the operator "
+        "sets: POOLPILOT_POOL, POOLPILOT_ROLE, POOLPILOT_ROUTER_CONFIG, "
+        "VLLM_NIXL_SIDE_CHANNEL_HOST, VLLM_NIXL_SIDE_CHANNEL_PORT).")
     resources: ResourceRequirements = Field(
         default_factory=ResourceRequirements,
         description="CPU and memory for each engine container (GPUs come from `gpus`).",
@@ -296,6 +318,17 @@ class RdmaSpec(ApiModel):
 class KvTransferSpec(ApiModel):
     """How the KV cache moves from prefill to decode (Disaggregated mode)."""
 
+    rules = (
+        Rule(
+            field="sideChannelPort",
+            cel="!has(self.sideChannelPort) || !(self.sideChannelPort in "
+            f"[{', '.join(map(str, ENGINE_OWN_PORTS))}])",
+            message="is one of the engine's own ports (8000 HTTP, 8090 metrics, 5557 and 5558 "
+            "KV events), where NIXL could not listen; choose another, e.g. 5600",
+            check=lambda s: s.side_channel_port not in ENGINE_OWN_PORTS,
+        ),
+    )
+
     connector: Connector = Field(
         default=Connector.NIXL,
         strict=False,
@@ -307,8 +340,9 @@ class KvTransferSpec(ApiModel):
         "fields such as kv_buffer_device go to the top level); kv_connector and kv_role are "
         "set by poolpilot.",
     )
-    side_channel_port: Int32 = Field(
-        default=5600, ge=1024, le=65535,
+    # Not Int32: its own le (the int32 maximum) would override this one.
+    side_channel_port: int = Field(
+        default=5600, ge=1024, le=65535, json_schema_extra={"format": "int32"},
         description="NixlConnector: the port of NIXL's side channel (VLLM_NIXL_SIDE_CHANNEL_PORT),"
         " where decode engines fetch a prefill engine's KV layout; declared on the engine "
         "container.",

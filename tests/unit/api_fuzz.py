@@ -371,7 +371,8 @@ def _cli(*args: str) -> tuple[int, str, str]:
 
 def check_file(path: Path, data: bytes, tally: Tally) -> None:
     """`validate` and `render` never crash: exit 0 exactly when every InferencePool in the file
-    is valid for the models and the CRD, else exit 1 with `FILE: what is wrong` lines."""
+    is valid for the models and the CRD and names a pool of its own, else exit 1 with
+    `FILE: what is wrong` lines."""
     path.write_bytes(data)
     tally.counts["examples"] += 1
     try:
@@ -387,6 +388,9 @@ def check_file(path: Path, data: bytes, tally: Tally) -> None:
                 tally.counts["disagreements"] += 1
                 raise AssertionError(f"models: {model_errors}\nCRD: {crd_errors}\n{doc!r}")
             valid = valid and not model_errors
+        if valid:  # and one pool a namespace and name (kubectl would apply one over the other)
+            keys = [(d["metadata"].get("namespace"), d["metadata"]["name"]) for d in pools]
+            valid = len(set(keys)) == len(keys)
         for command in ("validate", "render"):
             code, out, err = _cli(command, str(path))
             assert code == (0 if valid else 1), (command, code, err)

@@ -235,7 +235,102 @@ BAD = [
     Bad("prefill-grace-below-the-kv-lease",
         pool(prefill={"terminationGracePeriodSeconds": 30}),
         "spec.prefill.terminationGracePeriodSeconds"),
+    # The API server knows the wire's camelCase names only (a snake_case one it would refuse,
+    # or prune with --validate=false, running another pool than the one validated).
+    Bad("snake-case-field", pool(decode={"max_replicas": 3}), "spec.decode.max_replicas"),
+    Bad("snake-case-null-field", pool(decode={"max_replicas": None}),
+        "spec.decode.max_replicas"),
+    # A field's own bound, not Int32's (it used to override them: 70000 passed, and the
+    # Deployments were refused).
+    Bad("side-channel-port-above-65535", pool(kvTransfer={"sideChannelPort": 70000}),
+        "spec.kvTransfer.sideChannelPort"),
+    Bad("prefetch-backoff-limit-above-20",
+        pool(model={"name": "x/y", "cache": {"prefetchBackoffLimit": 21}}),
+        "spec.model.cache.prefetchBackoffLimit"),
+    *(Bad(f"side-channel-port-{port}", pool(kvTransfer={"sideChannelPort": port}),
+          "spec.kvTransfer.sideChannelPort") for port in (8000, 8090, 5557, 5558)),
+    Bad("runtime-env-owned-variable",
+        pool(runtime={"env": [{"name": "VLLM_NIXL_SIDE_CHANNEL_HOST", "value": "1.2.3.4"}]}),
+        "spec.runtime.env", in_crd=False),
+    Bad("engine-arg-shutdown-timeout", pool(runtime={"engineArgs": {"shutdownTimeout": 30}}),
+        "spec.runtime.engineArgs.shutdownTimeout"),
+    Bad("storage-beyond-one-quantity",
+        pool(runtime={"storage": {"modelCache": "7Ei", "compileCache": "7Ei"}}),
+        "spec.runtime.storage", in_crd=False),
+    Bad("pod-template-mount-owned-path-unnormalised",
+        pool(podTemplate={"spec": {"volumes": [{"name": "v", "emptyDir": {}}], "containers": [
+            {"name": "engine", "volumeMounts": [{"name": "v", "mountPath": "//tmp"}]}]}}),
+        "spec.podTemplate.spec.containers[0].volumeMounts", in_crd=False),
+    Bad("precise-routing-with-own-kv-events-config",
+        pool(router={"prefixRouting": "Precise"},
+             prefill={"engineArgs": {"kvEventsConfig": {"publisher": "zmq"}}}),
+        "spec", in_crd=False),
+    Bad("precise-routing-without-prefix-caching",
+        pool(router={"prefixRouting": "Precise"},
+             runtime={"engineArgs": {"enable-prefix-caching": False}}), "spec", in_crd=False),
+    # LeaderWorkerSet's worker pods carry NAME-prefill-lws-GROUP-<hash> as a label value (63).
+    Bad("multinode-name-too-long-for-its-groups",
+        {**pool(prefill={"nodesPerReplica": 2}), "metadata": {"name": "a" * 39}},
+        "spec.prefill.nodesPerReplica"),
+    Bad("multinode-name-too-long-for-100-groups",
+        {**pool(decode={"nodesPerReplica": 2, "maxReplicas": 101}),
+         "metadata": {"name": "a" * 38}}, "spec.decode.nodesPerReplica"),
 ]
+
+
+def test_a_fields_own_bounds_are_the_ones_enforced() -> None:
+    """Int32's int32 maximum comes with the type; a field that declares a tighter one must end
+    up with that one (pydantic keeps the last of several)."""
+    import annotated_types as at
+    from pydantic import BaseModel
+
+    seen: set[type[BaseModel]] = set()
+
+    def walk(cls: type[BaseModel]) -> None:
+        if cls in seen:
+            return
+        seen.add(cls)
+        for name, info in cls.model_fields.items():
+            uppers = [m.le for m in info.metadata if isinstance(m, at.Le)]
+            lowers = [m.ge for m in info.metadata if isinstance(m, at.Ge)]
+            assert not uppers or uppers[-1] == min(uppers), (cls.__name__, name, uppers)
+            assert not lowers or lowers[-1] == max(lowers), (cls.__name__, name, lowers)
+            for t in (info.annotation, *_args(info.annotation)):
+                if isinstance(t, type) and issubclass(t, BaseModel):
+                    walk(t)
+
+    walk(api.InferencePool)
+    assert len(seen) > 20
+
+
+def _args(t: Any) -> list[Any]:
+    import typing
+
+    out = []
+    for a in typing.get_args(t):
+        out += [a, *_args(a)]
+    return out
+
+
+def test_multinode_names_that_fit_and_unused_roles_are_accepted() -> None:
+    parse_pool({**pool(prefill={"nodesPerReplica": 2}), "metadata": {"name": "a" * 38}})
+    # an Aggregated pool does not run the prefill role it has a section for
+    parse_pool({**pool(mode="Aggregated", prefill={"nodesPerReplica": 2}),
+                "metadata": {"name": "a" * 40}})
+    _, errors = crd_validation.validate(
+        CRD, {**pool(mode="Aggregated", prefill={"nodesPerReplica": 2}),
+              "metadata": {"name": "a" * 40}})
+    assert not errors, errors
+
+
+def test_precise_routing_conflicts_name_the_engine_arg() -> None:
+    with pytest.raises(InvalidPool) as exc:
+        parse_pool(pool(router={"prefixRouting": "Precise"},
+                        decode={"engineArgs": {"enable_prefix_caching": False}}))
+    assert "decode.engineArgs.enable_prefix_caching" in exc.value.errors[0], exc.value.errors
+    # the same engine args without Precise routing are the user's to set
+    parse_pool(pool(decode={"engineArgs": {"enable_prefix_caching": False,
+                                           "kvEventsConfig": {"publisher": "zmq"}}}))
 
 
 @pytest.mark.parametrize("case", BAD, ids=[c.id for c in BAD])
@@ -444,11 +539,13 @@ def test_crd_validation_takes_deep_free_form_values() -> None:
 def test_reserved_engine_args_are_the_launchers_own_flags() -> None:
     """Every spelling the API refuses, the launcher refuses too (it would exit 2), and every
     flag the launcher owns is refused by the API, so no pool that validates crashes its pods."""
-    assert {launcher.kebab(k) for k in api.RESERVED_ENGINE_ARGS} == set(launcher.OWN_FLAGS)
+    # (the operator always passes --grace-seconds, which owns --shutdown-timeout too)
+    owned = {**launcher.OWN_FLAGS, launcher.SHUTDOWN_FLAG: "--grace-seconds"}
+    assert {launcher.kebab(k) for k in api.RESERVED_ENGINE_ARGS} == set(owned)
     for camel in api.RESERVED_ENGINE_ARGS:
         for key in api.spellings(camel):
             with pytest.raises(launcher.LaunchError):
-                launcher.engine_arg_flags([f"{key}=1"])
+                launcher.engine_arg_flags([f"{key}=1"], owned)
     for camel in api.RESERVED_CONNECTOR_KEYS:
         for key in api.spellings(camel):
             with pytest.raises(launcher.LaunchError):
