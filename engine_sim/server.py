@@ -446,6 +446,11 @@ class SimServer:
             if not isinstance(kv_in, dict):
                 raise p.BadRequest("kv_transfer_params must be an object",
                                    param="kv_transfer_params")
+            options = body.get("stream_options")
+            if options is not None and not isinstance(options, dict):
+                # vLLM's request model refuses it; _stream used to fail on it mid-response
+                raise p.BadRequest('stream_options must be an object, e.g. '
+                                   '{"include_usage": true}', param="stream_options")
         except p.BadRequest as exc:
             kv = body.get("kv_transfer_params")
             if isinstance(kv, dict) and kv.get("do_remote_prefill"):

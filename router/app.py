@@ -60,6 +60,10 @@ log = logging.getLogger("poolpilot.router")
 # reach clients as a 502 under steady streaming (the vLLM drain-under-load test met it).
 ENGINE_KEEPALIVE_S = 4.0
 
+# A connection refused mid-body is closed at most this long after its answer (Apache's
+# lingering close waits as long): see Router._refuse_and_close.
+LINGER_S = 2.0
+
 # Upstream answers that mean "this engine cannot take it now": try another one.
 RETRYABLE_STATUS = {502, 503, 504}
 JSON_HEADERS = {"Content-Type": "application/json"}
@@ -300,22 +304,43 @@ class Router(HealthChecks, EngineChoice, StreamRelay):
 
     async def _handle_generate(self, request: web.Request, start: float) -> web.StreamResponse:
         try:
-            body = orjson.loads(await request.read())  # orjson: a few times faster than json
+            # The header deadline (http_guard.py) ends with the headers: without this one a
+            # client that stalls or trickles its body held the connection for ever.
+            async with asyncio.timeout(self.config.body_timeout_s):
+                raw = await request.read()
+            body = orjson.loads(raw)  # orjson: a few times faster than json
+        except TimeoutError:
+            self.metrics.observe_request(408)
+            return await self._refuse_and_close(request, json_error(
+                408, f"the request body did not arrive within {self.config.body_timeout_s:g} s "
+                "of its headers; send the whole body at once", "invalid_request_error"))
         except web.HTTPRequestEntityTooLarge:
             self.metrics.observe_request(413)
             return json_error(
                 413, f"request body larger than {self.config.max_request_bytes} bytes",
                 "invalid_request_error",
             )
+        except web.RequestPayloadError as exc:  # a body that does not decompress, or unframed
+            self.metrics.observe_request(400)
+            encoding = request.headers.get("Content-Encoding")
+            why = (f"could not be decoded (Content-Encoding: {encoding}); send it validly "
+                   "compressed or uncompressed" if encoding else f"could not be read ({exc})")
+            return await self._refuse_and_close(request, json_error(
+                400, f"the request body {why}", "invalid_request_error"))
         except orjson.JSONDecodeError as exc:
             self.metrics.observe_request(400)
             if "depth limit" in str(exc):
-                return json_error(400, "request body nests too deeply (more than 1024 levels)",
-                                  "invalid_request_error")
+                return self._too_deep()
             return json_error(400, "request body is not valid JSON", "invalid_request_error")
         if not isinstance(body, dict):
             self.metrics.observe_request(400)
             return json_error(400, "request body must be a JSON object", "invalid_request_error")
+        if validate.too_deep(raw, body):  # refused here: it could not be forwarded
+            self.metrics.observe_request(400)
+            return self._too_deep()
+        # An internal router-engine field (P/D sets its own): forwarded from a client, it
+        # pinned KV on an aggregated engine and leaked the engine's address and block ids.
+        body.pop("kv_transfer_params", None)
         self.active += 1
         self._idle.clear()
         code = 500
@@ -340,10 +365,38 @@ class Router(HealthChecks, EngineChoice, StreamRelay):
             if self.active == 0:
                 self._idle.set()
 
+    @staticmethod
+    def _too_deep() -> web.Response:
+        return json_error(400, f"request body nests too deeply (more than "
+                          f"{validate.MAX_DEPTH} levels of arrays and objects); flatten it",
+                          "invalid_request_error")
+
+    @staticmethod
+    async def _refuse_and_close(request: web.Request, response: web.Response) -> web.Response:
+        """Send `response` and close the connection: the rest of the body is not coming, or
+        cannot be framed (aiohttp would linger 10 s reading it, or parse it as the next
+        request). What still arrives is dropped for up to LINGER_S first: closing on unread
+        input resets the connection, and a client still sending lost the answer."""
+        response.force_close()
+        await response.prepare(request)
+        await response.write_eof()
+        request.protocol.close()  # no further request on it: its input is dropped
+        transport = request.transport
+        if transport is not None and transport.can_write_eof():
+            transport.write_eof()  # the answer is whole: the client may read it and close
+        with suppress(Exception):  # the client closing (the payload's error) ends the wait
+            async with asyncio.timeout(LINGER_S):
+                await request.content.wait_eof()
+        request.protocol.force_close()
+        return response
+
     async def _generate(
         self, request: web.Request, body: dict[str, Any], start: float, progress: Progress
     ) -> tuple[web.StreamResponse, int]:
         path = request.path
+        bad = validate.check_request(body)
+        if bad is not None:  # in every mode: an engine fails on these rather than refuse them
+            return json_error(400, bad.message, "BadRequestError", bad.param), 400
         prompt_tokens = pd.estimate_prompt_tokens(body)
         tokens = prompt_tokens + pd.requested_output_tokens(body)
         stream = progress.stream

@@ -47,6 +47,9 @@ class RouterConfig:
     connect_timeout_s: float = 5.0
     request_timeout_s: float = 600.0  # whole request, prefill included
     idle_timeout_s: float = 120.0  # longest silence from an engine mid-response
+    # A client's whole request body, from its headers on: one that stalls or trickles is
+    # answered 408 and closed (http_guard.py's header deadline ends with the headers).
+    body_timeout_s: float = 30.0
     max_attempts: int = 3  # per phase, on different endpoints
     health_interval_s: float = 2.0
     health_timeout_s: float = 2.0

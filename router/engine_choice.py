@@ -21,6 +21,11 @@ from poolpilot.roles import Role
 
 log = logging.getLogger("poolpilot.router")
 
+# The prefill rate a deadline assumes before one is known (no seed, no prefill measured yet): a
+# slow engine's (vLLM on CPU computes about this many prompt tokens a second), so a long prompt
+# is not declared hung by a fresh router. The first measured prefills replace it.
+UNMEASURED_PREFILL_TOKENS_PER_S = 1_000.0
+
 
 class EngineChoice:
     """The Router's choices of engine, which it provides what is declared here."""
@@ -110,8 +115,9 @@ class EngineChoice:
     def _prefill_deadline(self, queued_tokens: int,
                           left_s: float | None = None) -> aiohttp.ClientTimeout | None:
         """How long a prefill engine may take to answer before it counts as hung: N TTFT
-        targets plus this router's tokens queued there at the learned prefill rate (a
-        saturated engine is not a hung one), at most `left_s` (what the request's deadline
+        targets plus this router's tokens queued there (this prompt's included) at the learned
+        prefill rate, or at a slow engine's before one is learned (a saturated engine, or one
+        computing a long prompt, is not a hung one), at most `left_s` (what the request's deadline
         budget has left once a deadline was missed; simulated seconds). The answer is the
         transport's timeout, in real seconds."""
         c = self.config
@@ -121,7 +127,9 @@ class EngineChoice:
         read_s = c.idle_timeout_s
         if own_s is not None:
             rate = self.prefill_rate.tokens_per_s  # per simulated second
-            queue_s = queued_tokens / rate if rate > 0 else 0.0
+            if not rate > 0:
+                rate = UNMEASURED_PREFILL_TOKENS_PER_S
+            queue_s = queued_tokens / rate
             read_s = min(read_s, self.clock.real(own_s + queue_s))
         if left_s is not None:
             read_s = max(1e-3, min(read_s, self.clock.real(left_s)))

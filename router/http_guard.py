@@ -9,7 +9,8 @@ router's sockets and memory. The guard wraps aiohttp's protocol factory (its web
 a connection over the cap is closed as soon as it is accepted, one whose first request's
 headers are not complete within the deadline is closed then. Later requests on a kept-alive
 connection are bounded by the keep-alive timeout, which aiohttp applies while it waits for a
-whole request.
+whole request. The body after the headers has its own deadline (--body-timeout), kept by the
+request handler (router/app.py), which reads it.
 """
 
 from __future__ import annotations

@@ -85,6 +85,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     lim.add_argument("--header-timeout", type=float, default=10.0,
                      help="seconds a new client connection may take to send its first "
                      "request's headers before it is closed (default 10)")
+    lim.add_argument("--body-timeout", type=float, default=30.0,
+                     help="seconds a client may take to send a whole request body once its "
+                     "headers are in; a slower one gets 408 and is closed (default 30)")
     lim.add_argument("--max-connections", type=int, default=4096,
                      help="open client connections per router process; more are closed as "
                      "soon as accepted (default 4096)")
@@ -311,6 +314,7 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
         connect_timeout_s=args.connect_timeout,
         request_timeout_s=args.request_timeout,
         idle_timeout_s=args.idle_timeout,
+        body_timeout_s=args.body_timeout,
         max_attempts=args.max_attempts,
         health_interval_s=args.health_interval,
         drain_timeout_s=args.drain_timeout,
@@ -340,6 +344,7 @@ NUMBER_FLAGS: tuple[tuple[str, str, float, bool], ...] = (
     ("--ramp-seconds", "ramp_seconds", 0, True),
     ("--keepalive-timeout", "keepalive_timeout", 0, False),
     ("--header-timeout", "header_timeout", 0, False),
+    ("--body-timeout", "body_timeout", 0, False),
     ("--max-connections", "max_connections", 1, True),
     ("--prefill-deadline-ttfts", "prefill_deadline_ttfts", 0, True),
     ("--decode-stall-itls", "decode_stall_itls", 0, True),

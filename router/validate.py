@@ -13,12 +13,19 @@ blocks the prefill engine has already freed), `min_tokens` (0..max_tokens), `log
 `top_logprobs` (non-negative; a bool for chat's `logprobs`), `stream` (a bool) and
 `stream_options` (only with `stream: true`). Everything else reaches the prefill engine
 unchanged, which rejects what it would reject before holding any KV.
+
+Checked in every mode (check_request, too_deep): what the engine would fail on rather than
+refuse: a `stream_options` that is not an object (engine-sim broke the stream, counted as
+an engine failure: two such requests ejected a healthy engine), and a body nested deeper
+than the router can forward.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
+
+import orjson
 
 
 @dataclass(frozen=True)
@@ -29,6 +36,32 @@ class Invalid:
 
 def _int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+# orjson reads 1024 levels of arrays and objects but writes only this many (the top-level
+# object included): a body between the two was parsed, then failed as it was forwarded
+# (a 500).
+MAX_DEPTH = 254
+
+
+def too_deep(raw: bytes, body: Any) -> bool:
+    """`body` (parsed from `raw`) nests deeper than the router can forward (MAX_DEPTH)."""
+    if raw.count(b"[") + raw.count(b"{") <= MAX_DEPTH:
+        return False  # too few brackets to nest that deep: no second serialization
+    try:
+        orjson.dumps(body)  # what the router does to forward it (its "Recursion limit")
+    except orjson.JSONEncodeError:
+        return True
+    return False
+
+
+def check_request(body: dict[str, Any]) -> Invalid | None:
+    """The first parameter an engine would fail on rather than refuse (every mode)."""
+    options = body.get("stream_options")
+    if options is not None and not isinstance(options, dict):
+        return Invalid("stream_options", 'stream_options must be an object, e.g. '
+                       f'{{"include_usage": true}}, got {options!r}')
+    return None
 
 
 def check_disaggregated(body: dict[str, Any], chat: bool) -> Invalid | None:
