@@ -98,12 +98,30 @@ def check_disaggregated(body: dict[str, Any], chat: bool) -> Invalid | None:
     if top is not None and (not _int(top) or top < 0):
         return Invalid("top_logprobs", f"top_logprobs must be a non-negative integer, got "
                        f"{top!r}")
+    if chat and top and not logprobs:  # (vLLM refuses it at the decode engine, not before)
+        return Invalid("top_logprobs", "top_logprobs needs logprobs: true")
     stream = body.get("stream")
     if stream is not None and not isinstance(stream, bool):
         return Invalid("stream", f"stream must be true or false, got {stream!r}")
     if body.get("stream_options") is not None and not stream:
         return Invalid("stream_options", "stream_options can only be given with stream: true")
+    if stream and body.get("prompt_logprobs") is not None:
+        return Invalid("prompt_logprobs", "prompt_logprobs is not available with stream: true; "
+                       "ask without streaming")
+    prompts = _batch_size(body.get("prompt"))
+    if not chat and prompts > 1:
+        # vLLM's prefill answer carries the first prompt's KV only: the others would be lost
+        return Invalid("prompt", f"a batch of {prompts} prompts is not supported by a "
+                       "disaggregated pool (the prefill engine hands over one prompt's KV "
+                       f"cache); send {prompts} requests instead")
     return None
+
+
+def _batch_size(prompt: Any) -> int:
+    """How many prompts `prompt` holds: a list of strings or of token-id lists is a batch."""
+    if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
+        return len(prompt)
+    return 1
 
 
 # The prompt's token count is an estimate (pd.estimate_prompt_tokens: about 4 characters a

@@ -55,6 +55,19 @@ CHECK_CASES = [
               "stream_options"),
     CheckCase("stream_options with stream", {"stream": True,
                                              "stream_options": {"include_usage": True}}, None),
+    # What vLLM's decode engine refuses after its prefill engine accepted it, or serves wrong:
+    CheckCase("chat top_logprobs without logprobs", {"top_logprobs": 2}, "top_logprobs",
+              chat=True),
+    CheckCase("chat top_logprobs with logprobs", {"logprobs": True, "top_logprobs": 2}, None,
+              chat=True),
+    CheckCase("prompt_logprobs streamed", {"stream": True, "prompt_logprobs": 1},
+              "prompt_logprobs"),
+    CheckCase("prompt_logprobs not streamed", {"prompt_logprobs": 1}, None),
+    # (the prefill answer carries the first prompt's KV only)
+    CheckCase("a batch of prompts", {"prompt": ["a", "b"]}, "prompt"),
+    CheckCase("a batch of token-id prompts", {"prompt": [[1, 2], [3]]}, "prompt"),
+    CheckCase("one prompt in a list", {"prompt": ["a"]}, None),
+    CheckCase("token ids", {"prompt": [1, 2, 3]}, None),
 ]
 
 
