@@ -42,8 +42,8 @@ RUN_AS_USER = 65532
 KV_EVENTS_PORT = names.KV_EVENTS_PORT
 KV_REPLAY_PORT = names.KV_REPLAY_PORT
 MULTUS_NETWORKS = "k8s.v1.cni.cncf.io/networks"
-# Routers get these unless spec.router.resources says otherwise (a request above the user's
-# limit is lowered to it).
+# Routers get these unless spec.router.resources says otherwise (a default request above the
+# user's limit is lowered to it, a default limit below the user's request raised to it).
 ROUTER_DEFAULT_RESOURCES = api.ResourceRequirements(
     requests={"cpu": "500m", "memory": "512Mi"}, limits={"memory": "2Gi"})
 
@@ -137,8 +137,9 @@ def _merged_resources(
     defaults: api.ResourceRequirements | None = None,
 ) -> Obj:
     """Requests and limits, later layers over earlier ones, then the GPUs and `extra` devices
-    (both request and limit); `defaults` fill what no layer sets, a default request lowered to
-    the user's limit where it would exceed it."""
+    (both request and limit); `defaults` fill what no layer sets, a default limit raised to
+    the user's request and a default request lowered to the user's limit where they would
+    cross (the API server refuses a request above its limit)."""
     requests: dict[str, Any] = {}
     limits: dict[str, Any] = {}
     for layer in layers:
@@ -146,7 +147,13 @@ def _merged_resources(
         limits.update(layer.limits)
     if defaults is not None:
         for key, value in defaults.limits.items():
-            limits.setdefault(key, value)
+            if key in limits:
+                continue
+            asked = requests.get(key)
+            want = quantity_value(asked) if asked is not None else None
+            most = quantity_value(value)
+            limits[key] = asked if want is not None and most is not None and want > most \
+                else value
         for key, value in defaults.requests.items():
             if key in requests:
                 continue

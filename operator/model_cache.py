@@ -179,9 +179,20 @@ _USER_GRAPH_KEYS = ("maxCudagraphCaptureSize", "cudaGraphSizes", "compilationCon
                     "speculativeConfig", "enforceEager")
 
 
+def _kebab(key: str) -> str:
+    """The flag a key names, as the launcher reads it (runtime_image/launcher.py `kebab`, which
+    the operator cannot import): maxModelLen, max_model_len, MAX_MODEL_LEN, --max-model-len
+    and maxMODELLen are all max-model-len."""
+    key = key.strip().lstrip("-")
+    key = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "-", key)
+    return key.replace("_", "-").lower()
+
+
 def _has(args: dict[str, object], camel: str) -> bool:
-    snake = re.sub(r"(?<!^)(?=[A-Z])", "_", camel).lower()
-    return any(k in args for k in (camel, snake, snake.replace("_", "-")))
+    """The user sets this flag, in any spelling the launcher takes for it (adding ours too, the
+    launcher would refuse the flag given twice)."""
+    flag = _kebab(camel)
+    return any(_kebab(k) == flag for k in args)
 
 
 def engine_args(spec: api.InferencePoolSpec, role: str) -> dict[str, str]:

@@ -63,6 +63,33 @@ QUALIFIED_NAME = (
     r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
     r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
 )
+# QUALIFIED_NAME bounds the name (63 characters) but not the prefix, a DNS subdomain of at most
+# 253: the keys of labels, annotations and nodeSelectors match both.
+QUALIFIED_NAME_LENGTHS = r"^([^/]{1,253}/)?[^/]{1,63}$"
+
+
+def qualified_name(key: str) -> bool:
+    """A label, annotation or nodeSelector key as Kubernetes checks it (IsQualifiedName)."""
+    return bool(re2.search(QUALIFIED_NAME, key) and re2.search(QUALIFIED_NAME_LENGTHS, key))
+
+
+def qualified_name_cel(var: str) -> str:
+    """CEL twin of qualified_name."""
+    return (f"{var}.matches({cel_string(QUALIFIED_NAME)}) && "
+            f"{var}.matches({cel_string(QUALIFIED_NAME_LENGTHS)})")
+
+
+def qualified_keys_rule(field: str) -> Rule:
+    """The keys of the map `field` are qualified names (example.com/team or team)."""
+    return Rule(
+        field=field,
+        cel=f"!has(self.{field}) || self.{field}.all(k, {qualified_name_cel('k')})",
+        message="keys must be qualified names such as example.com/team or team (a DNS "
+        "subdomain of at most 253 characters, '/', and a name of at most 63)",
+        check=lambda s: all(qualified_name(k) for k in getattr(s, _snake(field))),
+    )
+
+
 # Kubernetes' quantity syntax (resource.Quantity), without a sign: requests cannot be negative.
 QUANTITY = (
     r"^\+?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"

@@ -37,6 +37,7 @@ from poolpilot.api.common import (
     ResourceRequirements,
     SecretKeyRef,
     Toleration,
+    merged_resource_problems,
 )
 from poolpilot.api.gateway import GatewaySpec
 from poolpilot.api.model_cache import (
@@ -196,9 +197,26 @@ _ROLE_MODE: dict[str, Mode] = {Role.PREFILL: Mode.DISAGGREGATED, Role.ENGINE: Mo
 
 
 def _memory_limit(spec: InferencePoolSpec, role: str) -> Quantity | None:
-    """The engine container's memory limit: the role's resources over the runtime's."""
-    limits = spec.role(role).resources.limits
-    return limits.get("memory", spec.runtime.resources.limits.get("memory"))
+    """The engine container's memory limit, as the renderer merges it (later over earlier):
+    runtime.resources, the role's resources, then the engine container of spec.podTemplate
+    and of the role's podTemplate."""
+    limit: Quantity | None = None
+    for layer in _engine_resource_layers(spec, role):
+        limit = layer[1].limits.get("memory", limit)
+    return limit
+
+
+def _engine_resource_layers(
+    spec: InferencePoolSpec, role: str
+) -> list[tuple[str, ResourceRequirements]]:
+    """The engine container's resource blocks (path below spec, block), in the order the
+    renderer lays them (operator/engine_pods.py: _merged_resources)."""
+    layers = [("runtime.resources", spec.runtime.resources),
+              (f"{role}.resources", spec.role(role).resources)]
+    for where, template in (("", spec.pod_template), (f"{role}.", spec.role(role).pod_template)):
+        layers += [(f"{where}podTemplate.spec.containers[{i}].resources", c.resources)
+                   for i, c in enumerate(template.spec.containers)]
+    return layers
 
 
 def _offload_fits(spec: InferencePoolSpec, role: str) -> bool:
@@ -209,29 +227,44 @@ def _offload_fits(spec: InferencePoolSpec, role: str) -> bool:
     return want is None or cap is None or cap > want
 
 
+def _template_memory_limit(base: str) -> tuple[str, str]:
+    """CEL: (whether the engine container of the podTemplate under `base` sets a memory
+    limit, that limit)."""
+    containers = f"{base}.podTemplate.spec.containers"
+    sets = "has(c.resources) && has(c.resources.limits) && 'memory' in c.resources.limits"
+    return (f"has({base}.podTemplate) && has({base}.podTemplate.spec) && has({containers}) && "
+            f"{containers}.exists(c, {sets})",
+            f"{containers}.filter(c, {sets})[0].resources.limits['memory']")
+
+
 def _offload_within_memory_limit(role: str) -> Rule:
     """A role's kvOffload is pinned host memory in its engine container: a memory limit at or
     below it would have the engine killed (or its allocation fail) at start, every pod in a
     crash loop; refused instead, for the role the mode runs. Without a limit the node's memory
-    bounds it."""
+    bounds it. The limit is the one the renderer gives the container: the last of the role's
+    podTemplate, spec.podTemplate, the role's resources and runtime.resources that sets one."""
     r = f"self.{role}"
     offload = f"quantity(string({r}.kvOffload))"
-    role_limit = (f"has({r}.resources) && has({r}.resources.limits) && "
-                  f"'memory' in {r}.resources.limits")
-    runtime_limit = ("has(self.runtime) && has(self.runtime.resources) && "
-                     "has(self.runtime.resources.limits) && "
-                     "'memory' in self.runtime.resources.limits")
+    layers = [
+        _template_memory_limit(r),
+        _template_memory_limit("self"),
+        (f"has({r}.resources) && has({r}.resources.limits) && "
+         f"'memory' in {r}.resources.limits", f"{r}.resources.limits['memory']"),
+        ("has(self.runtime) && has(self.runtime.resources) && "
+         "has(self.runtime.resources.limits) && 'memory' in self.runtime.resources.limits",
+         "self.runtime.resources.limits['memory']"),
+    ]
+    fits = "true"
+    for sets, limit in reversed(layers):
+        fits = f"({sets} ? quantity(string({limit})).isGreaterThan({offload}) : {fits})"
     return Rule(
         field=f"{role}.kvOffload",
-        cel=f"!has({r}.kvOffload) || self.mode != '{_ROLE_MODE[role].value}' || "
-            f"({role_limit} ? "
-            f"quantity(string({r}.resources.limits['memory'])).isGreaterThan({offload}) : "
-            f"(!({runtime_limit}) || "
-            f"quantity(string(self.runtime.resources.limits['memory'])).isGreaterThan({offload})))",
-        message="must be below the engine container's memory limit (the role's "
-        "resources.limits.memory, else runtime.resources.limits.memory): the offload tier is "
-        "pinned host memory inside that limit; raise the limit to kvOffload plus the engine's "
-        "own memory, or lower kvOffload",
+        cel=f"!has({r}.kvOffload) || self.mode != '{_ROLE_MODE[role].value}' || {fits}",
+        message="must be below the engine container's memory limit (the first that sets "
+        "limits.memory of the role's podTemplate engine container, spec.podTemplate's engine "
+        "container, the role's resources and runtime.resources): the offload tier is pinned "
+        "host memory inside that limit; raise the limit to kvOffload plus the engine's own "
+        "memory, or lower kvOffload",
         check=lambda s: _offload_fits(s, role),
     )
 
@@ -365,7 +398,7 @@ class RouterSpec(ApiModel):
     resources: ResourceRequirements = Field(
         default_factory=ResourceRequirements,
         description="Router container resources, over the defaults (requests cpu 500m, memory "
-        "512Mi; limit memory 2Gi).",
+        "512Mi; limit memory 2Gi, raised to a larger memory request).",
     )
     termination_grace_period_seconds: Int32 = Field(
         default=60, ge=6,
@@ -449,6 +482,10 @@ class NetworkPolicySpec(ApiModel):
 
 # ---------------------------------------------------------------------------------------------
 # The pool
+
+# Kubernetes' limit on a pod's annotations (keys and values together), less room for the
+# operator's own (scrape, config hash, Multus networks).
+MAX_TEMPLATE_ANNOTATIONS = 256 * 1024 - 4096
 
 
 class InferencePoolSpec(ApiModel):
@@ -552,6 +589,63 @@ class InferencePoolSpec(ApiModel):
                         "prefixRouting Precise routes on the engines' prefix-cache events; "
                         "keep prefix caching on, or choose Disabled",
                         {"path": path, "key": key})
+        return self
+
+    @model_validator(mode="after")
+    def _merged_resources_fit(self) -> InferencePoolSpec:
+        # Merged layers: no CEL twin (a block's own requests and limits have their rules).
+        problems: list[str] = []
+        rdma = self.kv_transfer.rdma
+        nixl = self.mode == Mode.DISAGGREGATED and self.kv_transfer.connector == Connector.NIXL
+        for role in self.engine_roles():
+            problems += merged_resource_problems(
+                "engine", _engine_resource_layers(self, role),
+                set_by_operator=[rdma.resource] if rdma is not None and nixl else [])
+        # (the router's default limits rise to a larger request: operator/building_blocks.py)
+        problems += merged_resource_problems("router", [
+            ("router.resources", self.router.resources),
+            *((f"router.podTemplate.spec.containers[{i}].resources", c.resources)
+              for i, c in enumerate(self.router.pod_template.spec.containers))])
+        if problems:
+            raise PydanticCustomError("merged_resources", "{problems}",
+                                      {"problems": "; ".join(dict.fromkeys(problems))})
+        return self
+
+    @model_validator(mode="after")
+    def _pod_templates_fit(self) -> InferencePoolSpec:
+        # Merged templates (the pool's and a role's lay over one pod): no CEL twin.
+        missing: dict[tuple[str, str], list[str]] = {}  # (mount path, volume) -> the pods
+        too_big: dict[tuple[str, int], list[str]] = {}  # (annotation paths, bytes) -> the pods
+        pods = [(str(r), [("", self.pod_template), (f"{r}.", self.role(r).pod_template)])
+                for r in self.engine_roles()]
+        pods.append(("router", [("router.", self.router.pod_template)]))
+        for what, templates in pods:
+            volumes = {*OWNED_VOLUMES, *(v.name for _, t in templates for v in t.spec.volumes)}
+            for where, t in templates:
+                for i, c in enumerate(t.spec.containers):
+                    for j, m in enumerate(c.volume_mounts):
+                        if m.name not in volumes:
+                            path = f"{where}podTemplate.spec.containers[{i}].volumeMounts[{j}]"
+                            missing.setdefault((path, m.name), []).append(what)
+            size = sum(len(k.encode()) + len(v.encode())
+                       for _, t in templates for k, v in t.metadata.annotations.items())
+            if size > MAX_TEMPLATE_ANNOTATIONS:
+                paths = " and ".join(f"{w}podTemplate.metadata.annotations"
+                                     for w, t in templates if t.metadata.annotations)
+                too_big.setdefault((paths, size), []).append(what)
+        problems = [
+            f"{path}.name: {name!r} is no volume of the {' and '.join(roles)} pods (their "
+            "podTemplate volumes, or the operator's); add it to podTemplate.spec.volumes, or "
+            "mount a volume that is there"
+            for (path, name), roles in missing.items()]
+        problems += [
+            f"{paths}: {size} bytes on the {' and '.join(roles)} pods; at most "
+            f"{MAX_TEMPLATE_ANNOTATIONS} (Kubernetes' 256 KiB for a pod's annotations, less "
+            "room for the operator's own); make them smaller"
+            for (paths, size), roles in too_big.items()]
+        if problems:
+            raise PydanticCustomError("pod_templates", "{problems}",
+                                      {"problems": "; ".join(problems)})
         return self
 
     def engine_roles(self) -> list[Role]:

@@ -5,6 +5,7 @@ Part of the InferencePool API (poolpilot.api); no I/O.
 
 from __future__ import annotations
 
+from collections.abc import Collection, Sequence
 from typing import Any, Literal, Protocol, TypeVar
 
 from pydantic import (
@@ -61,13 +62,54 @@ def _resource_name_rule(field: str) -> Rule:
     )
 
 
+# Kubernetes' rules for the resources it never overcommits (core validation's
+# IsOvercommitAllowed): hugepages-<size>, and extended resources (a name with a domain other
+# than *kubernetes.io/, e.g. example.com/fpga), which are also counted in whole units.
+_EXTENDED_CEL = "(k.contains('/') && !k.contains('kubernetes.io/'))"
+_NOT_OVERCOMMITTED_CEL = f"(k.startsWith('hugepages-') || {_EXTENDED_CEL})"
+# Whole units: what the models and the CRD take for an extended resource (Kubernetes also
+# takes 1000m or 1e3; write 1).
+WHOLE_UNITS = r"^\+?[0-9]+([kMGTPE]|[KMGTPE]i)?$"
+
+
+def extended_resource(name: str) -> bool:
+    """An extended resource (example.com/fpga): counted in whole units, never overcommitted."""
+    return "/" in name and "kubernetes.io/" not in name
+
+
+def not_overcommitted(name: str) -> bool:
+    """A resource whose request must equal its limit (and needs one): hugepages, extended."""
+    return name.startswith("hugepages-") or extended_resource(name)
+
+
 def _requests_within_limits(s: Any) -> bool:
     for name, request in s.requests.items():
-        if name in s.limits:
+        if name in s.limits and not not_overcommitted(name):
             want, cap = quantity_value(request), quantity_value(s.limits[name])
             if want is not None and cap is not None and want > cap:
                 return False
     return True
+
+
+def _requests_equal_limits(s: Any) -> bool:
+    for name, request in s.requests.items():
+        if name in s.limits and not_overcommitted(name):
+            want, cap = quantity_value(request), quantity_value(s.limits[name])
+            if want is not None and cap is not None and want != cap:
+                return False
+    return True
+
+
+def _whole_units_rule(field: str) -> Rule:
+    return Rule(
+        field=field,
+        cel=f"!has(self.{field}) || self.{field}.all(k, !{_EXTENDED_CEL} || "
+            f"string(self.{field}[k]).matches({cel_string(WHOLE_UNITS)}))",
+        message="extended resources (a domain-qualified name such as example.com/fpga) are "
+                "counted in whole units: write an integer such as 1 or 2 (not 500m or 1.5)",
+        check=lambda s: all(re2.search(WHOLE_UNITS, str(v))
+                            for k, v in getattr(s, field).items() if extended_resource(k)),
+    )
 
 
 class ResourceRequirements(ApiModel):
@@ -80,12 +122,36 @@ class ResourceRequirements(ApiModel):
         Rule(
             field="requests",
             cel="!has(self.requests) || !has(self.limits) || self.requests.all(k, "
-                "!(k in self.limits) || !quantity(string(self.requests[k]))"
+                f"!(k in self.limits) || {_NOT_OVERCOMMITTED_CEL} || "
+                "!quantity(string(self.requests[k]))"
                 ".isGreaterThan(quantity(string(self.limits[k]))))",
             message="each request must be at most its limit; lower the request or raise the "
                     "limit",
             check=_requests_within_limits,
         ),
+        Rule(
+            field="requests",
+            cel="!has(self.requests) || !has(self.limits) || self.requests.all(k, "
+                f"!(k in self.limits) || !{_NOT_OVERCOMMITTED_CEL} || "
+                "(!quantity(string(self.requests[k]))"
+                ".isGreaterThan(quantity(string(self.limits[k]))) && "
+                "!quantity(string(self.requests[k]))"
+                ".isLessThan(quantity(string(self.limits[k])))))",
+            message="hugepages-<size> and extended resources (example.com/fpga) are never "
+                    "overcommitted: each request must equal its limit; make them equal, or set "
+                    "the limit only (the request defaults to it)",
+            check=_requests_equal_limits,
+        ),
+        Rule(
+            field="limits",
+            cel=f"!has(self.requests) || self.requests.all(k, !{_NOT_OVERCOMMITTED_CEL} || "
+                "(has(self.limits) && k in self.limits))",
+            message="hugepages-<size> and extended resources (example.com/fpga) requested here "
+                    "need their limit here too (Kubernetes never overcommits them); set the "
+                    "limit, equal to the request, or the limit only (the request defaults to it)",
+            check=lambda s: all(k in s.limits for k in s.requests if not_overcommitted(k)),
+        ),
+        _whole_units_rule("requests"), _whole_units_rule("limits"),
     )
 
     requests: dict[str, Quantity] = Field(
@@ -96,8 +162,49 @@ class ResourceRequirements(ApiModel):
     limits: dict[str, Quantity] = Field(
         default_factory=dict,
         max_length=32,
-        description="Maximum resources. nvidia.com/gpu is set from `gpus`; do not set it here.",
+        description="Maximum resources. nvidia.com/gpu is set from `gpus`; do not set it here. "
+        "hugepages-<size> and extended resources (example.com/fpga) need a limit, equal to "
+        "any request.",
     )
+
+
+def merged_resource_problems(
+    container: str, layers: Sequence[tuple[str, ResourceRequirements]],
+    set_by_operator: Collection[str] = (),
+) -> list[str]:
+    """What the API server would refuse in a container whose requests and limits are `layers`
+    (path, block), later over earlier, as the operator merges them: a request above the limit
+    another block sets (or, for a resource never overcommitted, not equal to it), hugepages
+    without cpu or memory. A request and limit of one block are its own rules' concern; the
+    resources in `set_by_operator` it sets itself (request and limit alike)."""
+    requests: dict[str, tuple[str, Any]] = {}
+    limits: dict[str, tuple[str, Any]] = {}
+    for path, block in layers:
+        requests.update({k: (path, v) for k, v in block.requests.items()})
+        limits.update({k: (path, v) for k, v in block.limits.items()})
+    problems: list[str] = []
+    for name, (where, request) in requests.items():
+        if name in set_by_operator or name not in limits or limits[name][0] == where:
+            continue
+        cap_where, cap = limits[name]
+        want, most = quantity_value(request), quantity_value(cap)
+        if want is None or most is None:
+            continue
+        req, lim = f"{where}.requests.{name} ({request})", f"{cap_where}.limits.{name} ({cap})"
+        if not_overcommitted(name) and want != most:
+            problems.append(
+                f"{req} must equal the {container} container's limit {lim}, which is laid over "
+                f"it (Kubernetes never overcommits {name}); make them equal")
+        elif want > most:
+            problems.append(
+                f"{req} is above the {container} container's limit {lim}, which is laid over "
+                "it; lower the request or raise the limit")
+    names = {*requests, *limits}
+    if any(n.startswith("hugepages-") for n in names) and not {"cpu", "memory"} & names:
+        problems.append(
+            f"the {container} container's hugepages need a cpu or memory request or limit "
+            f"(Kubernetes requires one); set {layers[0][0]}.requests.memory or cpu")
+    return problems
 
 
 class _HasName(Protocol):

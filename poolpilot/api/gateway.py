@@ -103,6 +103,32 @@ class EndpointPickerRef(ApiModel):
     )
 
 
+def _parent(p: ParentReference) -> tuple[str, str, str | None, str]:
+    return (p.group, p.kind, p.namespace, p.name)
+
+
+def _parents_distinct(refs: list[ParentReference]) -> bool:
+    keys = [(*_parent(p), p.section_name, p.port) for p in refs]
+    return len(set(keys)) == len(keys)
+
+
+def _parents_alike(refs: list[ParentReference]) -> bool:
+    return all((a.section_name is None) == (b.section_name is None)
+               and (a.port is None) == (b.port is None)
+               for a in refs for b in refs if _parent(a) == _parent(b))
+
+
+def _same_cel(a: str, b: str, fields: tuple[str, ...]) -> str:
+    """CEL: refs a and b agree on `fields` (an unset field agrees with an unset one only)."""
+    return " && ".join(
+        f"({a}.{f} == {b}.{f})" if f in ("group", "kind", "name") else
+        f"(has({a}.{f}) ? (has({b}.{f}) && {a}.{f} == {b}.{f}) : !has({b}.{f}))"
+        for f in fields)
+
+
+_PARENT = ("group", "kind", "namespace", "name")
+
+
 def _path_clean(path: str) -> bool:
     return not any(bad in path for bad in _PATH_FORBIDDEN) \
         and not path.endswith(_PATH_FORBIDDEN_ENDS)
@@ -114,6 +140,25 @@ class GatewaySpec(ApiModel):
     InferencePool of the engines and the endpoint picker you run."""
 
     rules = (
+        # Gateway API's HTTPRoute CEL for parentRefs.
+        Rule(
+            field="parentRefs",
+            cel="self.parentRefs.all(a, self.parentRefs.exists_one(b, "
+                + _same_cel("a", "b", (*_PARENT, "sectionName", "port")) + "))",
+            message="must not name one parent twice with the same sectionName and port "
+            "(Gateway API refuses the HTTPRoute); remove the duplicate",
+            check=lambda s: _parents_distinct(s.parent_refs),
+        ),
+        Rule(
+            field="parentRefs",
+            cel="self.parentRefs.all(a, self.parentRefs.all(b, !(" + _same_cel("a", "b", _PARENT)
+                + ") || (has(a.sectionName) == has(b.sectionName) && "
+                "has(a.port) == has(b.port))))",
+            message="references to one parent (group, kind, namespace, name) must all set "
+            "sectionName, or none, and likewise port (Gateway API refuses the HTTPRoute); tell "
+            "them apart by sectionName or port",
+            check=lambda s: _parents_alike(s.parent_refs),
+        ),
         Rule(
             field="path",
             cel="!(" + " || ".join(f"self.path.contains('{b}')" for b in _PATH_FORBIDDEN)

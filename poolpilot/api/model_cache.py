@@ -16,6 +16,7 @@ from poolpilot.apitypes import (
     ApiModel,
     Matching,
     ObjectName,
+    Rule,
     TrimmedString,
 )
 
@@ -86,6 +87,16 @@ AbsolutePath = Annotated[str, Matching(
 
 class NodeLocalCache(ApiModel):
     """The node-local cache: a hostPath folder on each node the engines may run on."""
+
+    rules = (
+        Rule(
+            field="path",
+            cel=r"!self.path.matches('(^|/)\.\.(/|$)')",
+            message="must not contain '..' (Kubernetes refuses such a hostPath); write the "
+            "folder without it, e.g. /var/lib/poolpilot",
+            check=lambda s: ".." not in s.path.split("/"),
+        ),
+    )
 
     path: AbsolutePath = Field(
         default="/var/lib/poolpilot",

@@ -16,7 +16,6 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from poolpilot import re2
 from poolpilot.api.common import (
     LocalObjectReference,
     ResourceRequirements,
@@ -25,7 +24,6 @@ from poolpilot.api.common import (
 )
 from poolpilot.apitypes import (
     DNS1123_LABEL,
-    QUALIFIED_NAME,
     ApiModel,
     EnvVarName,
     JsonValue,
@@ -34,6 +32,8 @@ from poolpilot.apitypes import (
     ObjectName,
     Rule,
     cel_string,
+    qualified_keys_rule,
+    qualified_name,
 )
 
 # ---------------------------------------------------------------------------------------------
@@ -116,18 +116,18 @@ def _refuse_keys(kind: str, found: dict[str, str]) -> None:
 def _refuse_owned_labels(labels: dict[str, str]) -> dict[str, str]:
     _refuse_keys("owned_label", {
         k: "is set by the operator (its Services, budgets and policies select pods by it); "
-           "remove it" if re2.search(QUALIFIED_NAME, k)
+           "remove it" if qualified_name(k)
         else "is not a qualified name such as example.com/team or team"
-        for k in labels if not (_label_key_ok(k) and re2.search(QUALIFIED_NAME, k))})
+        for k in labels if not (_label_key_ok(k) and qualified_name(k))})
     return labels
 
 
 def _refuse_owned_annotations(annotations: dict[str, str]) -> dict[str, str]:
     _refuse_keys("owned_annotation", {
-        k: "is the operator's; remove it" if re2.search(QUALIFIED_NAME, k)
+        k: "is the operator's; remove it" if qualified_name(k)
         else "is not a qualified name such as example.com/team or team"
         for k in annotations
-        if k.startswith(OWNED_LABEL_PREFIX) or not re2.search(QUALIFIED_NAME, k)})
+        if k.startswith(OWNED_LABEL_PREFIX) or not qualified_name(k)})
     return annotations
 
 
@@ -147,16 +147,8 @@ class PodTemplateMetadata(_Overlay):
                      "name, instance and component (its Services and policies select pods by "
                      "them); remove them",
              check=lambda s: all(_label_key_ok(k) for k in s.labels)),
-        Rule(field="labels",
-             cel="!has(self.labels) || self.labels.all(k, "
-                 f"k.matches({cel_string(QUALIFIED_NAME)}))",
-             message="keys must be qualified names such as example.com/team or team",
-             check=lambda s: all(re2.search(QUALIFIED_NAME, k) for k in s.labels)),
-        Rule(field="annotations",
-             cel="!has(self.annotations) || self.annotations.all(k, "
-                 f"k.matches({cel_string(QUALIFIED_NAME)}))",
-             message="keys must be qualified names such as example.com/team or team",
-             check=lambda s: all(re2.search(QUALIFIED_NAME, k) for k in s.annotations)),
+        qualified_keys_rule("labels"),
+        qualified_keys_rule("annotations"),
         Rule(field="annotations",
              cel="!has(self.annotations) || self.annotations.all(k, "
                  "!k.startsWith('poolpilot.dev/'))",
@@ -305,6 +297,7 @@ class PodSpecOverlay(_Overlay):
     """Pod spec fields a template sets; lists and maps are merged with the operator's."""
 
     owned = POD_SPEC_OWNED
+    rules = (qualified_keys_rule("nodeSelector"),)
 
     affinity: dict[str, JsonValue] | None = Field(
         default=None, description="Affinity, as in a pod spec; the role's replaces the pool's "

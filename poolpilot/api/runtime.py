@@ -42,6 +42,7 @@ from poolpilot.apitypes import (
     ReservedKeys,
     Rule,
     TrimmedString,
+    qualified_keys_rule,
     quantity_value,
     spellings,
 )
@@ -244,6 +245,8 @@ class StorageSpec(ApiModel):
 
 class RuntimeSpec(ApiModel):
     """The engine container, shared by all engine roles."""
+
+    rules = (qualified_keys_rule("nodeSelector"),)
 
     image: TrimmedString = Field(
         default=DEFAULT_RUNTIME_IMAGE,
