@@ -315,6 +315,13 @@ class EngineRoleSpec(ApiModel):
             check=lambda s: s.gpus >= s.tensor_parallel_size
             or (s.gpus == 0 and s.tensor_parallel_size == 1),
         ),
+        Rule(
+            field="kvOffload",
+            cel="!has(self.kvOffload) || self.gpus >= 1",
+            message="vLLM's CPU backend (gpus: 0) has no KV offloading, and its engine would "
+            "not start; remove kvOffload or give the role GPUs",
+            check=lambda s: s.kv_offload is None or s.gpus >= 1,
+        ),
     )
 
     replicas: Int32 = Field(

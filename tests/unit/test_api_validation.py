@@ -338,6 +338,8 @@ BAD = [
     Bad("gateway-parent-with-and-without-a-section",
         pool(gateway={"parentRefs": [{"name": "gw"}, {"name": "gw", "sectionName": "https"}]}),
         "spec.gateway.parentRefs"),
+    Bad("kv-offload-on-a-cpu-engine", pool(prefill={"gpus": 0, "kvOffload": "64Gi"}),
+        "spec.prefill.kvOffload"),
     # LeaderWorkerSet's worker pods carry NAME-prefill-lws-GROUP-<hash> as a label value (63).
     Bad("multinode-name-too-long-for-its-groups",
         {**pool(prefill={"nodesPerReplica": 2}), "metadata": {"name": "a" * 39}},
