@@ -49,8 +49,9 @@ TREND_MIN_SPAN = 30.0
 @dataclass(frozen=True)
 class Sample:
     time: float
-    rate: float  # demand, tokens/s
+    rate: float  # demand arriving, tokens/s (prefill: prompt tokens, cached or not)
     backlog: float  # tokens queued
+    computed: float | None = None  # of `rate`, the tokens/s to compute (prefill: cache misses)
 
 
 @dataclass(frozen=True)
@@ -146,11 +147,24 @@ def learn_measured(mem: Memory, samples: Sequence[float]) -> Memory:
     return replace(mem, cold_start=cold, measured=measured)
 
 
-def remember(mem: Memory, now: float, rate: float, backlog: float, window: float) -> Memory:
+def remember(mem: Memory, now: float, rate: float, backlog: float, window: float,
+             computed: float | None = None) -> Memory:
     """Add a demand sample; those older than `window` go."""
     first = mem.first_seen if mem.first_seen is not None else now
     keep = after(mem.samples, now - window)
-    return replace(mem, first_seen=first, samples=(*keep, Sample(now, rate, backlog)))
+    return replace(mem, first_seen=first,
+                   samples=(*keep, Sample(now, rate, backlog, computed)))
+
+
+def computed_share(samples: Sequence[Sample], default: float) -> float:
+    """The share of the demand that arrived over the samples which the role computed
+    (prefill: what its prefix cache did not serve), weighted by the demand; `default` when
+    no sample carries one, or none had demand."""
+    known = [s for s in samples if s.computed is not None]
+    arrived = sum(s.rate for s in known)
+    if not arrived > 0:
+        return default
+    return sum(s.computed or 0.0 for s in known) / arrived
 
 
 def upside(samples: Sequence[Sample], now: float, horizon: float, quantile: float) -> float:

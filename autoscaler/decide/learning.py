@@ -31,6 +31,7 @@ def measure_need(role: str, obs: Observation, p: Policy, capacity: Mapping[str, 
     per_replica = capacity.get(role)
     local = 0.0
     computed = 0.0  # prefill: the prompt tokens one request leaves to compute (after the cache)
+    share = 1.0  # of the tokens arriving, those the role computes
     if role == Role.PREFILL:
         served = _num(o.prompt_tokens_rate)
         requests = _num(o.request_rate)
@@ -41,20 +42,24 @@ def measure_need(role: str, obs: Observation, p: Policy, capacity: Mapping[str, 
         # Prefill is sized in the prompt tokens it computes: those its prefix cache does not
         # serve (the learned capacity is measured in the same unit, see learn_capacity). The
         # prompts prefilled on decode engines would have come here: prefill's hit rate.
-        miss = o.miss
-        served *= miss
-        backlog = (_num(o.waiting) + _num(o.running)) * tokens * miss
-        local = _num(obs.local_prefill_rate) * tokens * miss
+        share = o.miss
+        backlog = (_num(o.waiting) + _num(o.running)) * tokens
+        local = _num(obs.local_prefill_rate) * tokens
         served += local
-        computed = tokens * miss
+        computed = tokens * share
     elif role == Role.DECODE:
         served, backlog = _num(o.generation_tokens_rate), 0.0
     else:
         return None, mem
-    # (the samples, and so the trend and the rises, are in computed tokens too: a pool whose
-    # hit rate falls as it grows sees that as a rise)
-    rate = served + model.backlog_growth(mem.samples, now, backlog)
-    mem = model.remember(mem, now, rate, backlog, max(p.forecast_window, p.history_window))
+    # The samples keep the tokens arriving, whole, beside the share computed of them: the trend
+    # and the rises below are the arrivals', computed at the share of the whole history. Kept
+    # in computed tokens, they followed the cache too: a hit rate warming while the arrivals
+    # rose hid the rise, and one falling while new replicas warmed up read as a rise that the
+    # margin then held for its whole history (docs/autoscaler.md, "Prefix caching").
+    arriving = served + model.backlog_growth(mem.samples, now, backlog)
+    mem = model.remember(mem, now, arriving, backlog,
+                         max(p.forecast_window, p.history_window), arriving * share)
+    rate, backlog, local = arriving * share, backlog * share, local * share
     if not per_replica:
         return None, mem
     headroom = role_headroom(role, p, mem)
@@ -77,7 +82,7 @@ def measure_need(role: str, obs: Observation, p: Policy, capacity: Mapping[str, 
                 # queued: the backlog alone took a share of the target to prefill at some
                 # sample within the rate window (the queue of a burst is gone by the next
                 # scrape more often than not; its TTFT stays in the window's quantile)
-                p.dead_band, queued=max_backlog(mem, now, p.max_metric_age)
+                p.dead_band, queued=share * max_backlog(mem, now, p.max_metric_age)
                 / (per_replica * o.ready_replicas) > QUEUED_SHARE * p.ttft_target)
             headroom = learnt if settled else max(headroom, learnt)
             mem = replace(mem, headroom=headroom)
@@ -85,7 +90,8 @@ def measure_need(role: str, obs: Observation, p: Policy, capacity: Mapping[str, 
     usable = model.trend_samples(mem, p.max_metric_age)
     recent = model.after(usable, now - p.forecast_window)
     quantile = p.rise_quantile if p.rise_quantile is not None else p.slo_quantile
-    slope = model.trend(recent, p.forecast_window) if p.forecast else 0.0
+    over_history = model.computed_share(mem.samples, share)
+    slope = over_history * model.trend(recent, p.forecast_window) if p.forecast else 0.0
     # The rises to ride out: those within the time from a rise's start until a replica
     # ordered for it serves: the rate window the signals see it through, one decision
     # interval, one cold start (not the cold start alone: at a short cold start the signals'
@@ -95,7 +101,7 @@ def measure_need(role: str, obs: Observation, p: Policy, capacity: Mapping[str, 
     # margin (at 30 s a pool kept a replica fewer than at 60 s through clumps that then
     # queued: a faster start cost attainment; docs/autoscaler.md).
     reaction = rise_horizon(horizon, p)
-    rise = model.upside(usable, now, reaction, quantile) if p.forecast else 0.0
+    rise = over_history * model.upside(usable, now, reaction, quantile) if p.forecast else 0.0
     need = model.need(per_replica, rate, backlog, slope, horizon, p.backlog_drain,
                       headroom, o.ready_replicas, o.starting, mem.orders, now, local, rise,
                       _unit(role, o))

@@ -83,20 +83,62 @@ def test_prefill_is_sized_for_the_tokens_the_cache_does_not_serve(c: Case) -> No
     assert (rd.replicas, rd.reason) == c.want, rd.message
 
 
-def test_a_rising_demand_is_forecast_in_computed_tokens() -> None:
-    """Demand rising by 1,000 prompt tokens/s every 15 s, its samples in computed tokens (at a
-    50 % hit rate): 4,000/s more within the cold start on 8,000 computed now -> 12,000 / 6,400
-    -> 2 replicas (without the cache: 24,000 / 6,400 -> 4)."""
+def arriving(t0: float, whole: list[float], hits: list[float]) -> tuple[Any, ...]:
+    """Demand samples 15 s apart ending 15 s before NOW: prompt tokens/s arriving, each with
+    the share its engines computed at that sample's hit rate."""
     from poolpilot.autoscaler import capacity as model
 
-    samples = tuple(model.Sample(NOW - 15.0 * (10 - i), 3_000.0 + 500.0 * i, 0.0)
-                    for i in range(10))
-    h = History(memory={"prefill": model.Memory(first_seen=0.0, samples=samples)})
+    return tuple(model.Sample(t0 + 15.0 * i, w, 0.0, w * (1 - h))
+                 for i, (w, h) in enumerate(zip(whole, hits, strict=True)))
+
+
+def with_samples(samples: tuple[Any, ...]) -> History:
+    from poolpilot.autoscaler import capacity as model
+
+    return History(memory={"prefill": model.Memory(first_seen=0.0, samples=samples)})
+
+
+def test_a_rising_demand_is_forecast_in_computed_tokens() -> None:
+    """Prompt tokens arriving rise by 1,000/s every 15 s, half of them computed: the trend
+    (66.7 tokens/s per second) at the history's 50 % is 4,000/s more within the cold start on
+    8,000 computed now -> 12,000 / 6,400 -> 2 replicas (without the cache: 24,000 -> 4)."""
+    samples = arriving(NOW - 150.0, [6_000.0 + 1_000.0 * i for i in range(10)], [0.5] * 10)
     obs = Observation(roles={"prefill": pre(3, 16_000.0, hit=0.5, running=0.0),
                              "decode": dec()})
-    rd = decide(obs, policy(), h, NOW).roles["prefill"]
+    rd = decide(obs, policy(), with_samples(samples), NOW).roles["prefill"]
     assert rd.replicas == 2, rd.message
     assert "in 120s 1.2e+04/s" in rd.message
+
+
+def test_a_cache_warming_up_does_not_hide_a_rising_demand() -> None:
+    """A pool's opening: the prompt tokens arriving double over 150 s while the hit rate warms
+    from 50 % to 75 %, so the tokens computed stay at 5,000/s. One replica serves that now
+    (0.78 of its 6,400), but the arrivals' trend, at the 33 % of them the pool computed, is
+    2,700/s more computed within the cold start: a second replica is ordered now, not once
+    the cache has stopped warming and the computed tokens start to rise."""
+    whole = [10_000.0 + 1_000.0 * i for i in range(10)]
+    hits = [1 - 5_000.0 / w for w in whole]
+    obs = Observation(roles={"prefill": pre(1, 20_000.0, hit=0.75, running=0.0),
+                             "decode": dec()})
+    rd = decide(obs, policy(), with_samples(arriving(NOW - 150.0, whole, hits)),
+                NOW).roles["prefill"]
+    assert (rd.replicas, rd.reason.value) == (2, "DemandRising"), rd.message
+
+
+def test_cold_replicas_joining_are_no_rise_to_keep_room_for() -> None:
+    """Half an hour of 16,000 prompt tokens/s arriving at a 70 % hit rate, then new replicas
+    join with cold caches and the hit rate falls to 40 % for the last 4 minutes: 9,600
+    computed/s now, 1.5 replicas' work -> 2. The arrivals did not rise, so the margin for
+    rises stays 0; kept in computed tokens, the cache's fall read as a rise of 4,800/s that
+    held a third replica for as long as it stayed in the history."""
+    n = 120
+    hits = [0.7] * (n - 16) + [0.4] * 16
+    samples = arriving(NOW - 15.0 * n, [16_000.0] * n, hits)
+    obs = Observation(roles={"prefill": pre(3, 16_000.0, hit=0.4, running=0.0),
+                             "decode": dec()})
+    rd = decide(obs, policy(), with_samples(samples), NOW).roles["prefill"]
+    assert "(may rise 0/s)" in rd.message
+    assert (rd.replicas, rd.reason.value) == (2, "CapacityIdle"), rd.message
 
 
 @pytest.mark.parametrize("hit", [None, math.nan, -0.1, math.inf, 0.0],
