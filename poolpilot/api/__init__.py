@@ -495,6 +495,26 @@ class NetworkPolicySpec(ApiModel):
 MAX_TEMPLATE_ANNOTATIONS = 256 * 1024 - 4096
 
 
+def _engine_arg(spec: InferencePoolSpec, role: str, camel: str) -> tuple[str, JsonValue]:
+    """Where an engine arg is set for a role, in any spelling the launcher reads, and its
+    value: the role's own engineArgs over runtime.engineArgs; (path, None) when unset."""
+    for path, args in ((str(role), spec.role(role).engine_args),
+                       ("runtime", spec.runtime.engine_args)):
+        for key in spellings(camel):
+            if key in args:
+                return path, args[key]
+    return str(role), None
+
+
+def _positive_int(value: JsonValue) -> bool:
+    """An integer >= 1, as JSON or as the string the launcher would pass on."""
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, int):
+        return value >= 1
+    return isinstance(value, str) and value.strip().isdigit() and int(value) >= 1
+
+
 class InferencePoolSpec(ApiModel):
     """A pool of vLLM engines serving one model, prefill and decode on separate Deployments."""
 
@@ -596,6 +616,46 @@ class InferencePoolSpec(ApiModel):
                         "prefixRouting Precise routes on the engines' prefix-cache events; "
                         "keep prefix caching on, or choose Disabled",
                         {"path": path, "key": key})
+        return self
+
+    @model_validator(mode="after")
+    def _parallel_ranks_fit(self) -> InferencePoolSpec:
+        # Free-form maps: no CEL twin. vLLM's world is tensor x pipeline x data parallel
+        # ranks, one GPU each: more ranks than the pod's GPUs and the engine never starts
+        # (every pod crash-looping); a group's pipeline must divide its ranks (the launcher
+        # refuses it at start, runtime_image/multinode.py).
+        for role in self.engine_roles():
+            spec = self.role(role)
+            sizes = {key: _engine_arg(self, role, key)
+                     for key in ("pipelineParallelSize", "dataParallelSize")}
+            for key, (path, value) in sizes.items():
+                if value is not None and not _positive_int(value):
+                    raise PydanticCustomError(
+                        "parallel_size", "{path}.engineArgs.{key}: {value} is not a whole "
+                        "number >= 1", {"path": path, "key": key, "value": repr(value)})
+            pp = int(sizes["pipelineParallelSize"][1] or 1)
+            dp = int(sizes["dataParallelSize"][1] or 1)
+            tp, nodes = spec.tensor_parallel_size, spec.nodes_per_replica
+            if nodes > 1:
+                world = tp * nodes
+                if world % pp:
+                    raise PydanticCustomError(
+                        "parallel_size", "{path}.engineArgs.pipelineParallelSize: {pp} does not "
+                        "divide the group's {world} ranks (tensorParallelSize {tp} x "
+                        "nodesPerReplica {nodes}); e.g. {nodes} (the default: a stage per pod) "
+                        "or 1", {"path": sizes["pipelineParallelSize"][0], "pp": pp,
+                                 "world": world, "tp": tp, "nodes": nodes})
+                continue
+            world = tp * pp * dp
+            if spec.gpus >= 1 and world > spec.gpus:
+                where = sizes["pipelineParallelSize" if pp > 1 else "dataParallelSize"][0]
+                raise PydanticCustomError(
+                    "parallel_size", "{path}.engineArgs: tensorParallelSize {tp} x "
+                    "pipelineParallelSize {pp} x dataParallelSize {dp} is {world} ranks, one "
+                    "GPU each, but {role}.gpus is {gpus} (the engine would not start); raise "
+                    "{role}.gpus or lower the parallel sizes",
+                    {"path": where, "role": str(role), "tp": tp, "pp": pp, "dp": dp,
+                     "world": world, "gpus": spec.gpus})
         return self
 
     @model_validator(mode="after")

@@ -265,6 +265,18 @@ BAD = [
         pool(router={"prefixRouting": "Precise"},
              prefill={"engineArgs": {"kvEventsConfig": {"publisher": "zmq"}}}),
         "spec", in_crd=False),
+    # engine args whose ranks the pod's GPUs cannot hold (models only: free-form maps)
+    Bad("pipeline-stages-beyond-the-pods-gpus",
+        pool(prefill={"gpus": 1, "engineArgs": {"pipelineParallelSize": 2}}), "spec",
+        in_crd=False),
+    Bad("data-parallel-ranks-beyond-the-pods-gpus",
+        pool(runtime={"engineArgs": {"data_parallel_size": 4}}, decode={"gpus": 2}), "spec",
+        in_crd=False),
+    Bad("pipeline-that-does-not-divide-a-groups-ranks",
+        pool(prefill={"nodesPerReplica": 2, "gpus": 2, "tensorParallelSize": 2,
+                      "engineArgs": {"pipeline-parallel-size": 3}}), "spec", in_crd=False),
+    Bad("pipeline-size-not-a-number",
+        pool(decode={"engineArgs": {"pipelineParallelSize": "two"}}), "spec", in_crd=False),
     Bad("precise-routing-without-prefix-caching",
         pool(router={"prefixRouting": "Precise"},
              runtime={"engineArgs": {"enable-prefix-caching": False}}), "spec", in_crd=False),
@@ -661,3 +673,24 @@ def test_longest_pool_name_gives_valid_child_names() -> None:
         for child in children:
             child_name = child["metadata"]["name"]
             assert len(child_name) <= 63 and re2.search(api.DNS1035_LABEL, child_name), child_name
+
+
+def test_parallel_sizes_name_the_engine_arg_and_the_gpus() -> None:
+    with pytest.raises(InvalidPool) as exc:
+        parse_pool(pool(runtime={"engineArgs": {"pipelineParallelSize": 2}}))
+    # the runtime's engine args reach every role: the first it does not fit is named
+    assert exc.value.errors == [
+        "spec: runtime.engineArgs: tensorParallelSize 1 x pipelineParallelSize 2 x "
+        "dataParallelSize 1 is 2 ranks, one GPU each, but prefill.gpus is 1 (the engine "
+        "would not start); raise prefill.gpus or lower the parallel sizes"], exc.value.errors
+    # a role's own value wins over the runtime's, in any spelling the launcher reads
+    parse_pool(pool(runtime={"engineArgs": {"pipelineParallelSize": 2}},
+                    prefill={"gpus": 2}, decode={"engineArgs": {"pipeline_parallel_size": 1}}))
+    # ranks that fit: 2 x 2 x 2 on 8 GPUs, a string the launcher passes on, CPU engines
+    parse_pool(pool(prefill={"gpus": 8, "tensorParallelSize": 2, "engineArgs": {
+        "pipelineParallelSize": 2, "dataParallelSize": "2"}}))
+    parse_pool(pool(mode="Aggregated", engine={"gpus": 0},
+                    runtime={"engineArgs": {"pipelineParallelSize": 2}}))
+    # a group of pods: the pipeline divides tensorParallelSize x nodesPerReplica
+    parse_pool(pool(prefill={"nodesPerReplica": 2, "gpus": 2, "tensorParallelSize": 2,
+                             "engineArgs": {"pipelineParallelSize": 4}}))
