@@ -90,7 +90,9 @@ def _timestamp_as_text(loader: _Loader, node: Any) -> str:
     return str(loader.construct_scalar(node))
 
 
-def _bounded_int(loader: _Loader, node: Any) -> int:
+def _bounded_int(loader: _Loader, node: Any) -> int | str:
+    if ":" in str(node.value):
+        return _sexagesimal_as_text(loader, node)
     # Python refuses to read integers of more than 4,300 digits (a ValueError, not a YAML
     # error); no Kubernetes field holds more than 64 bits anyway.
     text = str(loader.construct_scalar(node)).replace("_", "").lstrip("+-")
@@ -101,7 +103,21 @@ def _bounded_int(loader: _Loader, node: Any) -> int:
     return value
 
 
+def _sexagesimal_as_text(loader: _Loader, node: Any) -> str:
+    # YAML 1.1 reads 1:30 as 90 (base 60); kubectl's reader (sigs.k8s.io/yaml) has no such
+    # numbers and sends the text, which a number field then refuses: read it as kubectl does.
+    return str(loader.construct_scalar(node))
+
+
+def _float_unless_sexagesimal(loader: _Loader, node: Any) -> float | str:
+    if ":" in str(node.value):
+        return _sexagesimal_as_text(loader, node)
+    value: float = loader.construct_yaml_float(node)
+    return value
+
+
 _Loader.add_constructor("tag:yaml.org,2002:int", _bounded_int)
+_Loader.add_constructor("tag:yaml.org,2002:float", _float_unless_sexagesimal)
 _Loader.add_constructor("tag:yaml.org,2002:timestamp", _timestamp_as_text)
 for _tag in ("binary", "set", "omap", "pairs"):
     _Loader.add_constructor(f"tag:yaml.org,2002:{_tag}", _refuse_tag)

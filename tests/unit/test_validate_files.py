@@ -72,6 +72,9 @@ BAD_FILES = [
     BadFile("infinite-seconds",
             (POOL + "  slo: {ttft: {quantile: 0.9, seconds: .inf}}\n").encode(),
             "spec.slo.ttft.seconds: must be a finite number, got inf"),
+    # YAML 1.1 reads 1:30 as 90; kubectl sends the text, which the API server refuses
+    BadFile("base-60-number", (POOL + "  autoscaling: {intervalSeconds: 1:30}\n").encode(),
+            "spec.autoscaling.intervalSeconds: must be an integer, got a string ('1:30')"),
     BadFile("huge-integer", (POOL + "  prefill: {replicas: " + "9" * 5000 + "}\n").encode(),
             "an integer of 5000 digits; Kubernetes integers are at most 64-bit"),
     BadFile("bad-item-of-a-list",
@@ -134,6 +137,7 @@ GOOD_FILES = [
              POOL + "  prefill: &role {replicas: 1, maxReplicas: 4}\n  decode:\n"
              "    <<: *role\n    maxReplicas: 8\n"),
     GoodFile("byte-order-mark", "\ufeff" + POOL),
+    GoodFile("base-60-text-stays-text", POOL.replace("{name: m}", "{name: m, servedName: 1:30}")),
     GoodFile("two-pools-and-other-kinds",
              POOL + "---\napiVersion: v1\nkind: ConfigMap\nmetadata: {name: c}\n---\n"
              + POOL.replace("{name: p}", "{name: q}")),
