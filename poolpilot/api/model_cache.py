@@ -7,6 +7,7 @@ Part of the InferencePool API (poolpilot.api); no I/O. The operator renders each
 
 from __future__ import annotations
 
+import re
 from enum import StrEnum
 from typing import Annotated
 
@@ -85,6 +86,13 @@ AbsolutePath = Annotated[str, Matching(
 )]
 
 
+# The node's root and the folders its system lives in (a hostPath the prefetcher mounts
+# read-write, as root with CHOWN, must not be one of them): RE2 and Python alike.
+HOST_SYSTEM_PATHS = (
+    r"^/+((proc|sys|dev|etc|boot|bin|sbin|lib|lib32|lib64|libx32|usr|run|root)(/.*)?"
+    r"|var/+(run|lib/+kubelet|lib/+containerd|lib/+docker|lib/+dockershim)(/.*)?)?$")
+
+
 class NodeLocalCache(ApiModel):
     """The node-local cache: a hostPath folder on each node the engines may run on."""
 
@@ -95,6 +103,18 @@ class NodeLocalCache(ApiModel):
             message="must not contain '..' (Kubernetes refuses such a hostPath); write the "
             "folder without it, e.g. /var/lib/poolpilot",
             check=lambda s: ".." not in s.path.split("/"),
+        ),
+        Rule(
+            field="path",
+            cel=r"!self.path.matches('(^|/)\\.(/|$)') && !self.path.matches('"
+            + HOST_SYSTEM_PATHS + "')",
+            message="must be a folder of its own below the node's root, not the root or a "
+            "system folder (/proc, /sys, /dev, /etc, /boot, /usr, /bin, /sbin, /lib, /run, "
+            "/var/run, /var/lib/kubelet, ...) and without '.' parts: the prefetcher mounts "
+            "it read-write and creates PATH/models and PATH/compile in it; e.g. "
+            "/var/lib/poolpilot",
+            check=lambda s: "." not in s.path.split("/")
+            and re.match(HOST_SYSTEM_PATHS, s.path) is None,
         ),
     )
 

@@ -345,6 +345,12 @@ BAD = [
         pool(model={"name": "m", "cache": {"type": "NodeLocal",
                                           "nodeLocal": {"path": "/var/../etc"}}}),
         "spec.model.cache.nodeLocal.path"),
+    *(Bad(f"node-local-path-{name}",
+          pool(model={"name": "m", "cache": {"type": "NodeLocal", "nodeLocal": {"path": path}}}),
+          "spec.model.cache.nodeLocal.path")
+      for name, path in [("the-nodes-root", "/"), ("the-root-spelt-with-dots", "/./"),
+                         ("a-system-folder", "/etc"), ("below-the-kubelets", "/var/lib/kubelet/x"),
+                         ("with-a-dot", "/data/./cache")]),
     Bad("gateway-parent-twice", pool(gateway={"parentRefs": [{"name": "gw"}, {"name": "gw"}]}),
         "spec.gateway.parentRefs"),
     Bad("gateway-parent-with-and-without-a-section",
@@ -694,3 +700,10 @@ def test_parallel_sizes_name_the_engine_arg_and_the_gpus() -> None:
     # a group of pods: the pipeline divides tensorParallelSize x nodesPerReplica
     parse_pool(pool(prefill={"nodesPerReplica": 2, "gpus": 2, "tensorParallelSize": 2,
                              "engineArgs": {"pipelineParallelSize": 4}}))
+
+
+@pytest.mark.parametrize("path", ["/var/lib/poolpilot", "/mnt/nvme/models", "/data", "/var/cache"])
+def test_node_local_folders_of_their_own_are_accepted(path: str) -> None:
+    doc = pool(model={"name": "m", "cache": {"type": "NodeLocal", "nodeLocal": {"path": path}}})
+    parse_pool(doc)
+    assert not crd_validation.validate(CRD, doc)[1]
