@@ -90,7 +90,7 @@ def propose_from_signals(role: str, obs: Observation, p: Policy, capacity: Mappi
         # of those is no decode shortage; its model and KV cache say when decode is short)
         latency(S.TTFT, obs.router_ttft, p.ttft_target, sizes=need is None and not failing)
     if role in (Role.DECODE, Role.ENGINE):
-        latency(S.ITL, o.itl, p.itl_target)
+        latency(S.ITL, o.itl, p.itl_target, sizes=not prefill_fallback_passing(role, obs))
         if need is None:
             load(S.SEQUENCES, running + waiting, p.decode_sequences_per_replica * ready)
         load(S.KV_CACHE, float(o.kv_usage or 0), p.kv_cache_usage)
@@ -124,6 +124,17 @@ def propose_from_signals(role: str, obs: Observation, p: Policy, capacity: Mappi
         prop.reason = (_ABOVE if best.value > best.target else _BELOW).get(
             best.name, Reason.AT_RECOMMENDED_SIZE)
     return prop
+
+
+def prefill_fallback_passing(role: str, obs: Observation) -> bool:
+    """Decode's ITL is the router's local-prefill fallback's while prefill is behind, and
+    prefill has replicas on their way: those end the fallback, and a decode replica ordered
+    now would serve after them (the roles start alike), once the breach is over. Its ITL then
+    sizes nothing; the generation demand and the KV cache still size decode."""
+    if role != Role.DECODE or Role.PREFILL not in obs.roles:
+        return False
+    local = obs.local_prefill_rate
+    return not _bad(local) and (local or 0) > 0 and obs.roles[Role.PREFILL].starting > 0
 
 
 def _signals_text(signals: Iterable[Signal]) -> str:

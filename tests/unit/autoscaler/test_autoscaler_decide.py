@@ -122,6 +122,21 @@ CASES = [
     Case("decode-itl-above-target-scales-up",
          pool(decode=dec(itl=0.1)),
          {"decode": (4, "ITLAboveTarget"), "prefill": (2, "WithinDeadBand")}),
+    # the router prefills on decode engines while prefill is behind, and prefill's ordered
+    # replicas are on their way: they end the fallback (and its ITL) before a decode
+    # replica ordered now would serve
+    Case("decode-itl-of-the-local-prefill-fallback-waits-for-prefills-replicas",
+         pool(pre(2, starting=1), dec(itl=0.1), local_prefill_rate=3.0),
+         {"decode": (2, "WithinDeadBand")}),
+    Case("decode-itl-of-the-fallback-with-no-prefill-replica-coming-scales-decode",
+         pool(decode=dec(itl=0.1), local_prefill_rate=3.0),
+         {"decode": (4, "ITLAboveTarget")}),
+    Case("decode-itl-without-the-fallback-scales-decode-while-prefill-starts",
+         pool(pre(2, starting=1), dec(itl=0.1)),
+         {"decode": (4, "ITLAboveTarget")}),
+    Case("decode-kv-cache-still-scales-decode-during-the-fallback",
+         pool(pre(2, starting=1), dec(4, itl=0.1, kv_usage=0.95), local_prefill_rate=3.0),
+         {"decode": (5, "KVCacheAboveTarget")}),
     Case("router-ttft-breach-goes-to-decode-when-prefill-is-fast-and-decode-queues",
          pool(pre(ttft=0.3), dec(2, waiting=10.0, running=128.0), router_ttft=2.0),
          {"prefill": (2, "WithinDeadBand"), "decode": (4, "TTFTAboveTarget")}),
