@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -30,11 +31,42 @@ class PrometheusNotInstalled(RuntimeError):
     pass
 
 
+# Ports handed out below the kernel's ephemeral range (where the kernel picks the local port
+# of every outgoing connection, and of a bind to port 0), and at least this one.
+LOWEST_FREE_PORT = 10_000
+EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
+
+def ephemeral_ports() -> tuple[int, int]:
+    """The kernel's range of ephemeral ports (Linux's default where it cannot be read)."""
+    try:
+        lo, hi = (int(x) for x in EPHEMERAL_RANGE.read_text().split())
+    except (OSError, ValueError):
+        return 32768, 60999
+    return lo, hi
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
+    """A port no socket holds now, for a server started next. Not from the ephemeral range:
+    between this check and the server's bind, any outgoing connection on the machine (the
+    engines', the clients', Prometheus's scrapes) may get a port of that range as its own, and
+    the server then fails with 'address already in use' (a fresh-clone CI run lost the
+    sandbox's operator so). Below it only servers take ports, each through this function or a
+    fixed one, and a port taken since is caught here: random picks, each checked by a bind."""
+    lo, _ = ephemeral_ports()
+    rng = random.SystemRandom()
+    for _ in range(200 if lo - LOWEST_FREE_PORT >= 1000 else 0):
+        port = rng.randrange(LOWEST_FREE_PORT, lo)
+        with socket.socket() as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as s:  # a kernel whose ephemeral range leaves no room below it
         s.bind((host, 0))
-        port: int = s.getsockname()[1]
-        return port
+        chosen: int = s.getsockname()[1]
+        return chosen
 
 
 TEXT_FORMAT = "text/plain; version=0.0.4"

@@ -82,3 +82,23 @@ def test_taken_port_is_a_clear_error() -> None:
         with pytest.raises(SandboxError, match=f"port {port} on 127.0.0.1 is taken.*--api-port 0"):
             check_port("127.0.0.1", port, "--api-port")
     check_port("127.0.0.1", 0, "--api-port")  # 0: a free port is picked, nothing to check
+
+
+def test_free_ports_come_from_below_the_ephemeral_range_and_skip_taken_ones(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """An outgoing connection takes its local port from the kernel's ephemeral range: a port
+    handed out from there could be taken before the server binds it (a CI run lost the
+    sandbox's operator to 'address already in use')."""
+    from poolpilot.testkit import prometheus
+
+    lo, _ = prometheus.ephemeral_ports()
+    ports = {free_port() for _ in range(50)}
+    assert all(prometheus.LOWEST_FREE_PORT <= p < lo for p in ports), ports
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", next(iter(ports))))
+        taken.listen()
+        # every pick lands on the taken port first: it is skipped, the next one is free
+        picks = iter([taken.getsockname()[1], taken.getsockname()[1] + 1])
+        monkeypatch.setattr(prometheus.random.SystemRandom, "randrange",
+                            lambda self, a, b: next(picks))
+        assert free_port() == taken.getsockname()[1] + 1
