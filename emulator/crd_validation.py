@@ -203,8 +203,31 @@ def _is_less_than(a: _Quantity, b: _Quantity) -> celtypes.BoolType:
     return celtypes.BoolType(a.amount < b.amount)
 
 
+def _is_integer(q: _Quantity) -> celtypes.BoolType:
+    """Whether asInteger can read it: a whole number within int64."""
+    return celtypes.BoolType(q.amount == q.amount.to_integral_value()
+                             and _INT64[0] <= q.amount <= _INT64[1])
+
+
+def _as_integer(q: _Quantity) -> celtypes.IntType:
+    if not _is_integer(q):
+        raise ValueError(f"quantity: {q} is not an integer within int64")
+    return celtypes.IntType(int(q.amount))
+
+
+def _substring(text: Any, start: Any, end: Any = None) -> celtypes.StringType:
+    """The strings extension's `substring(start[, end])` (Kubernetes enables it)."""
+    s = str(text)
+    stop = len(s) if end is None else int(end)
+    if not 0 <= int(start) <= stop <= len(s):
+        raise ValueError(f"substring: index out of range for {s!r}")
+    return celtypes.StringType(s[int(start):stop])
+
+
 _FUNCTIONS: dict[str, Any] = {"matches": _matches, "quantity": _to_quantity,
-                              "isGreaterThan": _is_greater_than, "isLessThan": _is_less_than}
+                              "isGreaterThan": _is_greater_than, "isLessThan": _is_less_than,
+                              "isInteger": _is_integer, "asInteger": _as_integer,
+                              "substring": _substring}
 
 
 @functools.lru_cache(maxsize=1024)

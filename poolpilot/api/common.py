@@ -5,6 +5,7 @@ Part of the InferencePool API (poolpilot.api); no I/O.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection, Sequence
 from typing import Any, Literal, Protocol, TypeVar
 
@@ -112,6 +113,34 @@ def _whole_units_rule(field: str) -> Rule:
     )
 
 
+HUGEPAGES = "hugepages-"
+
+
+def _whole_pages(name: str, value: Any) -> bool:
+    """A hugepages-<size> amount is a whole number of its pages, as the API server requires
+    of a container's (it reads the amount rounded up to an integer, as Quantity.Value)."""
+    if not name.startswith(HUGEPAGES):
+        return True
+    page, amount = quantity_value(name[len(HUGEPAGES):]), quantity_value(value)
+    if page is None or amount is None:
+        return True  # the name's and the quantity's own rules say what is wrong
+    return page > 0 and math.ceil(amount) % page == 0
+
+
+def _whole_pages_rule(field: str) -> Rule:
+    size = f"quantity(k.substring({len(HUGEPAGES)}))"
+    amount = f"quantity(string(self.{field}[k]))"
+    return Rule(
+        field=field,
+        cel=f"!has(self.{field}) || self.{field}.all(k, !k.startsWith('{HUGEPAGES}') || "
+            f"({size}.isInteger() && {size}.asInteger() > 0 && {amount}.isInteger() && "
+            f"{amount}.asInteger() % {size}.asInteger() == 0))",
+        message="hugepages-<size> is allocated in whole pages of that size: write a multiple "
+                "of it (hugepages-2Mi: 2Mi, 4Mi or 1Gi, not 3Mi)",
+        check=lambda s: all(_whole_pages(k, v) for k, v in getattr(s, field).items()),
+    )
+
+
 class ResourceRequirements(ApiModel):
     """CPU, memory and accelerator requests and limits, as in a container spec."""
 
@@ -152,6 +181,7 @@ class ResourceRequirements(ApiModel):
             check=lambda s: all(k in s.limits for k in s.requests if not_overcommitted(k)),
         ),
         _whole_units_rule("requests"), _whole_units_rule("limits"),
+        _whole_pages_rule("requests"), _whole_pages_rule("limits"),
     )
 
     requests: dict[str, Quantity] = Field(
