@@ -697,14 +697,19 @@ class Router(HealthChecks, EngineChoice, StreamRelay):
                 break
             tried.append(endpoint.url)
             charged = tokens - matched  # the held prefix is not work for it
-            local = max(0, local_tokens - matched) if local_tokens else 0
+            # The queues in seconds (the hold, the local-prefill rule, the prefill rate and
+            # deadline) count whole prompt tokens, cached or not: at a rate learned in the same
+            # unit they measure what the engines' caches really serve, which the router's
+            # expectation misses when an engine evicted what it was sent (docs/router.md).
+            whole = tokens if role == Role.PREFILL else 0
+            local = local_tokens
             if role == Role.PREFILL and endpoint.inflight == 0:
                 self.prefill_heard[endpoint.url] = self.clock.now()  # busy from now
-            self.balancer.acquire(endpoint.url, charged)
+            self.balancer.acquire(endpoint.url, charged, whole)
             self.balancer.add_local_tokens(endpoint.url, local)
             if role == Role.PREFILL and self.hold is not None:
                 self.hold.passed()  # it has its engine: the next held prompt may go
-            queued = endpoint.inflight_tokens
+            queued = endpoint.queued_prompt_tokens
             gauge.inc()
             att: Attempt | None = None
             sent_at = self.clock.now()
@@ -775,7 +780,7 @@ class Router(HealthChecks, EngineChoice, StreamRelay):
                     return
             finally:
                 gauge.dec()
-                self.balancer.release(endpoint.url, charged)
+                self.balancer.release(endpoint.url, charged, whole)
                 if role == Role.PREFILL and self.hold is not None:
                     self.hold.release()  # its engine's queue shrank
                 if att is not None:

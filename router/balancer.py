@@ -48,7 +48,10 @@ class Endpoint:
     role: str
     joined_at: float = float("-inf")  # -inf: full weight from the start
     inflight: int = 0
-    inflight_tokens: int = 0
+    inflight_tokens: int = 0  # the prompt tokens charged: those not expected cached here
+    # The whole prompt tokens of the prompts sent here to prefill (P/D), not yet answered: a
+    # prefill engine's queue, in the unit its rate is learned in (EngineChoice).
+    queued_prompt_tokens: int = 0
     waiting: float = 0.0  # scraped vllm:num_requests_waiting
     local_tokens: float = 0.0  # prompt tokens sent here to prefill locally, first token not seen
     failures: int = 0  # consecutive
@@ -168,15 +171,18 @@ class Balancer:
                         turn=self._turn(role), requests=[e.requests() for e in pool])
         return pool[choice.index], choice
 
-    def acquire(self, url: str, tokens: int) -> None:
+    def acquire(self, url: str, tokens: int, prompt_tokens: int = 0) -> None:
+        """A request sent: `tokens` charged, `prompt_tokens` to prefill there (P/D)."""
         for e in self.by_url(url):
             e.inflight += 1
             e.inflight_tokens += tokens
+            e.queued_prompt_tokens += prompt_tokens
 
-    def release(self, url: str, tokens: int) -> None:
+    def release(self, url: str, tokens: int, prompt_tokens: int = 0) -> None:
         for e in self.by_url(url):
             e.inflight = max(0, e.inflight - 1)
             e.inflight_tokens = max(0, e.inflight_tokens - tokens)
+            e.queued_prompt_tokens = max(0, e.queued_prompt_tokens - prompt_tokens)
 
     def add_local_tokens(self, url: str, tokens: float) -> None:
         """Prompt tokens a decode engine was given to prefill itself (negative: prefilled)."""

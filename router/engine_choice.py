@@ -55,15 +55,16 @@ class EngineChoice:
             policy = lp.calibrated(policy, rate)
         prefills = [e for e in self.balancer.role_endpoints(Role.PREFILL) if not e.ejected()]
         decodes = [e for e in self.balancer.role_endpoints(Role.DECODE) if not e.ejected()]
-        # Queued prompt tokens: what this router has in flight there (x its workers, which
-        # share connections evenly), or the engine's own queue (which also holds other
-        # routers' work) in tokens, whichever says more.
-        # With prefix-aware routing, what each engine is expected to hold is not to compute.
+        # Queued prompt tokens (whole, the unit the rate is learned in): what this router has
+        # in flight there (x its workers, which share connections evenly), or the engine's own
+        # queue (which also holds other routers' work) in tokens, whichever says more. With
+        # prefix-aware routing, what each engine is expected to hold of this prompt is not to
+        # compute.
         held_p = self._matched(prompt, prompt_tokens, [e.url for e in prefills])
         held_d = self._matched(prompt, prompt_tokens, [e.url for e in decodes])
         d = lp.decide(
             prompt_tokens,
-            [lp.PrefillLoad(max(e.inflight_tokens * self.config.workers,
+            [lp.PrefillLoad(max(e.queued_prompt_tokens * self.config.workers,
                                 e.waiting * self.mean_prompt_tokens), rate, held)
              for e, held in zip(prefills, held_p, strict=True)],
             [lp.DecodeLoad(e.inflight, e.local_tokens, held)
@@ -92,7 +93,7 @@ class EngineChoice:
         limit = hold_s * rate / self.config.workers
         engines = [e for e in self.balancer.role_endpoints(Role.PREFILL)
                    if not e.ejected() and not self._prefill_silent(e)]
-        return bool(engines) and all(e.inflight_tokens > limit for e in engines)
+        return bool(engines) and all(e.queued_prompt_tokens > limit for e in engines)
 
     def _prefill_silent(self, e: Endpoint) -> bool:
         """A prefill engine that is hung, not saturated: with this router's work in flight it

@@ -174,10 +174,12 @@ async def ask(session: aiohttp.ClientSession, router_url: str) -> int:
         return resp.status
 
 
-async def burst_then_join(hold_s: float | None) -> tuple[Counter[str], list[int]]:
+async def burst_then_join(hold_s: float | None, prefix_routing: str = "off",
+                          warm: bool = False) -> tuple[Counter[str], list[int]]:
     """Ten prompts at once onto one prefill engine; a second engine joins while the first
-    works through them. Returns the prompts each engine was sent and the router's gauge of
-    held prompts as the second joined."""
+    works through them (`warm`: after one such prompt was prefilled there, so that the router
+    expects the first engine to hold them all). Returns the prompts each engine was sent and
+    the router's gauge of held prompts as the second joined."""
     first, second = FakePrefill(), FakePrefill()
     dec = web.Application()
     dec.router.add_post("/v1/completions", decode)
@@ -189,12 +191,16 @@ async def burst_then_join(hold_s: float | None) -> tuple[Counter[str], list[int]
                 # two prompts).
                 router = Router(RouterConfig(
                     mode=Mode.DISAGGREGATED, health_interval_s=0, kv_lease_s=None,
-                    prefix_routing="off", prefill_tokens_per_s=20_000, prefill_hold_s=hold_s,
+                    prefix_routing=prefix_routing, prefill_tokens_per_s=20_000,
+                    prefill_hold_s=hold_s,
                     balancer=BalancerConfig(ramp_s=0)))
                 router.set_endpoints(Role.PREFILL, [url_of(p1)], initial=True)
                 router.set_endpoints(Role.DECODE, [url_of(d)], initial=True)
                 async for r in serve(router.build_app()):
                     async with aiohttp.ClientSession() as session:
+                        if warm:
+                            assert await ask(session, url_of(r)) == 200
+                            first.received = 0
                         asks = [asyncio.create_task(ask(session, url_of(r)))
                                 for _ in range(10)]
                         while first.received == 0:  # the first prompt reached the engine
@@ -218,6 +224,18 @@ async def test_a_burst_held_at_the_router_is_shared_with_an_engine_that_joins() 
     # the engine that joined found nothing to take.
     sent, [held] = await burst_then_join(hold_s=None)
     assert (held, sent["first"], sent["second"]) == (0, 10, 0)
+
+
+async def test_the_hold_counts_whole_prompts_where_the_router_expects_them_cached() -> None:
+    """The queue the hold reads is in the unit the prefill rate is learned in: whole prompt
+    tokens, cached or not (an engine whose cache serves them answers sooner, and the rate
+    says so). Counted in the tokens the router expected the engine to compute, the same
+    burst after one prefill of its prompt looked like no queue at all: nothing was held and
+    every prompt went to the first engine, cache or not (an engine that evicted it then
+    recomputes them one after the other)."""
+    sent, [held] = await burst_then_join(hold_s=0.05, prefix_routing="approximate", warm=True)
+    assert held >= 7, held
+    assert sent["first"] + sent["second"] == 10
 
 
 @pytest.mark.parametrize("value", ["-1", "nan", "inf"])
